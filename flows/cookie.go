@@ -33,11 +33,11 @@ func MakeCookie(round uint16, o Owner) Cookie {
 	return Cookie(uint64(round)<<cookieRoundShift | uint64(o.Category)<<cookieCategoryShift | uint64(o.Hash()))
 }
 
-func (c Cookie) Round() uint16        { return uint16(c >> cookieRoundShift) }
-func (c Cookie) Category() Category   { return Category(c >> cookieCategoryShift) }
-func (c Cookie) OwnerHash() uint32    { return uint32(c) }
-func (c Cookie) String() string       { return fmt.Sprintf("%#x", uint64(c)) }
-func (c Cookie) identity() uint64     { return uint64(c) & CookieIdentityMask }
+func (c Cookie) Round() uint16      { return uint16(c >> cookieRoundShift) }
+func (c Cookie) Category() Category { return Category(c >> cookieCategoryShift) }
+func (c Cookie) OwnerHash() uint32  { return uint32(c) }
+func (c Cookie) String() string     { return fmt.Sprintf("%#x", uint64(c)) }
+func (c Cookie) identity() uint64   { return uint64(c) & CookieIdentityMask }
 func (c Cookie) withRound(r uint16) Cookie {
 	return Cookie(uint64(c)&^CookieRoundMask | uint64(r)<<cookieRoundShift)
 }
@@ -117,7 +117,9 @@ var PipelineOwner = Owner{Category: CategoryPipeline, Name: "base"}
 
 func PodOwner(namespace, name string) Owner { return Owner{CategoryPod, namespace + "/" + name} }
 func NodeOwner(node string) Owner           { return Owner{CategoryNode, node} }
-func TenantOwner(vnid uint32) Owner         { return Owner{CategoryTenant, strconv.FormatUint(uint64(vnid), 10)} }
+func TenantOwner(vnid uint32) Owner {
+	return Owner{CategoryTenant, strconv.FormatUint(uint64(vnid), 10)}
+}
 func ServiceOwner(namespace, name, port string) Owner {
 	return Owner{CategoryService, namespace + "/" + name + ":" + port}
 }
