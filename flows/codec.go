@@ -1116,3 +1116,44 @@ func decodeBuckets(id uint32, typ GroupType, b []byte) (GroupEntry, error) {
 	}
 	return g, nil
 }
+
+// EncodeFlowStats encodes a flow as the ofp_flow_stats entry a switch returns for it, counters
+// included: what fakes and golden tests of dump tools feed in place of a switch.
+func EncodeFlowStats(f Flow) ([]byte, error) {
+	c, err := compileFlow(f)
+	if err != nil {
+		return nil, err
+	}
+	oxm := c.oxm()
+	n := flowStatsFixed + matchLen(len(oxm)) + len(c.instr)
+	b := make([]byte, n)
+	binary.BigEndian.PutUint16(b, uint16(n))
+	b[2] = byte(f.Table)
+	binary.BigEndian.PutUint32(b[4:], uint32(f.Duration/time.Second))
+	binary.BigEndian.PutUint32(b[8:], uint32(f.Duration%time.Second))
+	binary.BigEndian.PutUint16(b[12:], f.Priority)
+	binary.BigEndian.PutUint16(b[14:], f.IdleTimeout)
+	binary.BigEndian.PutUint16(b[16:], f.HardTimeout)
+	binary.BigEndian.PutUint64(b[24:], uint64(f.Cookie))
+	binary.BigEndian.PutUint64(b[32:], f.Packets)
+	binary.BigEndian.PutUint64(b[40:], f.Bytes)
+	binary.BigEndian.PutUint16(b[flowStatsFixed:], 1)
+	binary.BigEndian.PutUint16(b[flowStatsFixed+2:], uint16(4+len(oxm)))
+	copy(b[flowStatsFixed+4:], oxm)
+	copy(b[flowStatsFixed+matchLen(len(oxm)):], c.instr)
+	return b, nil
+}
+
+// EncodeGroupDesc encodes a group as the ofp_group_desc entry a switch returns for it.
+func EncodeGroupDesc(g GroupEntry) ([]byte, error) {
+	c, err := compileGroup(g)
+	if err != nil {
+		return nil, err
+	}
+	b := make([]byte, groupDescFixed+len(c.buckets))
+	binary.BigEndian.PutUint16(b, uint16(len(b)))
+	b[2] = byte(c.typ)
+	binary.BigEndian.PutUint32(b[4:], c.id)
+	copy(b[groupDescFixed:], c.buckets)
+	return b, nil
+}

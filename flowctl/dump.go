@@ -1,0 +1,266 @@
+// Package flowctl implements the flowctl command: dumps of br0 with names instead of numbers (tables,
+// owners, rounds) and the pod-network admin commands. cmd/flowctl is a thin main over it.
+package flowctl
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/ofsdn/ofsdn/flows"
+)
+
+// FlowSource is what a dump reads: a bridge's flows and groups as raw OpenFlow stats entries.
+type FlowSource interface {
+	DumpFlows(ctx context.Context, cookie, mask uint64) ([][]byte, error)
+	DumpGroups(ctx context.Context) ([][]byte, error)
+}
+
+// DumpOptions select and format a dump.
+type DumpOptions struct {
+	Table       *flows.TableID
+	Category    *flows.Category
+	Cookie      uint64
+	CookieMask  uint64
+	Output      string // "text" or "json"
+	Owners      *flows.OwnerIndex
+	Bridge      string
+	ShowGroups  bool
+	ShowDefault bool
+}
+
+// DumpedFlow is one flow of a dump, with its cookie decoded.
+type DumpedFlow struct {
+	Table     flows.TableID `json:"table"`
+	TableName string        `json:"tableName"`
+	Priority  uint16        `json:"priority"`
+	Match     string        `json:"match"`
+	Actions   string        `json:"actions"`
+	Cookie    string        `json:"cookie"`
+	Round     uint16        `json:"round"`
+	Category  string        `json:"category"`
+	Owner     string        `json:"owner"`
+	Packets   uint64        `json:"packets"`
+	Bytes     uint64        `json:"bytes"`
+	Flow      string        `json:"flow"`
+}
+
+// Dump is a bridge's flows and groups, decoded.
+type Dump struct {
+	Bridge string       `json:"bridge"`
+	Flows  []DumpedFlow `json:"flows"`
+	Groups []string     `json:"groups"`
+	// Undecodable counts entries the codec could not read; they are listed with raw actions.
+	Undecodable int `json:"undecodable,omitempty"`
+}
+
+// ReadDump fetches and decodes a bridge's flows and groups.
+func ReadDump(ctx context.Context, src FlowSource, opts DumpOptions) (*Dump, error) {
+	raw, err := src.DumpFlows(ctx, opts.Cookie, opts.CookieMask)
+	if err != nil {
+		return nil, fmt.Errorf("dump flows of %s: %w", opts.Bridge, err)
+	}
+	d := &Dump{Bridge: opts.Bridge}
+	for _, b := range raw {
+		f, err := flows.DecodeFlowStats(b)
+		if err != nil {
+			d.Undecodable++
+			continue
+		}
+		if opts.Table != nil && f.Table != *opts.Table {
+			continue
+		}
+		if opts.Category != nil && f.Cookie.Category() != *opts.Category {
+			continue
+		}
+		d.Flows = append(d.Flows, describe(f, opts.Owners))
+	}
+	sort.SliceStable(d.Flows, func(i, j int) bool {
+		a, b := d.Flows[i], d.Flows[j]
+		if a.Table != b.Table {
+			return a.Table < b.Table
+		}
+		if a.Priority != b.Priority {
+			return a.Priority > b.Priority
+		}
+		return a.Match < b.Match
+	})
+	if opts.ShowGroups && opts.Table == nil && opts.Category == nil {
+		rawGroups, err := src.DumpGroups(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("dump groups of %s: %w", opts.Bridge, err)
+		}
+		for _, b := range rawGroups {
+			g, err := flows.DecodeGroupDesc(b)
+			if err != nil {
+				d.Undecodable++
+				continue
+			}
+			d.Groups = append(d.Groups, g.String())
+		}
+		sort.Strings(d.Groups)
+	}
+	return d, nil
+}
+
+func describe(f flows.Flow, owners *flows.OwnerIndex) DumpedFlow {
+	owner := ""
+	if f.Cookie != 0 {
+		owner = owners.Name(f.Cookie)
+	}
+	actions := f.String()[strings.Index(f.String(), " actions=")+len(" actions="):]
+	return DumpedFlow{
+		Table: f.Table, TableName: flows.TableName(f.Table), Priority: f.Priority,
+		Match: f.Match.String(), Actions: actions, Cookie: f.Cookie.String(), Round: f.Cookie.Round(),
+		Category: f.Cookie.Category().String(), Owner: owner, Packets: f.Packets, Bytes: f.Bytes, Flow: f.String(),
+	}
+}
+
+// WriteText prints a dump grouped by table, each table headed by its name and purpose.
+func (d *Dump) WriteText(w io.Writer) error {
+	fmt.Fprintf(w, "bridge %s: %d flows, %d groups\n", d.Bridge, len(d.Flows), len(d.Groups))
+	var last = -1
+	for _, f := range d.Flows {
+		if int(f.Table) != last {
+			last = int(f.Table)
+			if t, ok := flows.LookupTable(f.Table); ok {
+				fmt.Fprintf(w, "\ntable %d %s: %s\n", t.ID, t.Name, t.Purpose)
+			} else {
+				fmt.Fprintf(w, "\ntable %d (not in ofsdn's pipeline)\n", f.Table)
+			}
+		}
+		match := f.Match
+		if match == "" {
+			match = "*"
+		}
+		owner := f.Owner
+		if owner == "" {
+			owner = "-"
+		}
+		fmt.Fprintf(w, "  %-5d %-48s actions=%s\n", f.Priority, match, f.Actions)
+		fmt.Fprintf(w, "        owner=%s round=%d packets=%d bytes=%d cookie=%s\n", owner, f.Round, f.Packets, f.Bytes, f.Cookie)
+	}
+	if len(d.Groups) > 0 {
+		fmt.Fprintf(w, "\ngroups:\n")
+		for _, g := range d.Groups {
+			fmt.Fprintf(w, "  %s\n", g)
+		}
+	}
+	if d.Undecodable > 0 {
+		fmt.Fprintf(w, "\n%d entries could not be decoded\n", d.Undecodable)
+	}
+	return nil
+}
+
+// WriteJSON prints a dump as one JSON document.
+func (d *Dump) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false)
+	return enc.Encode(d)
+}
+
+// Dialer connects to a bridge's OpenFlow management socket.
+type Dialer func(ctx context.Context, socket, bridge string) (FlowSource, func(), error)
+
+// RunDump is `flowctl dump`.
+func RunDump(ctx context.Context, args []string, stdout, stderr io.Writer, dial Dialer) error {
+	fs := flag.NewFlagSet("dump", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	rundir := fs.String("rundir", defaultRunDir(), "Open vSwitch run directory holding <bridge>.mgmt")
+	bridge := fs.String("bridge", "br0", "bridge name")
+	table := fs.String("table", "", "only this table (name or number)")
+	category := fs.String("category", "", "only flows of this cookie category (pipeline, pod, node, vnid, svc, netpol, hostport)")
+	cookie := fs.String("cookie", "", "only flows whose cookie matches VALUE or VALUE/MASK (hex)")
+	output := fs.String("o", "text", "output format: text or json")
+	ownersPath := fs.String("owners", "", "owner index written by the agent (default <rundir>/<bridge>.owners.json when present)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	opts := DumpOptions{Bridge: *bridge, Output: *output, ShowGroups: true}
+	if *table != "" {
+		t, err := flows.ParseTable(*table)
+		if err != nil {
+			return err
+		}
+		opts.Table = &t
+	}
+	if *category != "" {
+		c, err := flows.ParseCategory(*category)
+		if err != nil {
+			return err
+		}
+		opts.Category = &c
+	}
+	if *cookie != "" {
+		v, m, err := parseCookie(*cookie)
+		if err != nil {
+			return err
+		}
+		opts.Cookie, opts.CookieMask = v, m
+	}
+	if *output != "text" && *output != "json" {
+		return fmt.Errorf("-o %q: want text or json", *output)
+	}
+	path := *ownersPath
+	if path == "" {
+		path = filepath.Join(*rundir, *bridge+".owners.json")
+		if _, err := os.Stat(path); err != nil {
+			path = ""
+		}
+	}
+	if path != "" {
+		idx, err := flows.LoadOwnerIndex(path)
+		if err != nil {
+			return err
+		}
+		opts.Owners = idx
+	}
+	socket := filepath.Join(*rundir, *bridge+".mgmt")
+	if _, err := os.Stat(socket); err != nil {
+		return fmt.Errorf("bridge %s: no OpenFlow management socket at %s (is ovs-vswitchd running with that run directory, and does the bridge exist?)", *bridge, socket)
+	}
+	src, closeFn, err := dial(ctx, socket, *bridge)
+	if err != nil {
+		return fmt.Errorf("bridge %s: %w", *bridge, err)
+	}
+	defer closeFn()
+	d, err := ReadDump(ctx, src, opts)
+	if err != nil {
+		return err
+	}
+	if *output == "json" {
+		return d.WriteJSON(stdout)
+	}
+	return d.WriteText(stdout)
+}
+
+func parseCookie(s string) (uint64, uint64, error) {
+	v, m, hasMask := strings.Cut(s, "/")
+	value, err := strconv.ParseUint(strings.TrimPrefix(v, "0x"), 16, 64)
+	if err != nil {
+		return 0, 0, fmt.Errorf("cookie %q: %w", s, err)
+	}
+	mask := ^uint64(0)
+	if hasMask {
+		mask, err = strconv.ParseUint(strings.TrimPrefix(m, "0x"), 16, 64)
+		if err != nil {
+			return 0, 0, fmt.Errorf("cookie mask %q: %w", s, err)
+		}
+	}
+	return value, mask, nil
+}
+
+func defaultRunDir() string {
+	if d := os.Getenv("OVS_RUNDIR"); d != "" {
+		return d
+	}
+	return "/var/run/openvswitch"
+}

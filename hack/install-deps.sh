@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Installs the Debian packages ofsdn's tests and lab need, only when something is missing.
+set -euo pipefail
+need=()
+command -v ovs-vswitchd >/dev/null 2>&1 || need+=(openvswitch-switch openvswitch-common)
+command -v ethtool >/dev/null 2>&1 || need+=(ethtool)
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
+if [ ${#need[@]} -eq 0 ]; then exit 0; fi
+if [ "$(id -u)" -ne 0 ]; then
+  echo "install-deps: missing ${need[*]}; run as root (apt-get install ${need[*]})" >&2
+  exit 1
+fi
+echo "install-deps: installing ${need[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null

@@ -1,0 +1,8 @@
+// Command sweep removes what killed test runs left behind: prefixed network namespaces, OVS daemons
+// found through PID files in prefixed temp dirs, and the dirs. It never touches anything a running
+// test process owns (names carry the owner's PID).
+package main
+
+import "github.com/ofsdn/ofsdn/internal/ovstest"
+
+func main() { ovstest.Sweep() }
