@@ -117,7 +117,6 @@ func TestGoldenStrings(t *testing.T) {
 	}
 }
 
-
 func TestCodecRoundTrip(t *testing.T) {
 	for _, tc := range goldenFlows {
 		t.Run(tc.name, func(t *testing.T) {
