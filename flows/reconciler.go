@@ -317,14 +317,26 @@ func sortKeys(keys []string) {
 
 // plan is one bundle's worth of changes, and how to apply them to memory once the switch accepted it.
 type plan struct {
-	msgs    [][]byte
-	what    []string // for errors: what each message does
-	stats   SyncStats
-	commit  []func()
-	scratch []byte
+	msgs   [][]byte
+	what   []what // for errors: what each message does, described only when one fails
+	stats  SyncStats
+	commit []func()
 }
 
-func (p *plan) add(msg []byte, what string, apply func()) {
+// what describes a message lazily: decoding a flow back to text costs more than sending it.
+type what struct {
+	op   string
+	flow *compiledFlow
+}
+
+func (w what) String() string {
+	if w.flow == nil {
+		return w.op
+	}
+	return w.op + " " + w.flow.flow().String()
+}
+
+func (p *plan) add(msg []byte, what what, apply func()) {
 	p.msgs = append(p.msgs, msg)
 	p.what = append(p.what, what)
 	p.stats.Messages++
@@ -339,15 +351,15 @@ func (r *Reconciler) planFlow(p *plan, d *compiledFlow) {
 	inst := r.installed[d.key]
 	switch {
 	case inst == nil:
-		p.add(appendFlowMod(nil, d, cmdAdd, uint64(d.cookie), 0), "add "+d.flow().String(), func() { r.markInstalled(d) })
+		p.add(appendFlowMod(nil, d, cmdAdd, uint64(d.cookie), 0), what{"add", d}, func() { r.markInstalled(d) })
 		p.stats.FlowAdds++
 	case inst.cookie != d.cookie:
 		// A new cookie (a new round, or another owner): an add replaces the entry in place, atomically,
 		// keeping its counters, so traffic never sees a gap.
-		p.add(appendFlowMod(nil, d, cmdAdd, uint64(d.cookie), 0), "replace "+d.flow().String(), func() { r.markInstalled(d) })
+		p.add(appendFlowMod(nil, d, cmdAdd, uint64(d.cookie), 0), what{"replace", d}, func() { r.markInstalled(d) })
 		p.stats.FlowAdds++
 	case !inst.sameBody(d):
-		p.add(appendFlowMod(nil, d, cmdModifyStrict, uint64(d.cookie), ^uint64(0)), "modify "+d.flow().String(), func() { r.markInstalled(d) })
+		p.add(appendFlowMod(nil, d, cmdModifyStrict, uint64(d.cookie), ^uint64(0)), what{"modify", d}, func() { r.markInstalled(d) })
 		p.stats.FlowModifies++
 	case inst != d:
 		r.markInstalled(d) // same flow on the switch; remember the desired object to share memory
@@ -357,7 +369,7 @@ func (r *Reconciler) planFlow(p *plan, d *compiledFlow) {
 // planDelete removes an installed flow that nobody (or not its owner) wants, matching its cookie
 // exactly so a flow another owner has meanwhile replaced is never touched.
 func (r *Reconciler) planDelete(p *plan, inst *compiledFlow) {
-	p.add(appendFlowMod(nil, inst, cmdDeleteStrict, uint64(inst.cookie), ^uint64(0)), "delete "+inst.flow().String(), func() { r.markDeleted(inst) })
+	p.add(appendFlowMod(nil, inst, cmdDeleteStrict, uint64(inst.cookie), ^uint64(0)), what{"delete", inst}, func() { r.markDeleted(inst) })
 	p.stats.FlowDeletes++
 }
 
@@ -390,10 +402,10 @@ func (r *Reconciler) planGroup(p *plan, d *compiledGroup) {
 	inst := r.iGroups[d.id]
 	switch {
 	case inst == nil:
-		p.add(appendGroupMod(nil, d, groupCmdAdd), fmt.Sprintf("add group %d", d.id), func() { r.markGroup(d) })
+		p.add(appendGroupMod(nil, d, groupCmdAdd), what{op: fmt.Sprintf("add group %d", d.id)}, func() { r.markGroup(d) })
 		p.stats.GroupAdds++
 	case inst.typ != d.typ || inst.buckets != d.buckets:
-		p.add(appendGroupMod(nil, d, groupCmdModify), fmt.Sprintf("modify group %d", d.id), func() { r.markGroup(d) })
+		p.add(appendGroupMod(nil, d, groupCmdModify), what{op: fmt.Sprintf("modify group %d", d.id)}, func() { r.markGroup(d) })
 		p.stats.GroupModifies++
 	case inst != d:
 		r.markGroup(d)
@@ -419,7 +431,7 @@ func (r *Reconciler) forgetGroup(g *compiledGroup) {
 }
 
 func (r *Reconciler) planGroupDelete(p *plan, g *compiledGroup) {
-	p.add(appendGroupMod(nil, g, groupCmdDelete), fmt.Sprintf("delete group %d", g.id), func() {
+	p.add(appendGroupMod(nil, g, groupCmdDelete), what{op: fmt.Sprintf("delete group %d", g.id)}, func() {
 		if r.iGroups[g.id] == g {
 			r.forgetGroup(g)
 			delete(r.iGroups, g.id)
@@ -494,8 +506,8 @@ func (r *Reconciler) syncAllLocked(ctx context.Context, maskOldRounds bool) (Syn
 	if r.rebuild {
 		// Another pipeline version: clear the bridge and install everything in the same atomic bundle.
 		// Memory forgets the old contents now; should the bundle fail, the next sync rebuilds again.
-		first.add(appendDeleteByCookie(nil, 0, 0), "delete all flows", nil)
-		first.add(appendGroupMod(nil, &compiledGroup{id: ofpGroupAll}, groupCmdDelete), "delete all groups", nil)
+		first.add(appendDeleteByCookie(nil, 0, 0), what{op: "delete all flows"}, nil)
+		first.add(appendGroupMod(nil, &compiledGroup{id: ofpGroupAll}, groupCmdDelete), what{op: "delete all groups"}, nil)
 		r.installed, r.iGroups = map[string]*compiledFlow{}, map[uint32]*compiledGroup{}
 		r.orphans, r.orphanGroups = map[string]*compiledFlow{}, map[uint32]*compiledGroup{}
 		for _, st := range r.owners {
@@ -537,7 +549,7 @@ func (r *Reconciler) syncAllLocked(ctx context.Context, maskOldRounds bool) (Syn
 	sort.Ints(rounds)
 	for _, rd := range rounds {
 		rd := uint16(rd)
-		last.add(appendDeleteByCookie(nil, uint64(rd)<<cookieRoundShift, CookieRoundMask), fmt.Sprintf("delete round %d", rd), func() {
+		last.add(appendDeleteByCookie(nil, uint64(rd)<<cookieRoundShift, CookieRoundMask), what{op: fmt.Sprintf("delete round %d", rd)}, func() {
 			for k, c := range r.installed {
 				if c.cookie.Round() == rd {
 					r.forgetInstalled(c)
@@ -579,7 +591,7 @@ func (r *Reconciler) send(ctx context.Context, plans ...*plan) (SyncStats, error
 		if err := r.sw.Bundle(ctx, all.msgs); err != nil {
 			var fm FailedMessageError
 			if errors.As(err, &fm) && fm.FailedMessage() >= 0 && fm.FailedMessage() < len(all.what) {
-				return all.stats, fmt.Errorf("bundle of %d messages rejected at %q: %w", len(all.msgs), all.what[fm.FailedMessage()], err)
+				return all.stats, fmt.Errorf("bundle of %d messages rejected at %q: %w", len(all.msgs), all.what[fm.FailedMessage()].String(), err)
 			}
 			return all.stats, fmt.Errorf("bundle of %d messages: %w", len(all.msgs), err)
 		}
