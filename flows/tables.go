@@ -7,7 +7,7 @@
 //
 // The pipeline (table numbers are fixed so dumps stay comparable across versions):
 //
-//	  0 classifier        in_port: vxlan0 → 10, tun0 → 25, any other port → 20 (pods); else drop
+//	  0 classifier        in_port: vxlan0 → 10, tun0 → 25, any other port → 20 (pods)
 //	 10 tunnel-ingress    tun_src must be a known node; tun_id → reg0 (source VNID); else drop
 //	 20 pod-ingress       anti-spoofing: in_port + MAC + IP (and ARP sha/spa) must be the pod's; reg0 = pod VNID
 //	 25 host-ingress      from tun0 (host, hostNetwork pods): reg0 = 0 (global)
@@ -72,7 +72,7 @@ type Table struct {
 
 // Tables is the registry of the pipeline, in packet order.
 var Tables = []Table{
-	{TableClassifier, "classifier", "dispatch by ingress port: tunnel, host (tun0) or pod", NoTable},
+	{TableClassifier, "classifier", "dispatch by ingress port: tunnel, host (tun0), else a pod", TablePodIngress},
 	{TableTunnelIngress, "tunnel-ingress", "accept VXLAN only from known nodes; tun_id becomes the source VNID", NoTable},
 	{TablePodIngress, "pod-ingress", "anti-spoofing: a pod sends only from its own port, MAC and IP; load its VNID", NoTable},
 	{TableHostIngress, "host-ingress", "traffic from the host through tun0 is global (VNID 0)", TableConntrack},

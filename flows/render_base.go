@@ -1,0 +1,28 @@
+package flows
+
+// PipelineVersion identifies the shape of the flows ofsdn renders. It is stamped into table 253; an
+// agent that finds another version on its bridge rebuilds the bridge in one bundle instead of
+// diffing against flows it no longer understands. TestPipelineGolden fails when rendering changes
+// without a bump.
+const PipelineVersion uint32 = 1
+
+// Fixed OpenFlow port numbers of the node's own ports (requested through OVSDB's ofport_request).
+const (
+	PortVXLAN uint32 = 1
+	PortTun0  uint32 = 2
+)
+
+// RenderBase renders the flows every node has whatever its pods: the classifier's dispatch by ingress
+// port, every table's default flow, and the version note.
+func RenderBase() []Flow {
+	out := []Flow{
+		F(TableClassifier, 200, M(InPort(PortVXLAN)), Goto{TableTunnelIngress}),
+		F(TableClassifier, 200, M(InPort(PortTun0)), Goto{TableHostIngress}),
+		// Host traffic is global: VNID 0 reaches and is reached by every tenant.
+		F(TableHostIngress, 100, M(), LoadReg(RegSrcVNID, 0), Goto{TableConntrack}),
+		// Deliver: the routing and ARP stages leave the output port in reg2.
+		F(TableOutput, 100, M(), OutputReg{Src: Whole(RegOutPort)}),
+	}
+	out = append(out, DefaultFlows()...)
+	return append(out, VersionFlow(PipelineVersion))
+}
