@@ -243,6 +243,7 @@ func decodeOXM(b []byte) (Match, error) {
 			}
 			if binary.BigEndian.Uint32(payload) == onfExperimenterID && fieldNum == 42 {
 				class, fieldNum, payload = classNXM1, uint16(fieldTable[FieldTCPFlags].oxm), payload[4:]
+				n = len(payload)
 			} else {
 				return Match{}, fmt.Errorf("oxm experimenter %#x field %d not supported", binary.BigEndian.Uint32(payload), fieldNum)
 			}

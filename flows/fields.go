@@ -20,7 +20,6 @@ const (
 	FieldCtZone
 	FieldCtMark
 	FieldCtNwDst
-	FieldCtTpDst
 	FieldEthType
 	FieldIPProto
 	FieldReg0
@@ -101,7 +100,6 @@ var fieldTable = [fieldCount]fieldInfo{
 	FieldCtZone:   {match: "ct_zone", nxm: "NXM_NX_CT_ZONE", set: "ct_zone", class: classNXM1, oxm: 106, bytes: 2, format: fmtDec},
 	FieldCtMark:   {match: "ct_mark", nxm: "NXM_NX_CT_MARK", set: "ct_mark", class: classNXM1, oxm: 107, bytes: 4, format: fmtHex, maskable: true},
 	FieldCtNwDst:  {match: "ct_nw_dst", nxm: "NXM_NX_CT_NW_DST", set: "ct_nw_dst", class: classNXM1, oxm: 121, bytes: 4, format: fmtIPv4, maskable: true},
-	FieldCtTpDst:  {match: "ct_tp_dst", nxm: "NXM_NX_CT_TP_DST", set: "ct_tp_dst", class: classNXM1, oxm: 125, bytes: 2, format: fmtDec, maskable: true},
 	FieldEthType:  {match: "dl_type", nxm: "NXM_OF_ETH_TYPE", set: "eth_type", class: classBasic, oxm: 5, bytes: 2, format: fmtHex, aliases: [][2]uint16{{classNXM0, 3}}},
 	FieldIPProto:  {match: "nw_proto", nxm: "NXM_OF_IP_PROTO", set: "nw_proto", class: classBasic, oxm: 10, bytes: 1, format: fmtDec, aliases: [][2]uint16{{classNXM0, 6}}},
 	FieldReg0:     {match: "reg0", nxm: "NXM_NX_REG0", set: "reg0", class: classNXM1, oxm: 0, bytes: 4, format: fmtHex, maskable: true},

@@ -205,7 +205,6 @@ func CtZone(z uint16) MatchField         { return Exact(FieldCtZone, uint64(z)) 
 func CtMark(v, mask uint32) MatchField   { return Masked(FieldCtMark, uint64(v), uint64(mask)) }
 func PktMark(v, mask uint32) MatchField  { return Masked(FieldPktMark, uint64(v), uint64(mask)) }
 func ConjID(id uint32) MatchField        { return Exact(FieldConjID, uint64(id)) }
-func CtTpDst(p uint16) MatchField        { return Exact(FieldCtTpDst, uint64(p)) }
 func TCPFlags(v, mask uint16) MatchField { return Masked(FieldTCPFlags, uint64(v), uint64(mask)) }
 
 // Connection-tracking state bits (NXM_NX_CT_STATE).
