@@ -59,9 +59,9 @@ func parseError(body []byte) *OFError {
 
 // BundleError says that a bundle was rejected and which of its messages the switch blamed.
 type BundleError struct {
-	Index int       // index into the messages given to Bundle, or -1 when the switch named none
-	Cause *OFError  // the error about that message (or about the bundle itself)
-	Other []error   // further errors the switch sent for the bundle, e.g. OFPBFC_MSG_FAILED
+	Index int      // index into the messages given to Bundle, or -1 when the switch named none
+	Cause *OFError // the error about that message (or about the bundle itself)
+	Other []error  // further errors the switch sent for the bundle, e.g. OFPBFC_MSG_FAILED
 }
 
 func (e *BundleError) Error() string {
