@@ -166,11 +166,16 @@ func (f Field) String() string {
 	return fieldTable[f].match
 }
 
-// nxmHeader is the 32-bit NXM/OXM header naming the field without a mask, as load, move, output:reg
-// and learn carry it.
-func (f Field) nxmHeader() uint32 {
+// nxmID is the (class, field) NX actions name the field by: the NXM one where the field has one, as
+// ovs-vswitchd encodes it in replies, else the OXM one.
+func (f Field) nxmID() (uint16, uint8) {
 	info := fieldTable[f]
-	return uint32(info.class)<<16 | uint32(info.oxm)<<9 | uint32(info.bytes)
+	for _, a := range info.aliases {
+		if a[0] == classNXM0 || a[0] == classNXM1 {
+			return a[0], uint8(a[1])
+		}
+	}
+	return info.class, info.oxm
 }
 
 func fieldByHeader(h uint32) (Field, bool) {
