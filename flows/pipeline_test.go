@@ -3,6 +3,8 @@ package flows
 import (
 	"flag"
 	"fmt"
+	"net"
+	"net/netip"
 	"os"
 	"sort"
 	"strconv"
@@ -21,15 +23,27 @@ const pipelineGolden = "testdata/pipeline.golden"
 func TestPipelineGolden(t *testing.T) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "version %d\n", PipelineVersion)
-	rendered := RenderBase()
-	sort.SliceStable(rendered, func(i, j int) bool {
-		if rendered[i].Table != rendered[j].Table {
-			return rendered[i].Table < rendered[j].Table
+	for _, mode := range []Mode{ModeMultitenant, ModeSubnet} {
+		st := sampleNodeState()
+		st.Mode = mode
+		owners, err := Render(st)
+		if err != nil {
+			t.Fatal(err)
 		}
-		return rendered[i].Priority > rendered[j].Priority
-	})
-	for _, f := range rendered {
-		b.WriteString(f.String() + "\n")
+		fmt.Fprintf(&b, "\n# mode %s\n", mode)
+		for _, o := range SortedOwners(owners) {
+			fmt.Fprintf(&b, "## %s\n", o)
+			rendered := owners[o].Flows
+			sort.SliceStable(rendered, func(i, j int) bool {
+				if rendered[i].Table != rendered[j].Table {
+					return rendered[i].Table < rendered[j].Table
+				}
+				return rendered[i].Priority > rendered[j].Priority
+			})
+			for _, f := range rendered {
+				b.WriteString(f.String() + "\n")
+			}
+		}
 	}
 	got := b.String()
 	want, err := os.ReadFile(pipelineGolden)
@@ -67,5 +81,42 @@ func TestEveryTableHasOneDefault(t *testing.T) {
 		if defaults[tbl.ID] != 1 {
 			t.Errorf("table %d %s has %d default flows, want 1", tbl.ID, tbl.Name, defaults[tbl.ID])
 		}
+	}
+}
+
+// sampleNodeState is a node with pods in two tenants and the global VNID, and two remote nodes.
+func sampleNodeState() NodeState {
+	mac := func(last byte) net.HardwareAddr { return net.HardwareAddr{0x0a, 0x58, 10, 128, 0, last} }
+	return NodeState{
+		NodeName:        "node-1",
+		NodeIP:          netip.MustParseAddr("192.0.2.11"),
+		LocalSubnet:     netip.MustParsePrefix("10.128.0.0/23"),
+		ClusterNetworks: []netip.Prefix{netip.MustParsePrefix("10.128.0.0/14")},
+		Pods: []PodState{
+			{Namespace: "a", Name: "web", IP: netip.MustParseAddr("10.128.0.2"), MAC: mac(2), OFPort: 3, VNID: 11},
+			{Namespace: "b", Name: "db", IP: netip.MustParseAddr("10.128.0.3"), MAC: mac(3), OFPort: 4, VNID: 12},
+			{Namespace: "default", Name: "dns", IP: netip.MustParseAddr("10.128.0.4"), MAC: mac(4), OFPort: 5, VNID: 0},
+		},
+		RemoteNodes: []RemoteNode{
+			{Name: "node-2", NodeIP: netip.MustParseAddr("192.0.2.12"), Subnet: netip.MustParsePrefix("10.128.2.0/23")},
+			{Name: "node-3", NodeIP: netip.MustParseAddr("192.0.2.13"), Subnet: netip.MustParsePrefix("10.128.4.0/23")},
+		},
+	}
+}
+
+func TestRenderRejectsIncompleteNode(t *testing.T) {
+	if _, err := Render(NodeState{NodeName: "n"}); err == nil {
+		t.Fatal("a node without subnet must not render")
+	}
+}
+
+func TestRenderCompiles(t *testing.T) {
+	owners, err := Render(sampleNodeState())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := NewReconciler(newFakeSwitch(), ReconcilerConfig{Round: 1})
+	if err := r.SetDesiredBatch(owners); err != nil {
+		t.Fatalf("rendered flows do not compile or collide: %v", err)
 	}
 }
