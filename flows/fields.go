@@ -200,8 +200,16 @@ func (f Field) formatValue(v uint64) string {
 	case fmtMAC:
 		return macString(v)
 	default:
-		return fmt.Sprintf("%#x", v)
+		return hexString(v)
 	}
+}
+
+// hexString prints like C's "%#x", as ovs-ofctl does: 0 is "0", not "0x0".
+func hexString(v uint64) string {
+	if v == 0 {
+		return "0"
+	}
+	return fmt.Sprintf("%#x", v)
 }
 
 // formatMasked prints value/mask the way ovs-ofctl does: IPv4 masks as prefixes where they are one.
@@ -219,7 +227,7 @@ func (f Field) formatMasked(v, m uint64) string {
 	case fmtTCPFlags:
 		return formatFlags(tcpFlagNames, v, m)
 	default:
-		return fmt.Sprintf("%#x/%#x", v, m)
+		return hexString(v) + "/" + hexString(m)
 	}
 }
 

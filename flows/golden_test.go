@@ -56,6 +56,8 @@ var goldenFlows = []struct {
 		"table=80, priority=11,ct_state=+est-rel,ct_mark=0x2/0x2,ip,reg3=0x1 actions=set_field:0x3->reg2,IN_PORT,CONTROLLER:65535"},
 	{"isolation regs masked", F(TableIngressIsolation, 100, M(Reg(RegSrcVNID, 5), Masked(RegDstVNID, 5, 0xff)), OutputReg{Src: Whole(RegOutPort)}),
 		"table=80, priority=100,reg0=0x5,reg1=0x5/0xff actions=output:NXM_NX_REG2[]"},
+	{"zero values print like C", F(TableIngressIsolation, 200, M(Reg(RegSrcVNID, 0), Masked(RegDstVNID, 0, 0xff)), SetField{Field: FieldReg2, Value: 0}, Goto{TableOutput}),
+		"table=80, priority=200,reg0=0,reg1=0/0xff actions=set_field:0->reg2,goto_table:100"},
 	{"udp group", F(TableServices, 50, M(append(UDP, UDPSrc(53))...), ToGroup{ID: 5}),
 		"table=40, priority=50,udp,tp_src=53 actions=group:5"},
 	{"sctp dst", F(TableServices, 60, M(append(SCTP, SCTPDst(80))...), Goto{TableEgressPolicy}),

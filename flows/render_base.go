@@ -18,10 +18,9 @@ func RenderBase() []Flow {
 	out := []Flow{
 		F(TableClassifier, 200, M(InPort(PortVXLAN)), Goto{TableTunnelIngress}),
 		F(TableClassifier, 200, M(InPort(PortTun0)), Goto{TableHostIngress}),
-		// Host traffic is global: VNID 0 reaches and is reached by every tenant. Its ARP goes
-		// straight to the ARP table.
-		F(TableHostIngress, 200, M(ARP...), LoadReg(RegSrcVNID, GlobalVNID), Goto{TableARP}),
-		F(TableHostIngress, 100, M(), LoadReg(RegSrcVNID, GlobalVNID), Goto{TableConntrack}),
+		// Host traffic is global (VNID 0: registers start zeroed, so reg0 needs no load). Its ARP
+		// goes straight to the ARP table; the rest takes the table's default on to conntrack.
+		F(TableHostIngress, 200, M(ARP...), Goto{TableARP}),
 		// Never send a packet that came from the tunnel back into it.
 		F(TableTunnelEgress, 300, M(InPort(PortVXLAN))),
 		// Deliver: the routing and ARP stages leave the output port in reg2.
