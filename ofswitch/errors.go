@@ -6,11 +6,15 @@ import (
 	"fmt"
 )
 
-// ErrDisconnected is wrapped by errors of requests that the connection's loss cut short.
+// ErrDisconnected is wrapped by the errors of requests that the loss of the connection cut short. The
+// switch may or may not have applied what such a request sent.
 var ErrDisconnected = errors.New("openflow connection lost")
 
-// ErrClosed is returned by requests on a closed session.
+// ErrClosed is wrapped by the errors of requests on a closed session.
 var ErrClosed = errors.New("openflow session closed")
+
+// ErrVersion says the switch does not offer OpenFlow 1.3.
+var ErrVersion = errors.New("openflow version mismatch")
 
 // OFError is an OFPT_ERROR from the switch.
 type OFError struct {
@@ -27,10 +31,10 @@ func (e *OFError) Error() string { return e.Name() }
 // Name returns the OpenFlow name of the error, e.g. OFPBAC_BAD_OUT_GROUP.
 func (e *OFError) Name() string {
 	if e.Type == 0xffff {
-		if e.Experimenter == onfExperimenter && e.ExpType >= 2300 && e.ExpType < 2300+uint16(len(bundleFailedNames)) {
+		if e.Experimenter == onfExperimenter && e.ExpType >= 2300 && int(e.ExpType) < 2300+len(bundleFailedNames) {
 			return bundleFailedNames[e.ExpType-2300]
 		}
-		return fmt.Sprintf("experimenter error %#x type %d", e.Experimenter, e.ExpType)
+		return fmt.Sprintf("experimenter %#x error type %d", e.Experimenter, e.ExpType)
 	}
 	if int(e.Type) < len(errorNames) {
 		t := errorNames[e.Type]
@@ -42,37 +46,58 @@ func (e *OFError) Name() string {
 	return fmt.Sprintf("error type %d code %d", e.Type, e.Code)
 }
 
+// parseError decodes the body of an OFPT_ERROR; a body too short for its fields still yields an error.
 func parseError(body []byte) *OFError {
-	e := &OFError{}
 	if len(body) < 4 {
-		return &OFError{Type: 0xfffe}
+		return &OFError{Type: 0xfffe, Code: uint16(len(body))}
 	}
-	e.Type, e.Code = binary.BigEndian.Uint16(body), binary.BigEndian.Uint16(body[2:])
+	e := &OFError{Type: binary.BigEndian.Uint16(body), Code: binary.BigEndian.Uint16(body[2:])}
 	data := body[4:]
-	if e.Type == 0xffff && len(body) >= 8 {
-		e.ExpType, e.Experimenter = e.Code, binary.BigEndian.Uint32(body[4:])
-		data = body[8:]
+	if e.Type == 0xffff {
+		e.ExpType = e.Code
+		if len(body) >= 8 {
+			e.Experimenter = binary.BigEndian.Uint32(body[4:])
+			data = body[8:]
+		}
 	}
 	e.Data = append([]byte(nil), data...)
 	return e
 }
 
-// BundleError says that a bundle was rejected and which of its messages the switch blamed.
+// BundleError says that the switch rejected a bundle (or a message given to Send) and which of the
+// messages it blamed.
 type BundleError struct {
-	Index int      // index into the messages given to Bundle, or -1 when the switch named none
-	Cause *OFError // the error about that message (or about the bundle itself)
-	Other []error  // further errors the switch sent for the bundle, e.g. OFPBFC_MSG_FAILED
+	// Index is the index into the messages given to Bundle or Send of the message the switch
+	// rejected, or -1 when it named none (e.g. the bundle could not be opened or committed).
+	Index int
+	// Type and Code are the OpenFlow error of that message; for experimenter errors (the ONF bundle
+	// extension's OFPBFC_*) Type is 0xffff and Code the experimenter error type.
+	Type, Code uint16
+	// Msg is the error's OpenFlow name, e.g. OFPBAC_BAD_OUT_GROUP.
+	Msg string
+	// Cause is the full error about that message (or about the bundle itself).
+	Cause *OFError
+	// Other holds further errors the switch sent for the same request, e.g. OFPBFC_MSG_FAILED.
+	Other []*OFError
+}
+
+func newBundleError(index int, cause *OFError) *BundleError {
+	code := cause.Code
+	if cause.Type == 0xffff {
+		code = cause.ExpType
+	}
+	return &BundleError{Index: index, Type: cause.Type, Code: code, Msg: cause.Name(), Cause: cause}
 }
 
 func (e *BundleError) Error() string {
-	s := e.Cause.Name()
+	s := e.Msg
 	for _, o := range e.Other {
-		s += " + " + o.Error()
+		s += " + " + o.Name()
 	}
 	if e.Index >= 0 {
-		return fmt.Sprintf("bundle rejected at message %d: %s", e.Index, s)
+		return fmt.Sprintf("switch rejected message %d: %s", e.Index, s)
 	}
-	return "bundle rejected: " + s
+	return "switch rejected the bundle: " + s
 }
 
 // FailedMessage implements flows.FailedMessageError.

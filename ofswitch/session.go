@@ -1,13 +1,3 @@
-// Package ofswitch is ofsdn's OpenFlow 1.3 session to one bridge: connect to <rundir>/<bridge>.mgmt,
-// negotiate 1.3, keep the connection alive with echoes, match replies to requests by xid, collect every
-// chunk of multipart replies, apply atomic bundles, and reconnect with backoff and a replay hook.
-//
-// It exists because ofnet speaks only OpenFlow 1.5 (and reads only the first chunk of a flow dump). It
-// connects actively to the bridge's management socket and never sets a controller in OVSDB: setting or
-// removing a controller flushes every flow and group of the bridge (shared/LAB.md).
-//
-// The session is a transport: it moves complete OpenFlow messages as bytes. flows/ encodes and decodes
-// them; FlowsSwitch adapts a Session to flows.Switch.
 package ofswitch
 
 import (
@@ -16,46 +6,12 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	of "antrea.io/libOpenflow/openflow13"
 	"k8s.io/klog/v2"
-)
-
-// OpenFlow message types the session handles.
-const (
-	ofVersion13        = 4
-	typeHello          = 0
-	typeError          = 1
-	typeEchoRequest    = 2
-	typeEchoReply      = 3
-	typeExperimenter   = 4
-	typeFeaturesReq    = 5
-	typeFeaturesReply  = 6
-	typeMultipartReq   = 18
-	typeMultipartReply = 19
-	typeBarrierReq     = 20
-	typeBarrierReply   = 21
-
-	multipartFlow      = 1
-	multipartGroupDesc = 7
-	replyMore          = 1
-
-	onfExperimenter  = 0x4f4e4600
-	onfBundleControl = 2300
-	onfBundleAdd     = 2301
-
-	bundleOpenReply   = 1
-	bundleCommitReply = 5
-
-	headerLen = 8
-	// MaxMessageLen is the largest OpenFlow message; a bundle-add needs 16 bytes of it.
-	MaxMessageLen = 0xffff
-	bundleAddLen  = 24
 )
 
 // Config configures a Session.
@@ -63,101 +19,109 @@ type Config struct {
 	// Socket is the bridge's management socket, e.g. /var/run/openvswitch/br0.mgmt.
 	Socket string
 	// Bridge names the bridge in logs and errors.
-	Bridge         string
-	RequestTimeout time.Duration // default 30 s; bounds requests whose context has no deadline
-	EchoInterval   time.Duration // default 5 s; a missed echo reply drops and re-establishes the connection
-	ReconnectMin   time.Duration // default 50 ms
-	ReconnectMax   time.Duration // default 5 s
-	Logger         klog.Logger
+	Bridge string
+	// RequestTimeout bounds every request whose context has no deadline, including the time spent
+	// waiting for a connection (default 30 s), and each connection attempt.
+	RequestTimeout time.Duration
+	// EchoInterval: an echo request goes out when the switch has been quiet this long, and the
+	// connection is dropped (and re-established) after three intervals without any message (default 5 s).
+	EchoInterval time.Duration
+	// ReconnectMin and ReconnectMax bound the exponential backoff between connection attempts and
+	// between retries of the OnReconnect hook (defaults 50 ms and 5 s).
+	ReconnectMin, ReconnectMax time.Duration
+	// HoldRequestsDuringReplay makes requests wait, after a reconnection, until the OnReconnect hook
+	// has succeeded. Off by default: a caller that holds its own lock across requests (flows.Reconciler
+	// does) and whose hook needs that lock would otherwise stall until the waiting request times out.
+	HoldRequestsDuringReplay bool
+	// Logger receives structured logs; klog's global logger when unset.
+	Logger klog.Logger
 }
 
 func (c *Config) defaults() {
-	if c.RequestTimeout == 0 {
+	if c.RequestTimeout <= 0 {
 		c.RequestTimeout = 30 * time.Second
 	}
-	if c.EchoInterval == 0 {
+	if c.EchoInterval <= 0 {
 		c.EchoInterval = 5 * time.Second
 	}
-	if c.ReconnectMin == 0 {
+	if c.ReconnectMin <= 0 {
 		c.ReconnectMin = 50 * time.Millisecond
 	}
-	if c.ReconnectMax == 0 {
-		c.ReconnectMax = 5 * time.Second
+	if c.ReconnectMax < c.ReconnectMin {
+		c.ReconnectMax = max(5*time.Second, c.ReconnectMin)
 	}
 	if c.Bridge == "" {
 		c.Bridge = c.Socket
 	}
 }
 
-// Session is one OpenFlow 1.3 connection to a bridge, re-established whenever it drops.
+// Session is one OpenFlow 1.3 connection to a bridge, re-established whenever it drops. All methods
+// are safe for concurrent use.
 type Session struct {
 	cfg Config
 	log klog.Logger
 
 	xid      atomic.Uint32
 	bundleID atomic.Uint32
+	wg       sync.WaitGroup // every goroutine of the session, for Close
+	stop     context.CancelFunc
+	closing  chan struct{}
 
-	mu        sync.Mutex
-	conn      *conn         // nil while disconnected
-	ready     chan struct{} // closed while connected
-	closed    bool
-	replay    func(ctx context.Context) error
-	dpid      uint64
-	stop      context.CancelFunc
-	done      chan struct{}
-	reconnect int
+	mu         sync.Mutex
+	conn       *conn         // the established connection, nil while disconnected
+	usable     *conn         // conn once requests may use it (after the hook when requests are held)
+	ready      chan struct{} // closed while usable != nil
+	closed     bool
+	replay     func(ctx context.Context) error
+	dpid       uint64
+	reconnects int
 }
 
-// conn is one established connection and the requests waiting on it.
-type conn struct {
-	nc      net.Conn
-	wmu     sync.Mutex
-	w       *bufio.Writer
-	mu      sync.Mutex
-	waiters map[uint32]*waiter
-	ranges  []*waiter // bundle waiters cover a range of xids
-	dead    chan struct{}
-	err     error
-}
+// replayKey marks the context of the OnReconnect hook: its requests use the connection being
+// replayed into even while other requests are held.
+type replayKey struct{}
 
-// waiter receives the replies (and errors) to one request, or to a range of xids for a bundle.
-type waiter struct {
-	lo, hi uint32
-	ch     chan []byte
-	gone   chan struct{}
-}
-
-// Dial connects to the bridge and starts the session: the first connection must succeed within ctx;
-// later losses are repaired in the background.
+// Dial connects to the bridge and starts the session. It retries a missing or refusing socket with
+// backoff until ctx (or RequestTimeout, when ctx has no deadline) ends, but fails at once when the
+// bridge does not speak OpenFlow 1.3 (an error wrapping ErrVersion). Later losses of the connection are
+// repaired in the background.
 func Dial(ctx context.Context, cfg Config) (*Session, error) {
+	if cfg.Socket == "" {
+		return nil, errors.New("ofswitch: Config.Socket is empty")
+	}
 	cfg.defaults()
 	log := cfg.Logger
 	if log.GetSink() == nil {
 		log = klog.Background()
 	}
-	s := &Session{cfg: cfg, log: log.WithName("ofswitch").WithValues("bridge", cfg.Bridge), ready: make(chan struct{}), done: make(chan struct{})}
-	s.xid.Store(1 << 20)
-	c, dpid, err := s.connect(ctx)
+	s := &Session{
+		cfg:     cfg,
+		log:     log.WithName("ofswitch").WithValues("bridge", cfg.Bridge),
+		ready:   make(chan struct{}),
+		closing: make(chan struct{}),
+	}
+	s.xid.Store(1 << 20) // away from the small xids ovs-ofctl uses: easier to tell apart in OVS logs
+	dctx, cancel := s.bound(ctx)
+	defer cancel()
+	c, dpid, err := s.dial(dctx, true)
 	if err != nil {
 		return nil, fmt.Errorf("bridge %s: %w", cfg.Bridge, err)
 	}
 	runCtx, stop := context.WithCancel(context.Background())
 	s.stop = stop
-	s.install(c, dpid)
+	s.establish(c, dpid, true)
+	s.log.V(1).Info("OpenFlow 1.3 session up", "socket", cfg.Socket, "datapathID", fmt.Sprintf("%016x", dpid))
+	s.wg.Add(1)
 	go s.run(runCtx, c)
 	return s, nil
 }
 
-func (s *Session) install(c *conn, dpid uint64) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.conn, s.dpid = c, dpid
-	close(s.ready)
-}
-
-// OnReconnect sets the hook run after every re-established connection (not the first): the place to
-// replay flows into a ovs-vswitchd that restarted with an empty table. A failing hook is retried
-// with backoff on the same connection.
+// OnReconnect sets the hook called after every re-established connection (not the first): the place
+// to replay flows into an ovs-vswitchd that restarted with empty tables. The hook runs in its own
+// goroutine as soon as the connection is up; its context ends when that connection drops or the
+// session closes. A failing hook is logged and retried with backoff while the connection lasts, and
+// runs again after the next reconnection. Requests wait for it only with HoldRequestsDuringReplay.
+// The hook must not call Close.
 func (s *Session) OnReconnect(f func(ctx context.Context) error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -182,28 +146,154 @@ func (s *Session) DatapathID() uint64 {
 func (s *Session) Reconnects() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.reconnect
+	return s.reconnects
 }
 
-// Close ends the session and its goroutines.
+// Close ends the session: requests in flight fail with an error wrapping ErrClosed, and every
+// goroutine of the session has exited when Close returns.
 func (s *Session) Close() error {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
+		s.wg.Wait()
 		return nil
 	}
 	s.closed = true
+	close(s.closing)
 	c := s.conn
 	s.mu.Unlock()
 	s.stop()
 	if c != nil {
-		c.nc.Close()
+		c.kill(ErrClosed)
 	}
-	<-s.done
+	s.wg.Wait()
 	return nil
 }
 
-// connect dials the socket and does hello + features.
+// ---- connection life cycle ----
+
+// establish makes c the session's connection, unless it died already; with release, requests may use
+// it at once.
+func (s *Session) establish(c *conn, dpid uint64, release bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if c.isDead() || s.closed {
+		return
+	}
+	s.conn, s.dpid = c, dpid
+	if release {
+		s.releaseLocked(c)
+	}
+}
+
+func (s *Session) release(c *conn) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.releaseLocked(c)
+}
+
+func (s *Session) releaseLocked(c *conn) {
+	if s.conn == c && s.usable == nil {
+		s.usable = c
+		close(s.ready)
+	}
+}
+
+// lost is called once by a dying connection.
+func (s *Session) lost(c *conn) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.conn == c {
+		s.conn = nil
+	}
+	if s.usable == c {
+		s.usable = nil
+		s.ready = make(chan struct{})
+	}
+}
+
+// run re-establishes the connection whenever it drops, until Close.
+func (s *Session) run(ctx context.Context, c *conn) {
+	defer s.wg.Done()
+	var hookDone chan struct{}
+	defer func() {
+		if hookDone != nil {
+			<-hookDone
+		}
+	}()
+	for {
+		select {
+		case <-c.dead:
+		case <-ctx.Done():
+			c.kill(ErrClosed)
+			return
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		s.log.Info("OpenFlow connection lost; reconnecting", "err", c.err)
+		if hookDone != nil {
+			<-hookDone // its context ended with the connection
+			hookDone = nil
+		}
+		var dpid uint64
+		var err error
+		c, dpid, err = s.dial(ctx, false)
+		if err != nil {
+			return // closed
+		}
+		s.mu.Lock()
+		s.reconnects++
+		replay := s.replay
+		s.mu.Unlock()
+		hold := replay != nil && s.cfg.HoldRequestsDuringReplay
+		s.establish(c, dpid, !hold)
+		s.log.Info("OpenFlow connection re-established", "datapathID", fmt.Sprintf("%016x", dpid))
+		if replay != nil {
+			hookDone = make(chan struct{})
+			s.wg.Add(1)
+			go func(c *conn, done chan struct{}) {
+				defer s.wg.Done()
+				defer close(done)
+				if s.runReplay(ctx, c, replay) && hold {
+					s.release(c)
+				}
+			}(c, hookDone)
+		}
+	}
+}
+
+// dial connects with exponential backoff until it succeeds or ctx ends. With failFast, a switch that
+// does not speak OpenFlow 1.3 ends the attempts at once.
+func (s *Session) dial(ctx context.Context, failFast bool) (*conn, uint64, error) {
+	backoff := s.cfg.ReconnectMin
+	for {
+		attempt, cancel := context.WithTimeout(ctx, s.cfg.RequestTimeout)
+		c, dpid, err := s.connect(attempt)
+		cancel()
+		if err == nil {
+			return c, dpid, nil
+		}
+		if failFast && errors.Is(err, ErrVersion) {
+			return nil, 0, err
+		}
+		if errors.Is(err, ErrVersion) {
+			s.log.Error(err, "reconnect refused", "retryIn", backoff)
+		} else {
+			s.log.V(2).Info("connect failed", "err", err, "retryIn", backoff)
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, 0, fmt.Errorf("connect %s: %w (last error: %v)", s.cfg.Socket, ctx.Err(), err)
+		case <-t.C:
+		}
+		backoff = min(backoff*2, s.cfg.ReconnectMax)
+	}
+}
+
+// connect dials the socket once and does hello and features, then starts the connection's goroutines.
 func (s *Session) connect(ctx context.Context) (*conn, uint64, error) {
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "unix", s.cfg.Socket)
@@ -213,214 +303,133 @@ func (s *Session) connect(ctx context.Context) (*conn, uint64, error) {
 	ok := false
 	defer func() {
 		if !ok {
-			nc.Close()
+			_ = nc.Close()
 		}
 	}()
 	if dl, has := ctx.Deadline(); has {
 		_ = nc.SetDeadline(dl)
-	} else {
-		_ = nc.SetDeadline(time.Now().Add(s.cfg.RequestTimeout))
 	}
-	if err := writeMsg(nc, hello13, 1); err != nil {
+	stop := context.AfterFunc(ctx, func() { _ = nc.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+
+	if _, err := nc.Write(hello13(s.nextXID())); err != nil {
 		return nil, 0, fmt.Errorf("hello: %w", err)
 	}
-	r := bufio.NewReaderSize(nc, 1<<16)
+	r := bufio.NewReaderSize(nc, readBufSize)
 	msg, err := readMsg(r)
 	if err != nil {
 		return nil, 0, fmt.Errorf("hello: %w", err)
 	}
-	if msg[1] != typeHello {
-		return nil, 0, fmt.Errorf("hello: switch sent message type %d first", msg[1])
+	switch msg[1] {
+	case typeHello:
+		if err := checkHello(msg); err != nil {
+			return nil, 0, err
+		}
+	case typeError:
+		return nil, 0, fmt.Errorf("%w: hello refused: %w", ErrVersion, parseError(msg[headerLen:]))
+	default:
+		return nil, 0, fmt.Errorf("hello: the switch sent message type %d first", msg[1])
 	}
-	if !helloAllows13(msg) {
-		return nil, 0, fmt.Errorf("hello: the bridge does not speak OpenFlow 1.3 (its hello offers version %d); set protocols=OpenFlow13 on it", msg[0])
-	}
-	if err := writeMsg(nc, of.NewFeaturesRequest(), 2); err != nil {
-		return nil, 0, fmt.Errorf("features: %w", err)
+	fxid := s.nextXID()
+	if _, err := nc.Write(headerOnly(typeFeaturesReq, fxid)); err != nil {
+		return nil, 0, fmt.Errorf("features request: %w", err)
 	}
 	var dpid uint64
-	for {
+	for dpid == 0 {
 		msg, err = readMsg(r)
 		if err != nil {
-			return nil, 0, fmt.Errorf("features: %w", err)
+			return nil, 0, fmt.Errorf("features reply: %w", err)
 		}
-		if msg[1] == typeFeaturesReply && len(msg) >= 16 {
+		switch {
+		case msg[1] == typeError:
+			e := parseError(msg[headerLen:])
+			if e.Type == 0 { // OFPET_HELLO_FAILED: the switch did not accept our hello
+				return nil, 0, fmt.Errorf("%w: hello refused: %w", ErrVersion, e)
+			}
+			return nil, 0, fmt.Errorf("features request: %w", e)
+		case msg[1] == typeFeaturesReply && msgXID(msg) == fxid:
+			if len(msg) < 16 {
+				return nil, 0, fmt.Errorf("features reply of %d bytes has no datapath ID", len(msg))
+			}
 			dpid = binary.BigEndian.Uint64(msg[8:])
-			break
-		}
-		if msg[1] == typeError {
-			return nil, 0, fmt.Errorf("features: %w", parseError(msg[headerLen:]))
+			if dpid == 0 {
+				return nil, 0, errors.New("features reply with datapath ID 0")
+			}
+		case msg[1] == typeEchoRequest:
+			msg[1] = typeEchoReply
+			if _, err := nc.Write(msg); err != nil {
+				return nil, 0, fmt.Errorf("echo reply: %w", err)
+			}
 		}
 	}
+	if !stop() {
+		return nil, 0, ctx.Err()
+	}
 	_ = nc.SetDeadline(time.Time{})
-	c := &conn{nc: nc, w: bufio.NewWriterSize(nc, 1<<18), waiters: map[uint32]*waiter{}, dead: make(chan struct{})}
-	go c.readLoop(r, s)
+	c := newConn(s, nc)
+	c.start(r)
 	ok = true
 	return c, dpid, nil
 }
 
-// helloAllows13 reads the switch's hello: version 4 or higher in the header, and version 4 in the
-// version bitmap when the switch sent one.
-func helloAllows13(msg []byte) bool {
-	if msg[0] < ofVersion13 {
-		return false
-	}
-	body := msg[headerLen:]
-	for len(body) >= 4 {
-		typ, n := binary.BigEndian.Uint16(body), int(binary.BigEndian.Uint16(body[2:]))
-		if n < 4 || n > len(body) {
-			break
-		}
-		if typ == 1 && n >= 8 { // OFPHET_VERSIONBITMAP
-			return binary.BigEndian.Uint32(body[4:])&(1<<ofVersion13) != 0
-		}
-		step := (n + 7) / 8 * 8
-		if step > len(body) {
-			break
-		}
-		body = body[step:]
-	}
-	return true
-}
-
-// hello13 offers exactly OpenFlow 1.3: the header's version and a version bitmap with only bit 4.
-// (libOpenflow's common.NewHello encodes a bitmap OVS rejects as OFPHFC_INCOMPATIBLE.)
-var hello13 = rawMsg{ofVersion13, typeHello, 0, 16, 0, 0, 0, 0, 0, 1, 0, 8, 0, 0, 0, 1 << ofVersion13}
-
-type marshaler interface{ MarshalBinary() ([]byte, error) }
-
-func writeMsg(w io.Writer, m marshaler, xid uint32) error {
-	b, err := m.MarshalBinary()
-	if err != nil {
-		return err
-	}
-	if len(b) < headerLen {
-		return errors.New("message shorter than a header")
-	}
-	binary.BigEndian.PutUint32(b[4:], xid)
-	_, err = w.Write(b)
-	return err
-}
-
-// readMsg reads one complete message; malformed lengths are errors, never panics.
-func readMsg(r *bufio.Reader) ([]byte, error) {
-	hdr, err := r.Peek(headerLen)
-	if err != nil {
-		return nil, err
-	}
-	n := int(binary.BigEndian.Uint16(hdr[2:]))
-	if n < headerLen {
-		return nil, fmt.Errorf("message of length %d is shorter than its header", n)
-	}
-	msg := make([]byte, n)
-	if _, err := io.ReadFull(r, msg); err != nil {
-		return nil, err
-	}
-	return msg, nil
-}
-
-// run keeps the session connected until Close.
-func (s *Session) run(ctx context.Context, c *conn) {
-	defer close(s.done)
-	for {
-		s.keepalive(ctx, c)
-		<-c.dead
-		s.mu.Lock()
-		s.conn = nil
-		s.ready = make(chan struct{})
-		closed := s.closed
-		s.mu.Unlock()
-		if closed || ctx.Err() != nil {
-			return
-		}
-		s.log.Info("OpenFlow connection lost; reconnecting", "err", c.err)
-		var dpid uint64
-		c, dpid = s.redial(ctx)
-		if c == nil {
-			return
-		}
-		s.mu.Lock()
-		s.reconnect++
-		replay := s.replay
-		s.mu.Unlock()
-		s.install(c, dpid)
-		s.log.Info("OpenFlow connection re-established", "datapathID", fmt.Sprintf("%016x", dpid))
-		if replay != nil {
-			s.runReplay(ctx, c, replay)
-		}
-	}
-}
-
-func (s *Session) redial(ctx context.Context) (*conn, uint64) {
-	backoff := s.cfg.ReconnectMin
-	for {
-		attempt, cancel := context.WithTimeout(ctx, s.cfg.RequestTimeout)
-		c, dpid, err := s.connect(attempt)
-		cancel()
-		if err == nil {
-			return c, dpid
-		}
-		s.log.V(2).Info("reconnect failed", "err", err, "retryIn", backoff)
-		select {
-		case <-ctx.Done():
-			return nil, 0
-		case <-time.After(backoff):
-		}
-		backoff = min(backoff*2, s.cfg.ReconnectMax)
-	}
-}
-
-func (s *Session) runReplay(ctx context.Context, c *conn, replay func(context.Context) error) {
-	backoff := s.cfg.ReconnectMin
-	for {
-		err := replay(ctx)
-		if err == nil {
-			return
-		}
-		s.log.Error(err, "replay after reconnect failed; retrying", "retryIn", backoff)
-		select {
-		case <-ctx.Done():
-			return
-		case <-c.dead:
-			return
-		case <-time.After(backoff):
-		}
-		backoff = min(backoff*2, s.cfg.ReconnectMax)
-	}
-}
-
-// keepalive sends echo requests in the background; a missing reply kills the connection.
-func (s *Session) keepalive(ctx context.Context, c *conn) {
+// runReplay runs the hook until it succeeds, the connection drops or the session closes.
+func (s *Session) runReplay(ctx context.Context, c *conn, replay func(context.Context) error) bool {
+	hctx, cancel := context.WithCancel(context.WithValue(ctx, replayKey{}, c))
+	defer cancel()
+	s.wg.Add(1)
 	go func() {
-		t := time.NewTicker(s.cfg.EchoInterval)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				c.kill(ErrClosed)
-				return
-			case <-c.dead:
-				return
-			case <-t.C:
-				echoCtx, cancel := context.WithTimeout(ctx, s.cfg.EchoInterval)
-				_, err := c.request(echoCtx, s.nextXID(), of.NewEchoRequest(), typeEchoReply)
-				cancel()
-				if err != nil && ctx.Err() == nil {
-					c.kill(fmt.Errorf("echo: %w", err))
-					return
-				}
-			}
+		defer s.wg.Done()
+		select {
+		case <-c.dead:
+			cancel()
+		case <-hctx.Done():
 		}
 	}()
+	backoff := s.cfg.ReconnectMin
+	for {
+		err := replay(hctx)
+		if err == nil {
+			s.log.V(1).Info("replay after reconnect done")
+			return true
+		}
+		if hctx.Err() != nil {
+			s.log.Info("replay after reconnect cut short", "err", err)
+			return false
+		}
+		s.log.Error(err, "replay after reconnect failed; retrying", "retryIn", backoff)
+		t := time.NewTimer(backoff)
+		select {
+		case <-hctx.Done():
+			t.Stop()
+			return false
+		case <-t.C:
+		}
+		backoff = min(backoff*2, s.cfg.ReconnectMax)
+	}
 }
 
 func (s *Session) nextXID() uint32 { return s.xid.Add(1) }
 
-// current waits for a live connection.
+// reserveXIDs returns the first of n consecutive xids.
+func (s *Session) reserveXIDs(n uint32) uint32 { return s.xid.Add(n) - n + 1 }
+
+// current returns the connection a request may use, waiting for one up to ctx.
 func (s *Session) current(ctx context.Context) (*conn, error) {
+	if hc, ok := ctx.Value(replayKey{}).(*conn); ok {
+		s.mu.Lock()
+		closed := s.closed
+		s.mu.Unlock()
+		if closed {
+			return nil, ErrClosed
+		}
+		if hc.isDead() {
+			return nil, hc.deathErr()
+		}
+		return hc, nil
+	}
 	for {
 		s.mu.Lock()
-		c, ready, closed := s.conn, s.ready, s.closed
+		c, ready, closed := s.usable, s.ready, s.closed
 		s.mu.Unlock()
 		if closed {
 			return nil, ErrClosed
@@ -430,12 +439,14 @@ func (s *Session) current(ctx context.Context) (*conn, error) {
 		}
 		select {
 		case <-ready:
+		case <-s.closing:
 		case <-ctx.Done():
-			return nil, fmt.Errorf("bridge %s: waiting for the OpenFlow connection: %w", s.cfg.Bridge, ctx.Err())
+			return nil, fmt.Errorf("waiting for the OpenFlow connection: %w", ctx.Err())
 		}
 	}
 }
 
+// bound applies RequestTimeout to a context without a deadline.
 func (s *Session) bound(ctx context.Context) (context.Context, context.CancelFunc) {
 	if _, ok := ctx.Deadline(); ok {
 		return context.WithCancel(ctx)
@@ -443,398 +454,6 @@ func (s *Session) bound(ctx context.Context) (context.Context, context.CancelFun
 	return context.WithTimeout(ctx, s.cfg.RequestTimeout)
 }
 
-// ---- the connection's reader and request plumbing ----
-
-func (c *conn) kill(err error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	select {
-	case <-c.dead:
-		return
-	default:
-	}
-	c.err = err
-	close(c.dead)
-	c.nc.Close()
-}
-
-func (c *conn) readLoop(r *bufio.Reader, s *Session) {
-	for {
-		msg, err := readMsg(r)
-		if err != nil {
-			c.kill(fmt.Errorf("%w: %v", ErrDisconnected, err))
-			return
-		}
-		switch msg[1] {
-		case typeEchoRequest:
-			reply := append([]byte(nil), msg...)
-			reply[1] = typeEchoReply
-			if err := c.write(func(w *bufio.Writer) error { _, err := w.Write(reply); return err }); err != nil {
-				c.kill(err)
-				return
-			}
-			continue
-		case typeError, typeEchoReply, typeFeaturesReply, typeMultipartReply, typeBarrierReply, typeExperimenter:
-			c.deliver(binary.BigEndian.Uint32(msg[4:]), msg)
-		default:
-			s.log.V(4).Info("ignoring unsolicited message", "type", msg[1])
-		}
-	}
-}
-
-func (c *conn) deliver(xid uint32, msg []byte) {
-	c.mu.Lock()
-	w := c.waiters[xid]
-	if w == nil {
-		for _, rw := range c.ranges {
-			if xid >= rw.lo && xid <= rw.hi {
-				w = rw
-				break
-			}
-		}
-	}
-	c.mu.Unlock()
-	if w == nil {
-		return
-	}
-	select {
-	case w.ch <- msg:
-	case <-w.gone:
-	case <-c.dead:
-	}
-}
-
-func (c *conn) wait(lo, hi uint32, buffer int) *waiter {
-	w := &waiter{lo: lo, hi: hi, ch: make(chan []byte, buffer), gone: make(chan struct{})}
-	c.mu.Lock()
-	if lo == hi {
-		c.waiters[lo] = w
-	} else {
-		c.ranges = append(c.ranges, w)
-	}
-	c.mu.Unlock()
-	return w
-}
-
-func (c *conn) unwait(w *waiter) {
-	c.mu.Lock()
-	if c.waiters[w.lo] == w {
-		delete(c.waiters, w.lo)
-	}
-	for i, rw := range c.ranges {
-		if rw == w {
-			c.ranges = append(c.ranges[:i:i], c.ranges[i+1:]...)
-			break
-		}
-	}
-	c.mu.Unlock()
-	close(w.gone)
-}
-
-func (c *conn) write(f func(w *bufio.Writer) error) error {
-	c.wmu.Lock()
-	defer c.wmu.Unlock()
-	if err := f(c.w); err != nil {
-		return fmt.Errorf("%w: write: %v", ErrDisconnected, err)
-	}
-	if err := c.w.Flush(); err != nil {
-		return fmt.Errorf("%w: write: %v", ErrDisconnected, err)
-	}
-	return nil
-}
-
-// next waits for the next message to w.
-func (c *conn) next(ctx context.Context, w *waiter) ([]byte, error) {
-	select {
-	case m := <-w.ch:
-		return m, nil
-	case <-c.dead:
-		// A reply may have been delivered just before the connection died.
-		select {
-		case m := <-w.ch:
-			return m, nil
-		default:
-		}
-		return nil, fmt.Errorf("%w (%v)", ErrDisconnected, c.err)
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-}
-
-// request sends one message and waits for its reply of the given type (or an error).
-func (c *conn) request(ctx context.Context, xid uint32, m marshaler, replyType uint8) ([]byte, error) {
-	w := c.wait(xid, xid, 4)
-	defer c.unwait(w)
-	if err := c.write(func(bw *bufio.Writer) error { return writeMsg(bw, m, xid) }); err != nil {
-		c.kill(err)
-		return nil, err
-	}
-	for {
-		msg, err := c.next(ctx, w)
-		if err != nil {
-			return nil, err
-		}
-		switch msg[1] {
-		case typeError:
-			return nil, parseError(msg[headerLen:])
-		case replyType:
-			return msg, nil
-		}
-	}
-}
-
-// ---- requests ----
-
-// Barrier waits until the switch has processed everything sent before it.
-func (s *Session) Barrier(ctx context.Context) error {
-	ctx, cancel := s.bound(ctx)
-	defer cancel()
-	c, err := s.current(ctx)
-	if err != nil {
-		return err
-	}
-	h := of.NewOfp13Header()
-	h.Type = typeBarrierReq
-	_, err = c.request(ctx, s.nextXID(), &h, typeBarrierReply)
-	if err != nil {
-		return fmt.Errorf("bridge %s: barrier: %w", s.cfg.Bridge, err)
-	}
-	return nil
-}
-
-// Bundle applies complete OpenFlow 1.3 messages atomically (ONF bundle extension, flags ATOMIC and
-// ORDERED): the switch installs all of them or none. Everything is written without waiting per message;
-// the commit's reply says whether it took. A failure returns *BundleError naming the message blamed.
-func (s *Session) Bundle(ctx context.Context, msgs [][]byte) error {
-	if len(msgs) == 0 {
-		return nil
-	}
-	for i, m := range msgs {
-		if len(m) < headerLen || int(binary.BigEndian.Uint16(m[2:])) != len(m) {
-			return fmt.Errorf("bridge %s: bundle message %d: length field does not match its %d bytes", s.cfg.Bridge, i, len(m))
-		}
-		if len(m)+bundleAddLen-headerLen > MaxMessageLen {
-			return fmt.Errorf("bridge %s: bundle message %d: %d bytes do not fit a bundle-add (at most %d)", s.cfg.Bridge, i, len(m), MaxMessageLen-(bundleAddLen-headerLen))
-		}
-	}
-	ctx, cancel := s.bound(ctx)
-	defer cancel()
-	c, err := s.current(ctx)
-	if err != nil {
-		return err
-	}
-	id := s.bundleID.Add(1)
-	// xids: open, one per message, commit — contiguous, so one range waiter catches every reply.
-	first := s.xid.Add(uint32(len(msgs)+2)) - uint32(len(msgs)+1)
-	openXID, commitXID := first, first+uint32(len(msgs))+1
-	w := c.wait(openXID, commitXID, 64)
-	defer c.unwait(w)
-
-	err = c.write(func(bw *bufio.Writer) error {
-		if err := writeBundleControl(bw, id, of.OFPBCT_OPEN_REQUEST, openXID); err != nil {
-			return err
-		}
-		var hdr [bundleAddLen]byte
-		for i, m := range msgs {
-			xid := openXID + 1 + uint32(i)
-			binary.BigEndian.PutUint32(m[4:], xid) // the embedded message carries the bundle-add's xid
-			hdr[0], hdr[1] = ofVersion13, typeExperimenter
-			binary.BigEndian.PutUint16(hdr[2:], uint16(bundleAddLen+len(m)))
-			binary.BigEndian.PutUint32(hdr[4:], xid)
-			binary.BigEndian.PutUint32(hdr[8:], onfExperimenter)
-			binary.BigEndian.PutUint32(hdr[12:], onfBundleAdd)
-			binary.BigEndian.PutUint32(hdr[16:], id)
-			binary.BigEndian.PutUint16(hdr[20:], 0)
-			binary.BigEndian.PutUint16(hdr[22:], of.OFPBCT_ATOMIC|of.OFPBCT_ORDERED)
-			if _, err := bw.Write(hdr[:]); err != nil {
-				return err
-			}
-			if _, err := bw.Write(m); err != nil {
-				return err
-			}
-		}
-		return writeBundleControl(bw, id, of.OFPBCT_COMMIT_REQUEST, commitXID)
-	})
-	if err != nil {
-		c.kill(err)
-		return fmt.Errorf("bridge %s: bundle: %w", s.cfg.Bridge, err)
-	}
-	var blamed *BundleError
-	for {
-		msg, err := c.next(ctx, w)
-		if err != nil {
-			return fmt.Errorf("bridge %s: bundle of %d messages: %w", s.cfg.Bridge, len(msgs), err)
-		}
-		xid := binary.BigEndian.Uint32(msg[4:])
-		switch {
-		case msg[1] == typeError:
-			e := parseError(msg[headerLen:])
-			switch {
-			case xid == commitXID || xid == openXID:
-				if blamed == nil {
-					return &BundleError{Index: -1, Cause: e}
-				}
-				blamed.Other = append(blamed.Other, e)
-				return blamed
-			case blamed == nil:
-				blamed = &BundleError{Index: int(xid - openXID - 1), Cause: e}
-			default:
-				blamed.Other = append(blamed.Other, e)
-			}
-		case xid == commitXID && isBundleReply(msg, bundleCommitReply):
-			if blamed != nil { // cannot happen with ATOMIC, but never report success over an error
-				return blamed
-			}
-			return nil
-		}
-	}
-}
-
-func writeBundleControl(w io.Writer, id uint32, typ uint16, xid uint32) error {
-	return writeMsg(w, of.NewBundleControl(&of.BundleControl{BundleID: id, Type: typ, Flags: of.OFPBCT_ATOMIC | of.OFPBCT_ORDERED}), xid)
-}
-
-func isBundleReply(msg []byte, typ uint16) bool {
-	return len(msg) >= 22 && msg[1] == typeExperimenter && binary.BigEndian.Uint32(msg[8:]) == onfExperimenter &&
-		binary.BigEndian.Uint32(msg[12:]) == onfBundleControl && binary.BigEndian.Uint16(msg[20:]) == typ
-}
-
-// Send writes messages outside any bundle, then a barrier; the first error the switch returns wins.
-func (s *Session) Send(ctx context.Context, msgs [][]byte) error {
-	if len(msgs) == 0 {
-		return nil
-	}
-	ctx, cancel := s.bound(ctx)
-	defer cancel()
-	c, err := s.current(ctx)
-	if err != nil {
-		return err
-	}
-	first := s.xid.Add(uint32(len(msgs)+1)) - uint32(len(msgs))
-	barrier := first + uint32(len(msgs))
-	w := c.wait(first, barrier, 64)
-	defer c.unwait(w)
-	err = c.write(func(bw *bufio.Writer) error {
-		for i, m := range msgs {
-			binary.BigEndian.PutUint32(m[4:], first+uint32(i))
-			if _, err := bw.Write(m); err != nil {
-				return err
-			}
-		}
-		h := of.NewOfp13Header()
-		h.Type = typeBarrierReq
-		return writeMsg(bw, &h, barrier)
-	})
-	if err != nil {
-		c.kill(err)
-		return err
-	}
-	var firstErr *BundleError
-	for {
-		msg, err := c.next(ctx, w)
-		if err != nil {
-			return err
-		}
-		xid := binary.BigEndian.Uint32(msg[4:])
-		if msg[1] == typeError && firstErr == nil {
-			firstErr = &BundleError{Index: int(xid - first), Cause: parseError(msg[headerLen:])}
-		}
-		if msg[1] == typeBarrierReply && xid == barrier {
-			if firstErr != nil {
-				return firstErr
-			}
-			return nil
-		}
-	}
-}
-
-// FlowFilter selects flows of a dump.
-type FlowFilter struct {
-	TableID    uint8 // 0xff: all tables
-	Cookie     uint64
-	CookieMask uint64
-}
-
-// DumpFlows returns every ofp_flow_stats entry matching the filter, from every reply chunk.
-func (s *Session) DumpFlows(ctx context.Context, f FlowFilter) ([][]byte, error) {
-	body := make([]byte, 40)
-	body[0] = f.TableID
-	binary.BigEndian.PutUint32(body[4:], 0xffffffff) // out_port any
-	binary.BigEndian.PutUint32(body[8:], 0xffffffff) // out_group any
-	binary.BigEndian.PutUint64(body[16:], f.Cookie)
-	binary.BigEndian.PutUint64(body[24:], f.CookieMask)
-	binary.BigEndian.PutUint16(body[32:], 1) // empty OXM match
-	binary.BigEndian.PutUint16(body[34:], 4)
-	entries, err := s.multipart(ctx, multipartFlow, body)
-	if err != nil {
-		return nil, fmt.Errorf("bridge %s: dump flows: %w", s.cfg.Bridge, err)
-	}
-	return entries, nil
-}
-
-// DumpGroups returns every ofp_group_desc entry, from every reply chunk.
-func (s *Session) DumpGroups(ctx context.Context) ([][]byte, error) {
-	entries, err := s.multipart(ctx, multipartGroupDesc, nil)
-	if err != nil {
-		return nil, fmt.Errorf("bridge %s: dump groups: %w", s.cfg.Bridge, err)
-	}
-	return entries, nil
-}
-
-type rawMsg []byte
-
-func (r rawMsg) MarshalBinary() ([]byte, error) { return append([]byte(nil), r...), nil }
-
-// multipart sends a multipart request and splits every reply chunk's body into its entries (each
-// starting with its own 16-bit length).
-func (s *Session) multipart(ctx context.Context, typ uint16, body []byte) ([][]byte, error) {
-	ctx, cancel := s.bound(ctx)
-	defer cancel()
-	c, err := s.current(ctx)
-	if err != nil {
-		return nil, err
-	}
-	req := make([]byte, 16+len(body))
-	req[0], req[1] = ofVersion13, typeMultipartReq
-	binary.BigEndian.PutUint16(req[2:], uint16(len(req)))
-	binary.BigEndian.PutUint16(req[8:], typ)
-	copy(req[16:], body)
-	xid := s.nextXID()
-	w := c.wait(xid, xid, 256)
-	defer c.unwait(w)
-	if err := c.write(func(bw *bufio.Writer) error { return writeMsg(bw, rawMsg(req), xid) }); err != nil {
-		c.kill(err)
-		return nil, err
-	}
-	var entries [][]byte
-	for {
-		msg, err := c.next(ctx, w)
-		if err != nil {
-			return nil, err
-		}
-		if msg[1] == typeError {
-			return nil, parseError(msg[headerLen:])
-		}
-		if msg[1] != typeMultipartReply || len(msg) < 16 {
-			continue
-		}
-		if binary.BigEndian.Uint16(msg[8:]) != typ {
-			return nil, fmt.Errorf("multipart reply of type %d to a request of type %d", binary.BigEndian.Uint16(msg[8:]), typ)
-		}
-		rest := msg[16:]
-		for len(rest) > 0 {
-			if len(rest) < 2 {
-				return nil, errors.New("multipart reply: truncated entry")
-			}
-			n := int(binary.BigEndian.Uint16(rest))
-			if n < 4 || n > len(rest) {
-				return nil, fmt.Errorf("multipart reply: entry length %d with %d bytes left", n, len(rest))
-			}
-			entries = append(entries, rest[:n:n])
-			rest = rest[n:]
-		}
-		if binary.BigEndian.Uint16(msg[10:])&replyMore == 0 {
-			return entries, nil
-		}
-	}
+func (s *Session) errorf(what string, err error) error {
+	return fmt.Errorf("bridge %s: %s: %w", s.cfg.Bridge, what, err)
 }

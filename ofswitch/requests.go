@@ -1,0 +1,438 @@
+package ofswitch
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"time"
+
+	of "antrea.io/libOpenflow/openflow13"
+)
+
+// maxOtherErrors caps BundleError.Other: a bundle whose open failed has every add refused too.
+const maxOtherErrors = 8
+
+// Barrier waits until the switch has processed everything sent before it.
+func (s *Session) Barrier(ctx context.Context) error {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	c, err := s.current(ctx)
+	if err != nil {
+		return s.errorf("barrier", err)
+	}
+	if _, err := c.roundTrip(ctx, headerOnly(typeBarrierReq, s.nextXID()), typeBarrierReply); err != nil {
+		return s.errorf("barrier", err)
+	}
+	return nil
+}
+
+// Bundle applies complete OpenFlow 1.3 messages (flow-mods, group-mods, ...; header included, any
+// xid) atomically: the switch applies all of them or none. Bundle overwrites the xid (bytes 4..8) of
+// every message in place, so the slices must not be in use by another request at the same time.
+//
+// Everything is written at once without a round trip per message: bundle open, one ONF bundle-add per
+// message (flags ATOMIC|ORDERED), a barrier; after the barrier's reply, commit (or discard when the
+// switch refused a message already). A message of more than MaxBundledMessageLen bytes is refused
+// before anything is sent.
+//
+// When the switch rejects the bundle, Bundle returns a *BundleError naming the message it blamed (by
+// index into msgs); nothing was applied and the bundle is gone. Other errors (connection lost, context
+// ended) leave the bundle discarded, except once the commit was sent: then the outcome is unknown
+// and the error says so.
+func (s *Session) Bundle(ctx context.Context, msgs [][]byte) error {
+	if len(msgs) == 0 {
+		return nil
+	}
+	for i, m := range msgs {
+		if err := checkMessage(m, MaxBundledMessageLen); err != nil {
+			return fmt.Errorf("bridge %s: bundle message %d: %w", s.cfg.Bridge, i, err)
+		}
+	}
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	c, err := s.current(ctx)
+	if err != nil {
+		return s.errorf(fmt.Sprintf("bundle of %d messages", len(msgs)), err)
+	}
+	if err := s.bundle(ctx, c, msgs); err != nil {
+		var be *BundleError
+		if errors.As(err, &be) {
+			return err
+		}
+		return s.errorf(fmt.Sprintf("bundle of %d messages", len(msgs)), err)
+	}
+	return nil
+}
+
+func (s *Session) bundle(ctx context.Context, c *conn, msgs [][]byte) error {
+	n := uint32(len(msgs))
+	id := s.bundleID.Add(1)
+	// xids: open, one per message, barrier, then commit or discard; one range waiter catches them all.
+	openX := s.reserveXIDs(n + 3)
+	barrierX, endX := openX+n+1, openX+n+2
+	w := c.wait(openX, endX)
+	defer c.unwait(w)
+
+	err := c.write(ctx, func(bw *bufio.Writer) error {
+		var ctl [bundleControlLen]byte
+		if _, err := bw.Write(appendBundleControl(ctl[:0], id, of.OFPBCT_OPEN_REQUEST, openX)); err != nil {
+			return err
+		}
+		var hdr [bundleAddLen]byte
+		for i, m := range msgs {
+			xid := openX + 1 + uint32(i)
+			binary.BigEndian.PutUint32(m[4:], xid) // the inner message carries its bundle-add's xid
+			putBundleAdd(&hdr, id, len(m), xid)
+			if _, err := bw.Write(hdr[:]); err != nil {
+				return err
+			}
+			if _, err := bw.Write(m); err != nil {
+				return err
+			}
+		}
+		var bar [headerLen]byte
+		putHeader(bar[:], typeBarrierReq, headerLen, barrierX)
+		_, err := bw.Write(bar[:])
+		return err
+	})
+	if err != nil {
+		return err // a half-written bundle killed the connection, and the switch drops its bundles with it
+	}
+
+	// Every add has been answered once the barrier's reply is here: the switch works in order.
+	var be *BundleError
+	opened, openFailed := false, false
+	for done := false; !done; {
+		msg, err := c.next(ctx, w)
+		if err != nil {
+			if opened && !c.isDead() {
+				s.discardLater(c, id, endX)
+			}
+			return fmt.Errorf("before commit, bundle discarded: %w", err)
+		}
+		xid := msgXID(msg)
+		switch {
+		case msg[1] == typeError:
+			e := parseError(msg[headerLen:])
+			if xid == openX {
+				openFailed = true
+			}
+			be = blame(be, e, xid-openX-1, n, openFailed)
+		case xid == openX && bundleReply(msg, of.OFPBCT_OPEN_REPLY):
+			opened = true
+		case xid == barrierX && msg[1] == typeBarrierReply:
+			done = true
+		}
+	}
+	if be != nil {
+		if opened {
+			s.discard(ctx, c, w, id, endX)
+		}
+		return be
+	}
+	if !opened {
+		return errors.New("the switch answered the barrier but not the bundle open")
+	}
+
+	if err := c.write(ctx, func(bw *bufio.Writer) error {
+		var ctl [bundleControlLen]byte
+		_, err := bw.Write(appendBundleControl(ctl[:0], id, of.OFPBCT_COMMIT_REQUEST, endX))
+		return err
+	}); err != nil {
+		if c.isDead() {
+			return err // the switch discards the bundle of a lost connection
+		}
+		s.discardLater(c, id, endX)
+		return fmt.Errorf("commit not sent, bundle discarded: %w", err)
+	}
+	for {
+		msg, err := c.next(ctx, w)
+		if err != nil {
+			return fmt.Errorf("commit sent, outcome unknown: %w", err)
+		}
+		xid := msgXID(msg)
+		switch {
+		case msg[1] == typeError:
+			be = blame(be, parseError(msg[headerLen:]), xid-openX-1, n, false)
+			if xid == endX {
+				return be // the commit failed: OVS applied nothing and removed the bundle
+			}
+		case xid == endX && bundleReply(msg, of.OFPBCT_COMMIT_REPLY):
+			if be != nil { // cannot happen with ATOMIC; never report success over an error
+				return be
+			}
+			return nil
+		}
+	}
+}
+
+// blame adds an error to a bundle's (or a Send's) failure. idx is the error's xid minus the first
+// message's xid: it names a message when below n. A message is blamed rather than the bundle as a
+// whole, unless the bundle never opened (then every add fails for that reason).
+func blame(be *BundleError, e *OFError, idx, n uint32, bundleFailed bool) *BundleError {
+	index := -1
+	if idx < n && !bundleFailed {
+		index = int(idx)
+	}
+	if be == nil {
+		return newBundleError(index, e)
+	}
+	if be.Index < 0 && index >= 0 {
+		nb := newBundleError(index, e)
+		nb.Other = append([]*OFError{be.Cause}, be.Other...)
+		return nb
+	}
+	if len(be.Other) < maxOtherErrors {
+		be.Other = append(be.Other, e)
+	}
+	return be
+}
+
+// discard asks the switch to drop a bundle and waits for its answer, which matters only for logs: a
+// failed discard leaves an uncommitted bundle that OVS drops with the connection or on its timeout.
+func (s *Session) discard(ctx context.Context, c *conn, w *waiter, id, xid uint32) {
+	err := c.write(ctx, func(bw *bufio.Writer) error {
+		var ctl [bundleControlLen]byte
+		_, err := bw.Write(appendBundleControl(ctl[:0], id, of.OFPBCT_DISCARD_REQUEST, xid))
+		return err
+	})
+	for err == nil {
+		var msg []byte
+		msg, err = c.next(ctx, w)
+		if err != nil {
+			break
+		}
+		if msgXID(msg) != xid {
+			continue
+		}
+		if msg[1] == typeError {
+			err = parseError(msg[headerLen:])
+		} else if bundleReply(msg, of.OFPBCT_DISCARD_REPLY) {
+			return
+		}
+	}
+	s.log.V(2).Info("bundle discard failed", "bundleID", id, "err", err)
+}
+
+// discardLater discards a bundle whose request gave up (its context ended), without waiting for the
+// answer. The write has its own short deadline; if even that fails, the connection is dropped, and the
+// bundle with it.
+func (s *Session) discardLater(c *conn, id, xid uint32) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = c.write(ctx, func(bw *bufio.Writer) error {
+		var ctl [bundleControlLen]byte
+		_, err := bw.Write(appendBundleControl(ctl[:0], id, of.OFPBCT_DISCARD_REQUEST, xid))
+		return err
+	})
+}
+
+// Send writes messages outside any bundle, then a barrier, and waits for the barrier's reply. It is
+// not atomic: when the switch refuses messages, the others still apply, and Send returns a
+// *BundleError naming the first refused message. Like Bundle, it overwrites each message's xid.
+func (s *Session) Send(ctx context.Context, msgs [][]byte) error {
+	if len(msgs) == 0 {
+		return nil
+	}
+	for i, m := range msgs {
+		if err := checkMessage(m, MaxMessageLen); err != nil {
+			return fmt.Errorf("bridge %s: message %d: %w", s.cfg.Bridge, i, err)
+		}
+	}
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	c, err := s.current(ctx)
+	if err != nil {
+		return s.errorf(fmt.Sprintf("send %d messages", len(msgs)), err)
+	}
+	n := uint32(len(msgs))
+	first := s.reserveXIDs(n + 1)
+	barrierX := first + n
+	w := c.wait(first, barrierX)
+	defer c.unwait(w)
+	err = c.write(ctx, func(bw *bufio.Writer) error {
+		for i, m := range msgs {
+			binary.BigEndian.PutUint32(m[4:], first+uint32(i))
+			if _, err := bw.Write(m); err != nil {
+				return err
+			}
+		}
+		var bar [headerLen]byte
+		putHeader(bar[:], typeBarrierReq, headerLen, barrierX)
+		_, err := bw.Write(bar[:])
+		return err
+	})
+	if err != nil {
+		return s.errorf(fmt.Sprintf("send %d messages", len(msgs)), err)
+	}
+	var be *BundleError
+	for {
+		msg, err := c.next(ctx, w)
+		if err != nil {
+			return s.errorf(fmt.Sprintf("send %d messages", len(msgs)), err)
+		}
+		xid := msgXID(msg)
+		switch {
+		case msg[1] == typeError:
+			be = blame(be, parseError(msg[headerLen:]), xid-first, n, false)
+		case xid == barrierX && msg[1] == typeBarrierReply:
+			if be != nil {
+				return be
+			}
+			return nil
+		}
+	}
+}
+
+// FlowFilter selects the flows of a dump.
+type FlowFilter struct {
+	TableID    uint8 // 0xff: all tables
+	Cookie     uint64
+	CookieMask uint64 // 0: any cookie
+}
+
+// AllTables is the FlowFilter.TableID of a dump over every table.
+const AllTables = 0xff
+
+// Minimum entry lengths: fixed part plus the smallest match (OpenFlow 1.3 §7.3.5).
+const (
+	minFlowStats  = 56
+	minGroupDesc  = 8
+	minGroupStats = 40
+)
+
+// DumpFlows returns every ofp_flow_stats entry that matches the filter, from every reply chunk, each
+// as its own unparsed slice (entries of one chunk share its memory).
+func (s *Session) DumpFlows(ctx context.Context, f FlowFilter) ([][]byte, error) {
+	body := make([]byte, 40)
+	body[0] = f.TableID
+	binary.BigEndian.PutUint32(body[4:], of.P_ANY)    // out_port
+	binary.BigEndian.PutUint32(body[8:], of.OFPG_ANY) // out_group
+	binary.BigEndian.PutUint64(body[16:], f.Cookie)
+	binary.BigEndian.PutUint64(body[24:], f.CookieMask)
+	binary.BigEndian.PutUint16(body[32:], 1) // an empty OXM match
+	binary.BigEndian.PutUint16(body[34:], 4)
+	entries, err := s.multipart(ctx, of.MultipartType_Flow, body, lengthPrefixed(minFlowStats))
+	if err != nil {
+		return nil, s.errorf("dump flows", err)
+	}
+	return entries, nil
+}
+
+// DumpGroups returns every ofp_group_desc entry, from every reply chunk, unparsed.
+func (s *Session) DumpGroups(ctx context.Context) ([][]byte, error) {
+	entries, err := s.multipart(ctx, of.MultipartType_GroupDesc, nil, lengthPrefixed(minGroupDesc))
+	if err != nil {
+		return nil, s.errorf("dump groups", err)
+	}
+	return entries, nil
+}
+
+// DumpGroupStats returns every group's ofp_group_stats entry (counters per group and bucket), unparsed.
+func (s *Session) DumpGroupStats(ctx context.Context) ([][]byte, error) {
+	body := make([]byte, 8)
+	binary.BigEndian.PutUint32(body, of.OFPG_ALL)
+	entries, err := s.multipart(ctx, of.MultipartType_Group, body, lengthPrefixed(minGroupStats))
+	if err != nil {
+		return nil, s.errorf("dump group stats", err)
+	}
+	return entries, nil
+}
+
+// Port is one ofp_port of a port description.
+type Port struct {
+	No     uint32 // OpenFlow port number (OFPP_LOCAL 0xfffffffe for the bridge's own port)
+	Name   string
+	HWAddr net.HardwareAddr
+	Config uint32 // OFPPC_* bits
+	State  uint32 // OFPPS_* bits
+}
+
+// PortDesc describes every port of the bridge (OFPMP_PORT_DESC).
+func (s *Session) PortDesc(ctx context.Context) ([]Port, error) {
+	entries, err := s.multipart(ctx, of.MultipartType_PortDesc, nil, fixedSize(portDescLen))
+	if err != nil {
+		return nil, s.errorf("port description", err)
+	}
+	ports := make([]Port, 0, len(entries))
+	for _, e := range entries {
+		ports = append(ports, parsePort(e))
+	}
+	return ports, nil
+}
+
+func parsePort(e []byte) Port {
+	name := e[16:32]
+	if i := strings.IndexByte(string(name), 0); i >= 0 {
+		name = name[:i]
+	}
+	return Port{
+		No:     binary.BigEndian.Uint32(e),
+		HWAddr: net.HardwareAddr(append([]byte(nil), e[8:14]...)),
+		Name:   string(name),
+		Config: binary.BigEndian.Uint32(e[32:]),
+		State:  binary.BigEndian.Uint32(e[36:]),
+	}
+}
+
+type splitter func(body []byte, entries [][]byte) ([][]byte, error)
+
+func lengthPrefixed(minLen int) splitter {
+	return func(body []byte, entries [][]byte) ([][]byte, error) { return splitEntries(body, minLen, entries) }
+}
+
+func fixedSize(size int) splitter {
+	return func(body []byte, entries [][]byte) ([][]byte, error) {
+		if len(body)%size != 0 {
+			return entries, fmt.Errorf("multipart reply: %d bytes are not a whole number of %d-byte entries", len(body), size)
+		}
+		for ; len(body) > 0; body = body[size:] {
+			entries = append(entries, body[:size:size])
+		}
+		return entries, nil
+	}
+}
+
+// multipart sends a multipart request and splits the body of every reply chunk into entries.
+func (s *Session) multipart(ctx context.Context, typ uint16, body []byte, split splitter) ([][]byte, error) {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	c, err := s.current(ctx)
+	if err != nil {
+		return nil, err
+	}
+	req := multipartRequest(typ, body, s.nextXID())
+	w := c.wait(msgXID(req), msgXID(req))
+	defer c.unwait(w)
+	if err := c.write(ctx, func(bw *bufio.Writer) error { _, err := bw.Write(req); return err }); err != nil {
+		return nil, err
+	}
+	var entries [][]byte
+	for {
+		msg, err := c.next(ctx, w)
+		if err != nil {
+			return nil, err
+		}
+		switch msg[1] {
+		case typeError:
+			return nil, parseError(msg[headerLen:])
+		case typeMultipartReply:
+		default:
+			continue
+		}
+		chunk, more, err := multipartChunk(msg, typ)
+		if err != nil {
+			return nil, err
+		}
+		if entries, err = split(chunk, entries); err != nil {
+			return nil, err
+		}
+		if !more {
+			return entries, nil
+		}
+	}
+}
