@@ -1,0 +1,181 @@
+package cni
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+)
+
+// buildPlugin compiles the real plugin binary once, as a runtime would find it in its CNI bin dir.
+var buildPlugin = sync.OnceValues(func() (string, error) {
+	dir, err := os.MkdirTemp("", "ofsdn-cni-bin-")
+	if err != nil {
+		return "", err
+	}
+	out, err := exec.Command("go", "build", "-o", filepath.Join(dir, "ofsdn"), "github.com/ofsdn/ofsdn/cmd/ofsdn").CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("build plugin: %v: %s", err, out)
+	}
+	return dir, nil
+})
+
+// recorder is a Handler that records calls and answers with a fixed result.
+type recorder struct {
+	mu     sync.Mutex
+	calls  []string
+	addErr error
+	valid  []Attachment
+}
+
+func (r *recorder) note(s string) { r.mu.Lock(); r.calls = append(r.calls, s); r.mu.Unlock() }
+
+func (r *recorder) Add(_ context.Context, req *Request) (*current.Result, error) {
+	r.note("ADD " + req.PodNamespace() + "/" + req.PodName() + " " + req.IfName)
+	if r.addErr != nil {
+		return nil, r.addErr
+	}
+	_, ipn, _ := net.ParseCIDR("10.128.0.5/23")
+	ipn.IP = net.ParseIP("10.128.0.5").To4()
+	zero := 0
+	return &current.Result{CNIVersion: "1.1.0",
+		Interfaces: []*current.Interface{{Name: req.IfName, Mac: "0a:58:0a:80:00:05", Sandbox: req.Netns}},
+		IPs:        []*current.IPConfig{{Interface: &zero, Address: *ipn, Gateway: net.ParseIP("10.128.0.1")}},
+	}, nil
+}
+func (r *recorder) Del(_ context.Context, req *Request) error {
+	r.note("DEL " + req.ContainerID)
+	return nil
+}
+func (r *recorder) Check(_ context.Context, req *Request) error { r.note("CHECK"); return nil }
+func (r *recorder) Status(context.Context) error                { r.note("STATUS"); return nil }
+func (r *recorder) GC(_ context.Context, valid []Attachment) error {
+	r.mu.Lock()
+	r.valid = valid
+	r.mu.Unlock()
+	r.note("GC")
+	return nil
+}
+
+func conflist(socket string) []byte {
+	return []byte(fmt.Sprintf(`{"cniVersion":"1.1.0","name":"ofsdn","plugins":[{"type":"ofsdn","agentSocket":%q,"mtu":1450}]}`, socket))
+}
+
+func runtimeConf(id string) *libcni.RuntimeConf {
+	return &libcni.RuntimeConf{ContainerID: id, NetNS: "/var/run/netns/ofsdn-t-none", IfName: "eth0",
+		Args: [][2]string{{"K8S_POD_NAMESPACE", "ns"}, {"K8S_POD_NAME", "web"}, {"IgnoreUnknown", "1"}}}
+}
+
+// TestPluginThroughLibcni drives the real plugin binary through libcni, as container runtimes do, against
+// the agent's CNI server.
+func TestPluginThroughLibcni(t *testing.T) {
+	binDir, err := buildPlugin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	socket := filepath.Join(t.TempDir(), "cni.sock")
+	rec := &recorder{}
+	srv := &Server{Socket: socket, Handler: rec}
+	if err := srv.Listen(); err != nil {
+		t.Fatal(err)
+	}
+	sctx, stop := context.WithCancel(ctx)
+	t.Cleanup(stop)
+	go func() { _ = srv.Serve(sctx) }()
+	if fi, err := os.Stat(socket); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("socket must be root-only: %v %v", fi.Mode(), err)
+	}
+
+	list, err := libcni.ConfListFromBytes(conflist(socket))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cniConf := libcni.NewCNIConfigWithCacheDir([]string{binDir}, t.TempDir(), nil)
+	res, err := cniConf.AddNetworkList(ctx, list, runtimeConf("c1"))
+	if err != nil {
+		t.Fatalf("ADD: %v", err)
+	}
+	r, err := current.NewResultFromResult(res)
+	if err != nil || len(r.IPs) != 1 || r.IPs[0].Address.String() != "10.128.0.5/23" {
+		t.Fatalf("ADD result: %+v, %v", r, err)
+	}
+	if err := cniConf.CheckNetworkList(ctx, list, runtimeConf("c1")); err != nil {
+		t.Fatalf("CHECK: %v", err)
+	}
+	if err := cniConf.GetStatusNetworkList(ctx, list); err != nil {
+		t.Fatalf("STATUS: %v", err)
+	}
+	if err := cniConf.GCNetworkList(ctx, list, &libcni.GCArgs{ValidAttachments: []types.GCAttachment{{ContainerID: "c1", IfName: "eth0"}}}); err != nil {
+		t.Fatalf("GC: %v", err)
+	}
+	if err := cniConf.DelNetworkList(ctx, list, runtimeConf("c1")); err != nil {
+		t.Fatalf("DEL: %v", err)
+	}
+	got := strings.Join(rec.calls, "; ")
+	for _, want := range []string{"ADD ns/web eth0", "CHECK", "STATUS", "GC", "DEL c1"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("agent never saw %q: %s", want, got)
+		}
+	}
+	if len(rec.valid) != 1 || rec.valid[0].ContainerID != "c1" {
+		t.Errorf("GC valid attachments: %+v", rec.valid)
+	}
+
+	// The agent's errors reach the runtime with their CNI code.
+	rec.addErr = Errorf(ErrTryAgainLater, "node subnet exhausted")
+	_, err = cniConf.AddNetworkList(ctx, list, runtimeConf("c2"))
+	var ce *types.Error
+	if !errors.As(err, &ce) || ce.Code != ErrTryAgainLater || !strings.Contains(ce.Msg, "exhausted") {
+		t.Errorf("ADD error: %v", err)
+	}
+}
+
+func TestPluginErrors(t *testing.T) {
+	binDir, err := buildPlugin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	cniConf := libcni.NewCNIConfigWithCacheDir([]string{binDir}, t.TempDir(), nil)
+	missing := filepath.Join(t.TempDir(), "no-agent.sock")
+	list, err := libcni.ConfListFromBytes(conflist(missing))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = cniConf.AddNetworkList(ctx, list, runtimeConf("c1"))
+	var ce *types.Error
+	if !errors.As(err, &ce) || ce.Code != ErrTryAgainLater || !strings.Contains(ce.Msg, "is the ofsdn-agent pod running") {
+		t.Errorf("ADD without agent: %v", err)
+	}
+	if err := cniConf.DelNetworkList(ctx, list, runtimeConf("c1")); err != nil {
+		t.Errorf("DEL without agent must succeed (nothing to clean that start-up GC won't): %v", err)
+	}
+	noArgs := runtimeConf("c3")
+	noArgs.Args = nil
+	_, err = cniConf.AddNetworkList(ctx, list, noArgs)
+	if !errors.As(err, &ce) || ce.Code != ErrInvalidEnv {
+		t.Errorf("ADD without pod args: %v", err)
+	}
+	bad, err := libcni.ConfListFromBytes([]byte(`{"cniVersion":"1.1.0","name":"ofsdn","plugins":[{"type":"ofsdn","mtu":"big"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = cniConf.AddNetworkList(ctx, bad, runtimeConf("c4"))
+	if !errors.As(err, &ce) || ce.Code != ErrDecoding {
+		t.Errorf("ADD with malformed config: %v", err)
+	}
+	if _, err := ParseArgs("A=1;B"); err == nil {
+		t.Error("ParseArgs accepted a key without value")
+	}
+}
