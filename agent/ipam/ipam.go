@@ -1,0 +1,251 @@
+// Package ipam allocates pod addresses from the node's HostSubnet and keeps them on disk, one file per
+// address, so an agent that crashes and restarts never hands an address out twice.
+//
+// A reservation is made by linking a fully written temporary file to the address's name: link(2) fails
+// if the name exists, so two allocations can never both win, and a crash leaves either no reservation or
+// a complete one. Releases are idempotent; GC releases the addresses of sandboxes the runtime no longer has.
+package ipam
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+)
+
+// ErrExhausted says the subnet has no free address.
+var ErrExhausted = errors.New("node subnet exhausted")
+
+// Allocation is one reserved address and who holds it.
+type Allocation struct {
+	IP           netip.Addr
+	ContainerID  string
+	IfName       string
+	PodNamespace string
+	PodName      string
+}
+
+func (a Allocation) key() string { return a.ContainerID + "/" + a.IfName }
+
+// Store is the node's address store for one subnet.
+type Store struct {
+	mu     sync.Mutex
+	dir    string
+	subnet netip.Prefix
+	byIP   map[netip.Addr]Allocation
+	byKey  map[string]netip.Addr
+	last   netip.Addr
+}
+
+// Open loads the store in dir for subnet. Reservations outside the subnet (the node got another subnet)
+// and unreadable files are reported and removed, never silently reused.
+func Open(dir string, subnet netip.Prefix) (*Store, []string, error) {
+	if !subnet.IsValid() || !subnet.Addr().Is4() || subnet.Bits() > 30 {
+		return nil, nil, fmt.Errorf("ipam: subnet %s: want an IPv4 prefix of /30 or larger", subnet)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, nil, fmt.Errorf("ipam: %w", err)
+	}
+	s := &Store{dir: dir, subnet: subnet.Masked(), byIP: map[netip.Addr]Allocation{}, byKey: map[string]netip.Addr{}}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, nil, fmt.Errorf("ipam: %w", err)
+	}
+	var dropped []string
+	for _, e := range entries {
+		name := e.Name()
+		if strings.HasPrefix(name, ".tmp-") {
+			_ = os.Remove(filepath.Join(dir, name)) // an allocation interrupted before its link
+			continue
+		}
+		if name == "last" {
+			if b, err := os.ReadFile(filepath.Join(dir, name)); err == nil {
+				if ip, err := netip.ParseAddr(strings.TrimSpace(string(b))); err == nil && s.subnet.Contains(ip) {
+					s.last = ip
+				}
+			}
+			continue
+		}
+		ip, err := netip.ParseAddr(name)
+		a, rerr := readAllocation(filepath.Join(dir, name))
+		if err != nil || rerr != nil || !s.subnet.Contains(ip) {
+			dropped = append(dropped, fmt.Sprintf("%s (%v)", name, errors.Join(err, rerr, outside(s.subnet, ip))))
+			_ = os.Remove(filepath.Join(dir, name))
+			continue
+		}
+		a.IP = ip
+		s.byIP[ip] = a
+		s.byKey[a.key()] = ip
+	}
+	return s, dropped, nil
+}
+
+func outside(p netip.Prefix, ip netip.Addr) error {
+	if ip.IsValid() && !p.Contains(ip) {
+		return fmt.Errorf("outside the node subnet %s", p)
+	}
+	return nil
+}
+
+func readAllocation(path string) (Allocation, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return Allocation{}, err
+	}
+	f := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(f) != 4 || f[0] == "" || f[1] == "" {
+		return Allocation{}, fmt.Errorf("malformed reservation %q", b)
+	}
+	return Allocation{ContainerID: f[0], IfName: f[1], PodNamespace: f[2], PodName: f[3]}, nil
+}
+
+// Subnet is the store's subnet.
+func (s *Store) Subnet() netip.Prefix { return s.subnet }
+
+// Gateway is the subnet's first address (tun0), never handed to a pod.
+func (s *Store) Gateway() netip.Addr { return s.subnet.Addr().Next() }
+
+// usable reports whether ip may go to a pod: not the network, gateway or broadcast address.
+func (s *Store) usable(ip netip.Addr) bool {
+	if !s.subnet.Contains(ip) || ip == s.subnet.Addr() || ip == s.Gateway() {
+		return false
+	}
+	return ip != broadcast(s.subnet)
+}
+
+func broadcast(p netip.Prefix) netip.Addr {
+	b := p.Addr().As4()
+	hostBits := 32 - p.Bits()
+	v := uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
+	v |= 1<<hostBits - 1
+	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+}
+
+// Allocate reserves an address for a sandbox's interface. Asking again for the same sandbox and
+// interface returns the address it already holds. Addresses are handed out round-robin after the last
+// one given, so a just-released address is not immediately reused.
+func (s *Store) Allocate(a Allocation) (netip.Addr, error) {
+	if a.ContainerID == "" || a.IfName == "" || strings.ContainsAny(a.ContainerID+a.IfName+a.PodNamespace+a.PodName, "\n") {
+		return netip.Addr{}, fmt.Errorf("ipam: allocation needs a container ID and an interface name without newlines")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if ip, ok := s.byKey[a.key()]; ok {
+		return ip, nil
+	}
+	start := s.last
+	if !start.IsValid() {
+		start = s.Gateway()
+	}
+	ip := start
+	for {
+		ip = ip.Next()
+		if !s.subnet.Contains(ip) {
+			ip = s.subnet.Addr()
+		}
+		if s.usable(ip) {
+			if _, taken := s.byIP[ip]; !taken {
+				if err := s.reserve(ip, a); err == nil {
+					return ip, nil
+				} else if !errors.Is(err, os.ErrExist) {
+					return netip.Addr{}, err
+				}
+			}
+		}
+		if ip == start {
+			return netip.Addr{}, fmt.Errorf("ipam: %w: all %d addresses of %s are in use (delete pods, or give the node a larger hostSubnetLength)",
+				ErrExhausted, len(s.byIP), s.subnet)
+		}
+	}
+}
+
+func (s *Store) reserve(ip netip.Addr, a Allocation) error {
+	tmp, err := os.CreateTemp(s.dir, ".tmp-")
+	if err != nil {
+		return fmt.Errorf("ipam: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	content := strings.Join([]string{a.ContainerID, a.IfName, a.PodNamespace, a.PodName}, "\n") + "\n"
+	if _, err := tmp.WriteString(content); err != nil {
+		tmp.Close()
+		return fmt.Errorf("ipam: %w", err)
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return fmt.Errorf("ipam: %w", err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("ipam: %w", err)
+	}
+	if err := os.Link(tmp.Name(), filepath.Join(s.dir, ip.String())); err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return err
+		}
+		return fmt.Errorf("ipam: reserve %s: %w", ip, err)
+	}
+	a.IP = ip
+	s.byIP[ip] = a
+	s.byKey[a.key()] = ip
+	s.last = ip
+	_ = os.WriteFile(filepath.Join(s.dir, "last"), []byte(ip.String()+"\n"), 0o600)
+	return nil
+}
+
+// Release frees a sandbox interface's address; releasing what is not held is no error.
+func (s *Store) Release(containerID, ifName string) (netip.Addr, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	key := containerID + "/" + ifName
+	ip, ok := s.byKey[key]
+	if !ok {
+		return netip.Addr{}, nil
+	}
+	if err := os.Remove(filepath.Join(s.dir, ip.String())); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return netip.Addr{}, fmt.Errorf("ipam: release %s: %w", ip, err)
+	}
+	delete(s.byKey, key)
+	delete(s.byIP, ip)
+	return ip, nil
+}
+
+// Lookup returns a sandbox interface's allocation.
+func (s *Store) Lookup(containerID, ifName string) (Allocation, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ip, ok := s.byKey[containerID+"/"+ifName]
+	if !ok {
+		return Allocation{}, false
+	}
+	return s.byIP[ip], true
+}
+
+// List returns every allocation, by address.
+func (s *Store) List() []Allocation {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]Allocation, 0, len(s.byIP))
+	for _, a := range s.byIP {
+		out = append(out, a)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].IP.Less(out[j].IP) })
+	return out
+}
+
+// GC releases every allocation whose sandbox interface keep does not want, and returns them.
+func (s *Store) GC(keep func(Allocation) bool) ([]Allocation, error) {
+	var released []Allocation
+	for _, a := range s.List() {
+		if keep(a) {
+			continue
+		}
+		if _, err := s.Release(a.ContainerID, a.IfName); err != nil {
+			return released, err
+		}
+		released = append(released, a)
+	}
+	return released, nil
+}
