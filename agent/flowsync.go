@@ -1,0 +1,122 @@
+package agent
+
+import (
+	"context"
+	"reflect"
+	"sync"
+	"time"
+
+	"github.com/ofsdn/ofsdn/flows"
+	"k8s.io/klog/v2"
+)
+
+// flowSync renders the node view and reconciles exactly the owners whose flows changed, in one bundle
+// per change. It is the only writer of the bridge's flows.
+type flowSync struct {
+	mu       sync.Mutex // one sync at a time: CNI requests and informer events serialise here
+	view     *nodeView
+	r        *flows.Reconciler
+	log      klog.Logger
+	rendered map[flows.Owner][]flows.Flow // what the reconciler was last given, per owner
+	synced   uint64                       // view generation of the last successful sync
+	kick     chan struct{}
+	// onSynced, when set, observes each successful sync (metrics, convergence benchmarks).
+	onSynced func(flows.SyncStats, time.Duration)
+}
+
+func newFlowSync(view *nodeView, r *flows.Reconciler, log klog.Logger) *flowSync {
+	return &flowSync{view: view, r: r, log: log.WithName("flowsync"), rendered: map[flows.Owner][]flows.Flow{},
+		kick: make(chan struct{}, 1)}
+}
+
+// trigger asks the background loop for a sync; bursts of events coalesce into one.
+func (f *flowSync) trigger() {
+	select {
+	case f.kick <- struct{}{}:
+	default:
+	}
+}
+
+// syncNow renders and reconciles synchronously (a CNI ADD returns only once its pod's flows are in).
+func (f *flowSync) syncNow(ctx context.Context) (flows.SyncStats, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.view.ready(); err != nil {
+		return flows.SyncStats{}, err
+	}
+	start := time.Now()
+	st, pending, gen := f.view.snapshot()
+	owners, err := flows.Render(st)
+	if err != nil {
+		return flows.SyncStats{}, err
+	}
+	var changed []flows.Owner
+	for o, os := range owners {
+		if prev, ok := f.rendered[o]; !ok || !reflect.DeepEqual(prev, os.Flows) {
+			changed = append(changed, o)
+		}
+	}
+	for o := range f.rendered {
+		if _, still := owners[o]; !still {
+			changed = append(changed, o)
+		}
+	}
+	// Clear every changed owner before setting any: a flow may move between owners in one change
+	// (a deleted pod's IP given to a new pod), and the reconciler refuses two owners for one flow.
+	for _, o := range changed {
+		f.r.DeleteOwner(o)
+	}
+	for _, o := range changed {
+		if os, ok := owners[o]; ok {
+			if err := f.r.SetDesired(o, os.Flows, os.Groups); err != nil {
+				f.rendered = map[flows.Owner][]flows.Flow{}
+				return flows.SyncStats{}, err
+			}
+		}
+	}
+	if len(changed) == 0 {
+		f.synced = gen
+		return flows.SyncStats{}, nil
+	}
+	stats, err := f.r.SyncOwners(ctx, changed...)
+	if err != nil {
+		// The reconciler's desired state is set; forget what we rendered so the next sync retries all.
+		f.rendered = map[flows.Owner][]flows.Flow{}
+		return stats, err
+	}
+	f.rendered = make(map[flows.Owner][]flows.Flow, len(owners))
+	for o, os := range owners {
+		f.rendered[o] = os.Flows
+	}
+	f.synced = gen
+	if len(pending) > 0 {
+		f.log.V(2).Info("pods wait for their namespace's VNID", "pods", pending)
+	}
+	f.log.V(2).Info("flows synced", "owners", len(changed), "stats", stats.String(), "duration", time.Since(start))
+	if f.onSynced != nil {
+		f.onSynced(stats, time.Since(start))
+	}
+	return stats, nil
+}
+
+// run syncs on every trigger until ctx ends, retrying failures with backoff.
+func (f *flowSync) run(ctx context.Context) {
+	backoff := 50 * time.Millisecond
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-f.kick:
+		}
+		if _, err := f.syncNow(ctx); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			f.log.Info("flow sync failed; retrying", "err", err, "retryIn", backoff)
+			time.AfterFunc(backoff, f.trigger)
+			backoff = min(backoff*2, 5*time.Second)
+			continue
+		}
+		backoff = 50 * time.Millisecond
+	}
+}

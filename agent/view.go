@@ -1,0 +1,97 @@
+// Package agent is ofsdn's node agent: informers and CNI requests feed a nodeView (plain data), flows.Render
+// turns it into desired flows per owner, and flowSync reconciles the owners that changed in one bundle.
+package agent
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"sort"
+	"sync"
+
+	"github.com/ofsdn/ofsdn/flows"
+)
+
+// localPod is a pod attached to this node's bridge.
+type localPod struct {
+	Namespace, Name string
+	SandboxID       string
+	IP              netip.Addr
+	MAC             net.HardwareAddr
+	OFPort          uint32
+	HostVeth        string
+}
+
+func podKey(namespace, name string) string { return namespace + "/" + name }
+
+// nodeView is the agent's picture of everything its flows depend on. Informer handlers and the CNI
+// server write it; flowSync reads consistent snapshots of it.
+type nodeView struct {
+	mu          sync.Mutex
+	nodeName    string
+	mode        flows.Mode
+	clusterNets []netip.Prefix
+	nodeIP      netip.Addr
+	localSubnet netip.Prefix
+	remote      map[string]flows.RemoteNode // by node name
+	vnids       map[string]uint32           // namespace → VNID
+	pods        map[string]localPod         // by namespace/name
+	// generation counts changes, so a sync knows whether it saw the latest state.
+	generation uint64
+}
+
+func newNodeView(nodeName string) *nodeView {
+	return &nodeView{nodeName: nodeName, mode: flows.ModeSubnet, remote: map[string]flows.RemoteNode{},
+		vnids: map[string]uint32{}, pods: map[string]localPod{}}
+}
+
+func (v *nodeView) update(f func(v *nodeView)) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	f(v)
+	v.generation++
+}
+
+// ready reports whether the node knows enough to render: its subnet, its IP and the cluster network.
+func (v *nodeView) ready() error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	switch {
+	case len(v.clusterNets) == 0:
+		return fmt.Errorf("ClusterNetwork %q not known yet", "default")
+	case !v.localSubnet.IsValid():
+		return fmt.Errorf("no HostSubnet for node %s yet", v.nodeName)
+	case !v.nodeIP.IsValid():
+		return fmt.Errorf("node %s has no InternalIP in its HostSubnet yet", v.nodeName)
+	}
+	return nil
+}
+
+// snapshot returns the state to render. Pods whose namespace has no VNID yet are left out (they get
+// no connectivity rather than the wrong tenant's) and listed in pending.
+func (v *nodeView) snapshot() (st flows.NodeState, pending []string, generation uint64) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	st = flows.NodeState{Mode: v.mode, NodeName: v.nodeName, NodeIP: v.nodeIP, LocalSubnet: v.localSubnet,
+		ClusterNetworks: append([]netip.Prefix(nil), v.clusterNets...)}
+	for _, p := range v.pods {
+		vnid, ok := v.vnids[p.Namespace]
+		if !ok {
+			pending = append(pending, podKey(p.Namespace, p.Name))
+			continue
+		}
+		if v.mode != flows.ModeMultitenant {
+			vnid = flows.GlobalVNID // flat modes: VNIDs are allocated but carry no isolation
+		}
+		st.Pods = append(st.Pods, flows.PodState{Namespace: p.Namespace, Name: p.Name, IP: p.IP, MAC: p.MAC, OFPort: p.OFPort, VNID: vnid})
+	}
+	for name, n := range v.remote {
+		if name != v.nodeName {
+			st.RemoteNodes = append(st.RemoteNodes, n)
+		}
+	}
+	sort.Slice(st.Pods, func(i, j int) bool { return st.Pods[i].OFPort < st.Pods[j].OFPort })
+	sort.Slice(st.RemoteNodes, func(i, j int) bool { return st.RemoteNodes[i].Name < st.RemoteNodes[j].Name })
+	sort.Strings(pending)
+	return st, pending, v.generation
+}
