@@ -18,8 +18,10 @@ func (c *countingSwitch) Bundle(_ context.Context, m [][]byte) error {
 	c.msgs += len(m)
 	return nil
 }
-func (c *countingSwitch) DumpFlows(context.Context, uint64, uint64) ([][]byte, error) { return nil, nil }
-func (c *countingSwitch) DumpGroups(context.Context) ([][]byte, error)                { return nil, nil }
+func (c *countingSwitch) DumpFlows(context.Context, uint64, uint64) ([][]byte, error) {
+	return nil, nil
+}
+func (c *countingSwitch) DumpGroups(context.Context) ([][]byte, error) { return nil, nil }
 
 func testView() *nodeView {
 	v := newNodeView("n1")
