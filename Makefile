@@ -5,7 +5,7 @@ GO       ?= go
 OUT      := _output
 BIN      := $(OUT)/bin
 PKGS     := ./...
-STATICCHECK_VERSION := 2025.1.1
+STATICCHECK_VERSION := v0.8.2
 GOTEST   := $(GO) test -count=1
 # Real-OVS and real-apiserver tests run as root in network namespaces the tests make themselves.
 export OFSDN_REPO := $(CURDIR)

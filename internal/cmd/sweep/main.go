@@ -1,8 +1,14 @@
-// Command sweep removes what killed test runs left behind: prefixed network namespaces, OVS daemons
-// found through PID files in prefixed temp dirs, and the dirs. It never touches anything a running
-// test process owns (names carry the owner's PID).
+// Command sweep removes what killed test runs left behind: prefixed network namespaces, OVS and
+// Kubernetes daemons found through PID files in prefixed temp dirs, and the dirs. It never touches
+// anything a running test process owns (names carry the owner's PID).
 package main
 
-import "github.com/ofsdn/ofsdn/internal/ovstest"
+import (
+	"github.com/ofsdn/ofsdn/e2e/kubelab"
+	"github.com/ofsdn/ofsdn/internal/ovstest"
+)
 
-func main() { ovstest.Sweep() }
+func main() {
+	ovstest.Sweep()
+	kubelab.Sweep()
+}
