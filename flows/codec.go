@@ -1079,14 +1079,6 @@ func compileGroup(g GroupEntry) (*compiledGroup, error) {
 	return &compiledGroup{id: g.ID, typ: g.Type, buckets: string(body)}, nil
 }
 
-func (c *compiledGroup) group() GroupEntry {
-	g, err := decodeBuckets(c.id, c.typ, []byte(c.buckets))
-	if err != nil {
-		return GroupEntry{ID: c.id, Type: c.typ}
-	}
-	return g
-}
-
 func appendGroupMod(dst []byte, c *compiledGroup, cmd uint16) []byte {
 	body := c.buckets
 	if cmd == groupCmdDelete {

@@ -38,9 +38,6 @@ func (c Cookie) Category() Category { return Category(c >> cookieCategoryShift) 
 func (c Cookie) OwnerHash() uint32  { return uint32(c) }
 func (c Cookie) String() string     { return fmt.Sprintf("%#x", uint64(c)) }
 func (c Cookie) identity() uint64   { return uint64(c) & CookieIdentityMask }
-func (c Cookie) withRound(r uint16) Cookie {
-	return Cookie(uint64(c)&^CookieRoundMask | uint64(r)<<cookieRoundShift)
-}
 
 // Category is the kind of object that owns a flow.
 type Category uint8
