@@ -52,6 +52,9 @@ func Available() string {
 // not a reason to skip silently. Set OFSDN_SKIP_OVS=1 to skip on a developer machine without OVS.
 func Require(t testing.TB) {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("real OVS: skipped under -short")
+	}
 	if why := Available(); why != "" {
 		if os.Getenv("OFSDN_SKIP_OVS") == "1" {
 			t.Skip(why)
