@@ -1,0 +1,80 @@
+// Command ofsdn-testpod is the lab pods' process: `serve` answers on the pod's ports, `probe` tests a
+// peer. See e2e/testpod.
+//
+//	ofsdn-testpod serve --name ns/pod --tcp 8080 --udp 8080
+//	ofsdn-testpod probe tcp|udp HOST:PORT [--payload 1400] [--timeout 2s]
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/ofsdn/ofsdn/e2e/testpod"
+)
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "ofsdn-testpod:", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string) error {
+	if len(args) == 0 {
+		return fmt.Errorf("usage: ofsdn-testpod serve|probe ...")
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	switch args[0] {
+	case "serve":
+		fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+		name := fs.String("name", "", "who this pod is")
+		tcp := fs.String("tcp", "", "TCP ports")
+		udp := fs.String("udp", "", "UDP ports")
+		if err := fs.Parse(args[1:]); err != nil {
+			return err
+		}
+		tp, err := testpod.ParsePorts(*tcp)
+		if err != nil {
+			return err
+		}
+		up, err := testpod.ParsePorts(*udp)
+		if err != nil {
+			return err
+		}
+		return testpod.Serve(ctx, *name, tp, up)
+	case "probe":
+		fs := flag.NewFlagSet("probe", flag.ContinueOnError)
+		payload := fs.Int("payload", 0, "TCP: bytes to send and expect echoed")
+		timeout := fs.Duration("timeout", 2*time.Second, "give up after")
+		if len(args) < 3 {
+			return fmt.Errorf("usage: probe tcp|udp HOST:PORT")
+		}
+		if err := fs.Parse(args[3:]); err != nil {
+			return err
+		}
+		ctx, cancel := context.WithTimeout(ctx, *timeout)
+		defer cancel()
+		var rep testpod.Reply
+		var err error
+		switch args[1] {
+		case "tcp":
+			rep, err = testpod.ProbeTCP(ctx, args[2], *payload)
+		case "udp":
+			rep, err = testpod.ProbeUDP(ctx, args[2])
+		default:
+			return fmt.Errorf("probe %q: want tcp or udp", args[1])
+		}
+		if err != nil {
+			return err
+		}
+		fmt.Println(rep)
+		return nil
+	}
+	return fmt.Errorf("unknown command %q", args[0])
+}
