@@ -5,10 +5,12 @@ package main
 
 import (
 	"github.com/ofsdn/ofsdn/e2e/kubelab"
+	"github.com/ofsdn/ofsdn/e2e/lab"
 	"github.com/ofsdn/ofsdn/internal/ovstest"
 )
 
 func main() {
 	ovstest.Sweep()
 	kubelab.Sweep()
+	lab.Sweep("")
 }
