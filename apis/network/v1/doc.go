@@ -1,0 +1,8 @@
+// Package v1 holds ofsdn's cluster network API, group network.ofsdn.io, version v1:
+// ClusterNetwork (the one object named "default" that describes the overlay), HostSubnet (one per Node:
+// the pod subnet carved out of the cluster CIDRs) and NetNamespace (one per Namespace: its VNID).
+// The controller writes HostSubnets and NetNamespaces; agents and flowctl read them.
+//
+// +k8s:deepcopy-gen=package
+// +groupName=network.ofsdn.io
+package v1
