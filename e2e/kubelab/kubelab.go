@@ -110,12 +110,25 @@ func Start(t testing.TB, opts Options) *Cluster {
 	if testing.Short() {
 		t.Skip("kubelab: runs a real kube-apiserver; skipped with -short")
 	}
+	if _, err := BinDir(); err != nil && os.Getenv("OFSDN_SKIP_K8S") == "1" {
+		t.Skip(err)
+	}
+	c, err := Launch(opts, t.Logf)
+	if c != nil {
+		t.Cleanup(func() { c.cleanup(t) })
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// Launch is Start for programs that are not tests (make demo): the caller must call Stop. On error the
+// returned Cluster, when not nil, still needs Stop.
+func Launch(opts Options, logf func(format string, args ...any)) (*Cluster, error) {
 	binDir, err := BinDir()
 	if err != nil {
-		if os.Getenv("OFSDN_SKIP_K8S") == "1" {
-			t.Skip(err)
-		}
-		t.Fatal(err)
+		return nil, err
 	}
 	sweepOnce.Do(Sweep)
 	if opts.BindAddress == "" {
@@ -125,33 +138,31 @@ func Start(t testing.TB, opts Options) *Cluster {
 		opts.ServiceCIDR = defaultSvcCIDR
 	}
 	if net.ParseIP(opts.BindAddress) == nil {
-		t.Fatalf("kubelab: BindAddress %q is not an IP address", opts.BindAddress)
+		return nil, fmt.Errorf("kubelab: BindAddress %q is not an IP address", opts.BindAddress)
 	}
 	dir, err := os.MkdirTemp("", fmt.Sprintf("%s%d-%d-", Prefix, os.Getpid(), seq.Add(1)))
 	if err != nil {
-		t.Fatalf("kubelab: temp dir: %v", err)
+		return nil, fmt.Errorf("kubelab: temp dir: %w", err)
 	}
 	c := &Cluster{opts: opts, binDir: binDir, dir: dir}
-	t.Cleanup(func() { c.cleanup(t) })
 
 	began := time.Now()
 	if err := c.prepare(); err != nil {
-		t.Fatalf("kubelab: %v", err)
+		return c, fmt.Errorf("kubelab: %w", err)
 	}
 	for attempt := 1; ; attempt++ {
 		err = c.boot()
 		if err == nil {
 			break
 		}
-		retry := attempt < startAttempts && c.bindConflict()
-		if !retry {
-			t.Fatalf("kubelab: start: %v", err)
+		if attempt >= startAttempts || !c.bindConflict() {
+			return c, fmt.Errorf("kubelab: start: %w", err)
 		}
-		t.Logf("kubelab: attempt %d lost a port race, retrying: %v", attempt, err)
+		logf("kubelab: attempt %d lost a port race, retrying: %v", attempt, err)
 		c.stopProcs()
 	}
-	t.Logf("kubelab: %s ready in %s (dir %s)", c.server, time.Since(began).Round(time.Millisecond), dir)
-	return c
+	logf("kubelab: %s ready in %s (dir %s)", c.server, time.Since(began).Round(time.Millisecond), dir)
+	return c, nil
 }
 
 // prepare writes what every start attempt shares: PKI, service-account keys, the token file. Kubeconfigs
@@ -443,24 +454,36 @@ func (c *Cluster) ServiceAccountConfig(t testing.TB, namespace, name string) *re
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	cs := c.adminClient(t)
+	cfg, err := c.ServiceAccountToken(ctx, namespace, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+// ServiceAccountToken is ServiceAccountConfig for callers that are not tests.
+func (c *Cluster) ServiceAccountToken(ctx context.Context, namespace, name string) (*rest.Config, error) {
+	cs, err := c.AdminClient()
+	if err != nil {
+		return nil, err
+	}
 	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}},
 		metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		t.Fatalf("kubelab: create namespace %s: %v", namespace, err)
+		return nil, fmt.Errorf("kubelab: create namespace %s: %w", namespace, err)
 	}
 	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name}}
 	if _, err := cs.CoreV1().ServiceAccounts(namespace).Create(ctx, sa, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		t.Fatalf("kubelab: create ServiceAccount %s/%s: %v", namespace, name, err)
+		return nil, fmt.Errorf("kubelab: create ServiceAccount %s/%s: %w", namespace, name, err)
 	}
 	exp := int64(tokenExpiration / time.Second)
 	tr, err := cs.CoreV1().ServiceAccounts(namespace).CreateToken(ctx, name,
 		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &exp}}, metav1.CreateOptions{})
 	if err != nil {
-		t.Fatalf("kubelab: token for ServiceAccount %s/%s: %v", namespace, name, err)
+		return nil, fmt.Errorf("kubelab: token for ServiceAccount %s/%s: %w", namespace, name, err)
 	}
 	cfg := c.baseConfig()
 	cfg.BearerToken = tr.Status.Token
-	return cfg
+	return cfg, nil
 }
 
 func (c *Cluster) baseConfig() *rest.Config {
@@ -472,18 +495,18 @@ func (c *Cluster) baseConfig() *rest.Config {
 	}
 }
 
-func (c *Cluster) adminClient(t testing.TB) kubernetes.Interface {
-	t.Helper()
+// AdminClient is a clientset with AdminConfig's credentials, shared by the Cluster's helpers.
+func (c *Cluster) AdminClient() (kubernetes.Interface, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.admin == nil {
 		cs, err := kubernetes.NewForConfig(c.AdminConfig())
 		if err != nil {
-			t.Fatalf("kubelab: admin client: %v", err)
+			return nil, fmt.Errorf("kubelab: admin client: %w", err)
 		}
 		c.admin = cs
 	}
-	return c.admin
+	return c.admin, nil
 }
 
 // Kubectl runs kubectl with the admin kubeconfig and returns its standard output; the error carries

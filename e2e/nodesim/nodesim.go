@@ -162,7 +162,8 @@ func (s *Sim) heartbeat(ctx context.Context) {
 	}
 }
 
-func netnsName(prefix, namespace, name string) string {
+// NetNSName is the network namespace the simulator creates for a pod.
+func NetNSName(prefix, namespace, name string) string {
 	sum := sha256.Sum256([]byte(namespace + "/" + name))
 	return prefix + "-p" + hex.EncodeToString(sum[:])[:10]
 }
@@ -216,7 +217,7 @@ func (s *Sim) startPod(ctx context.Context, pod *corev1.Pod, sp *simPod) error {
 		sp.ip = s.cfg.NodeIP.String()
 		netnsPath = s.cfg.NodeNetNS
 	} else {
-		sp.netns = netnsName(s.cfg.NetNSPrefix, pod.Namespace, pod.Name)
+		sp.netns = NetNSName(s.cfg.NetNSPrefix, pod.Namespace, pod.Name)
 		if out, err := exec.CommandContext(ctx, "ip", "netns", "add", sp.netns).CombinedOutput(); err != nil && !strings.Contains(string(out), "File exists") {
 			return fmt.Errorf("create netns %s: %v: %s", sp.netns, err, out)
 		}

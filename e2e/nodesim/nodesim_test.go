@@ -120,7 +120,7 @@ func TestNodeSimRunsPodsThroughCNI(t *testing.T) {
 		}
 		return false
 	})
-	podNS := netnsName(prefix, "default", "web")
+	podNS := NetNSName(prefix, "default", "web")
 	waitFor(t, 10*time.Second, "the pod's server answering in its namespace", func() bool {
 		out, err := exec.Command("ip", "netns", "exec", podNS, filepath.Join(binDir, "ofsdn-testpod"), "probe", "tcp", podIP+":8080").CombinedOutput()
 		return err == nil && strings.HasPrefix(string(out), "default/web ")
