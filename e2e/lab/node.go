@@ -136,9 +136,28 @@ func (n *Node) startOVS(ctx context.Context) error {
 	if _, err := n.Vsctl(ctx, "--no-wait", "init"); err != nil {
 		return err
 	}
+	return n.startVswitchd(ctx)
+}
+
+func (n *Node) startVswitchd(ctx context.Context) error {
 	_, err := n.Exec(ctx, "ovs-vswitchd", "unix:"+n.DBSocket(), "--pidfile="+filepath.Join(n.Dir, "ovs-vswitchd.pid"),
 		"--log-file="+filepath.Join(n.Dir, "ovs-vswitchd.log"), "--detach", "--no-chdir", "-vconsole:off")
 	return err
+}
+
+// RestartVswitchd kills the node's ovs-vswitchd (SIGKILL, as a crash) and starts it again on the same
+// database: the bridge and its ports come back, their flows do not — the agent must replay them.
+func (n *Node) RestartVswitchd(ctx context.Context) error {
+	if pid := n.VswitchdPID(); pid != 0 {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+		if err := waitGone(pid, 10*time.Second); err != nil {
+			return fmt.Errorf("node %s: ovs-vswitchd %d: %w", n.Name, pid, err)
+		}
+	}
+	if err := n.startVswitchd(ctx); err != nil {
+		return fmt.Errorf("node %s: restart ovs-vswitchd: %w", n.Name, err)
+	}
+	return nil
 }
 
 // stopOVS stops a node's daemons found through their pidfiles: ovs-vswitchd with exit --cleanup (a

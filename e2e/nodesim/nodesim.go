@@ -369,6 +369,13 @@ func (s *Sim) Stop(ctx context.Context) {
 	}
 }
 
+// CNIAddLatencies returns the CNI ADD latencies recorded so far, in order.
+func (s *Sim) CNIAddLatencies() []time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]time.Duration(nil), s.CNIAdd...)
+}
+
 // Running lists the pods the simulator runs, with their IPs.
 func (s *Sim) Running() map[string]string {
 	s.mu.Lock()
