@@ -1,0 +1,107 @@
+package agent
+
+import (
+	"fmt"
+	"net/netip"
+
+	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
+	"github.com/ofsdn/ofsdn/flows"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+)
+
+// watchNetwork feeds the node view from ofsdn's own objects. Every handler only edits plain data and
+// triggers a sync; rendering and OpenFlow happen in flowSync.
+type watchNetwork struct {
+	view *nodeView
+	sync *flowSync
+	log  klog.Logger
+}
+
+func (w *watchNetwork) handlers(fn func(obj any, deleted bool)) cache.ResourceEventHandlerFuncs {
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { fn(obj, false) },
+		UpdateFunc: func(_, obj any) { fn(obj, false) },
+		DeleteFunc: func(obj any) {
+			if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = d.Obj
+			}
+			fn(obj, true)
+		},
+	}
+}
+
+func (w *watchNetwork) clusterNetwork(obj any, deleted bool) {
+	cn, ok := obj.(*networkv1.ClusterNetwork)
+	if !ok || cn.Name != networkv1.ClusterNetworkName {
+		return
+	}
+	if deleted {
+		w.log.Info("ClusterNetwork deleted; keeping the last known configuration")
+		return
+	}
+	var nets []netip.Prefix
+	for _, c := range cn.Spec.ClusterCIDRs {
+		p, err := netip.ParsePrefix(string(c))
+		if err != nil {
+			w.log.Error(err, "ClusterNetwork has a malformed CIDR; ignoring it", "cidr", c)
+			continue
+		}
+		nets = append(nets, p.Masked())
+	}
+	mode := flows.Mode(cn.Spec.PluginMode)
+	switch mode {
+	case flows.ModeSubnet, flows.ModeMultitenant:
+	case flows.ModeNetworkPolicy:
+		w.log.Info("pluginMode networkpolicy: NetworkPolicy rendering has not landed yet; the network is flat meanwhile")
+	default:
+		w.log.Error(fmt.Errorf("unknown pluginMode %q", cn.Spec.PluginMode), "treating the network as flat (subnet)")
+		mode = flows.ModeSubnet
+	}
+	w.view.update(func(v *nodeView) { v.mode, v.clusterNets = mode, nets })
+	w.sync.trigger()
+}
+
+func (w *watchNetwork) hostSubnet(obj any, deleted bool) {
+	hs, ok := obj.(*networkv1.HostSubnet)
+	if !ok {
+		return
+	}
+	subnet, err1 := netip.ParsePrefix(string(hs.Subnet))
+	ip, err2 := netip.ParseAddr(hs.HostIP)
+	if !deleted && (err1 != nil || err2 != nil) {
+		w.log.Error(fmt.Errorf("subnet %q, hostIP %q", hs.Subnet, hs.HostIP), "malformed HostSubnet ignored", "hostsubnet", hs.Name)
+		return
+	}
+	w.view.update(func(v *nodeView) {
+		if hs.Host == v.nodeName {
+			if deleted {
+				w.log.Info("this node's HostSubnet was deleted; keeping the current one until a new one arrives")
+				return
+			}
+			v.localSubnet, v.nodeIP = subnet.Masked(), ip
+			return
+		}
+		if deleted {
+			delete(v.remote, hs.Host)
+			return
+		}
+		v.remote[hs.Host] = flows.RemoteNode{Name: hs.Host, NodeIP: ip, Subnet: subnet.Masked()}
+	})
+	w.sync.trigger()
+}
+
+func (w *watchNetwork) netNamespace(obj any, deleted bool) {
+	nn, ok := obj.(*networkv1.NetNamespace)
+	if !ok {
+		return
+	}
+	w.view.update(func(v *nodeView) {
+		if deleted {
+			delete(v.vnids, nn.NetName)
+			return
+		}
+		v.vnids[nn.NetName] = nn.NetID
+	})
+	w.sync.trigger()
+}
