@@ -1,0 +1,306 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ofsdn/ofsdn/e2e/cluster"
+	"github.com/ofsdn/ofsdn/flows"
+	"github.com/ofsdn/ofsdn/ofswitch"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/klog/v2"
+)
+
+func percentile(d []time.Duration, p float64) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	s := slices.Clone(d)
+	slices.Sort(s)
+	i := int(float64(len(s)-1) * p)
+	return s[i]
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// BenchmarkCNIAdd: CNI ADD latency, as the runtime (node simulator) sees it through libcni, for 100 pods
+// added 10 at a time on one node. Target p99 < 150 ms.
+func BenchmarkCNIAdd(b *testing.B) {
+	ctx := context.Background()
+	n := lc.Nodes[0]
+	if err := lc.EnsureNamespace(ctx, "bench-cni"); err != nil {
+		b.Fatal(err)
+	}
+	var all []time.Duration
+	for b.Loop() {
+		first := len(n.Sim.CNIAddLatencies())
+		for batch := 0; batch < 10; batch++ {
+			var wg sync.WaitGroup
+			errs := make(chan error, 10)
+			for i := 0; i < 10; i++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					spec := cluster.PodSpec("bench-cni", fmt.Sprintf("p%d-%d", batch, i), n.Name)
+					if _, err := lc.RunPod(ctx, spec); err != nil {
+						errs <- err
+					}
+				}()
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				b.Fatal(err)
+			}
+		}
+		all = append(all, n.Sim.CNIAddLatencies()[first:]...)
+		b.StopTimer()
+		deleteAll(b, "bench-cni")
+		b.StartTimer()
+	}
+	b.ReportMetric(ms(percentile(all, 0.5)), "p50-ms")
+	b.ReportMetric(ms(percentile(all, 0.99)), "p99-ms")
+	b.ReportMetric(float64(len(all)), "adds")
+}
+
+func deleteAll(b *testing.B, namespace string) {
+	ctx := context.Background()
+	pods, err := lc.Client.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for _, p := range pods.Items {
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = lc.DeletePod(ctx, namespace, p.Name) }()
+	}
+	wg.Wait()
+}
+
+// flowWatch polls one owner's flows on every node over OpenFlow (a session of its own per node, as
+// flowctl has) until a predicate holds everywhere, and returns when that happened.
+type flowWatch struct {
+	sessions []*ofswitch.Session
+}
+
+func newFlowWatch(b *testing.B) *flowWatch {
+	w := &flowWatch{}
+	for _, n := range lc.Nodes {
+		s, err := ofswitch.Dial(context.Background(), ofswitch.Config{Socket: n.MgmtSocket("br0"), Bridge: "br0", Logger: klog.Background()})
+		if err != nil {
+			b.Fatal(err)
+		}
+		w.sessions = append(w.sessions, s)
+	}
+	b.Cleanup(func() {
+		for _, s := range w.sessions {
+			s.Close()
+		}
+	})
+	return w
+}
+
+// until waits until ok holds for the owner's flows on every node and returns how long after start the last
+// node got there.
+func (w *flowWatch) until(ctx context.Context, start time.Time, owner flows.Owner, ok func(node int, fl []string) bool) (time.Duration, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	var last time.Duration
+	filter := ofswitch.FlowFilter{TableID: ofswitch.AllTables, Cookie: uint64(flows.MakeCookie(0, owner)), CookieMask: flows.CookieIdentityMask}
+	for i, s := range w.sessions {
+		for {
+			raw, err := s.DumpFlows(ctx, filter)
+			if err != nil {
+				return 0, fmt.Errorf("node %d: %w", i, err)
+			}
+			var fl []string
+			for _, r := range raw {
+				if f, err := flows.DecodeFlowStats(r); err == nil {
+					fl = append(fl, f.String())
+				}
+			}
+			if ok(i, fl) {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return 0, fmt.Errorf("node %d: %s never converged: %w (flows %q)", i, owner, ctx.Err(), fl)
+			case <-time.After(2 * time.Millisecond):
+			}
+		}
+		last = max(last, time.Since(start))
+	}
+	return last, nil
+}
+
+// BenchmarkConvergence: how long after an API change the flows are on all 3 nodes. Target p99 < 250 ms.
+func BenchmarkConvergence(b *testing.B) {
+	ctx := context.Background()
+	w := newFlowWatch(b)
+	b.Run("join", func(b *testing.B) {
+		for _, ns := range []string{"bench-join-a", "bench-join-b"} {
+			if err := lc.EnsureNamespace(ctx, ns); err != nil {
+				b.Fatal(err)
+			}
+		}
+		var pods []*cluster.Pod
+		for _, n := range lc.Nodes {
+			p, err := lc.RunPod(ctx, cluster.PodSpec("bench-join-a", "a-"+n.Name, n.Name))
+			if err != nil {
+				b.Fatal(err)
+			}
+			pods = append(pods, p)
+		}
+		b.Cleanup(func() { deleteAll(b, "bench-join-a") })
+		var took []time.Duration
+		for b.Loop() {
+			for i := 0; i < 20; i++ {
+				req := "join:bench-join-b"
+				if i%2 == 1 {
+					req = "isolate"
+				}
+				start := time.Now()
+				netid, err := lc.ChangeNetwork(ctx, "bench-join-a", req)
+				if err != nil {
+					b.Fatal(err)
+				}
+				load := "load:" + hex(netid) + "->NXM_NX_REG0[]"
+				// Every node hosts one of the namespace's pods: wait for each one's new VNID on its own node.
+				var worst time.Duration
+				for k, p := range pods {
+					one := &flowWatch{sessions: w.sessions[k : k+1]}
+					d, err := one.until(ctx, start, flows.PodOwner(p.Namespace, p.Name), func(_ int, fl []string) bool {
+						return slices.ContainsFunc(fl, func(s string) bool { return strings.Contains(s, load) })
+					})
+					if err != nil {
+						b.Fatal(err)
+					}
+					worst = max(worst, d)
+				}
+				took = append(took, worst)
+			}
+		}
+		b.ReportMetric(ms(percentile(took, 0.5)), "p50-ms")
+		b.ReportMetric(ms(percentile(took, 0.99)), "p99-ms")
+	})
+	b.Run("new-node", func(b *testing.B) {
+		var took []time.Duration
+		for b.Loop() {
+			for i := 0; i < 20; i++ {
+				name := fmt.Sprintf("bench-node-%d", i)
+				ip := netip.AddrFrom4([4]byte{203, 0, 113, byte(10 + i)})
+				start := time.Now()
+				node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
+				created, err := lc.Client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				created.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ip.String()}}
+				if _, err := lc.Client.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+					b.Fatal(err)
+				}
+				d, err := w.until(ctx, start, flows.NodeOwner(name), func(_ int, fl []string) bool {
+					return slices.ContainsFunc(fl, func(s string) bool { return strings.Contains(s, "tun_src="+ip.String()) })
+				})
+				if err != nil {
+					b.Fatal(err)
+				}
+				took = append(took, d)
+				if err := lc.Client.CoreV1().Nodes().Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+		b.ReportMetric(ms(percentile(took, 0.5)), "p50-ms")
+		b.ReportMetric(ms(percentile(took, 0.99)), "p99-ms")
+	})
+}
+
+func hex(v uint32) string { return "0x" + strconv.FormatUint(uint64(v), 16) }
+
+// BenchmarkAgentRSS: the agent's resident memory with 110 local pods and 500 remote HostSubnets.
+// Target < 80 MB.
+func BenchmarkAgentRSS(b *testing.B) {
+	ctx := context.Background()
+	n := lc.Nodes[2]
+	if err := lc.EnsureNamespace(ctx, "bench-rss"); err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		// 500 remote nodes: Node objects with addresses; the controller gives each a HostSubnet.
+		var wg sync.WaitGroup
+		sem := make(chan struct{}, 20)
+		for i := 0; i < 500; i++ {
+			wg.Add(1)
+			sem <- struct{}{}
+			go func() {
+				defer wg.Done()
+				defer func() { <-sem }()
+				name := fmt.Sprintf("bench-remote-%d", i)
+				created, err := lc.Client.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				created.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP,
+					Address: netip.AddrFrom4([4]byte{203, 0, byte(114 + i/250), byte(1 + i%250)}).String()}}
+				if _, err := lc.Client.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+					b.Error(err)
+				}
+			}()
+		}
+		for i := 0; i < 110; i++ {
+			wg.Add(1)
+			sem <- struct{}{}
+			go func() {
+				defer wg.Done()
+				defer func() { <-sem }()
+				if _, err := lc.RunPod(ctx, cluster.PodSpec("bench-rss", fmt.Sprintf("p%d", i), n.Name)); err != nil {
+					b.Error(err)
+				}
+			}()
+		}
+		wg.Wait()
+		if b.Failed() {
+			return
+		}
+		// Let the agent take in the last HostSubnets, then read its memory.
+		time.Sleep(3 * time.Second)
+		rss, err := vmRSS(n.AgentPID())
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ReportMetric(rss/1024, "agent-RSS-MB")
+		b.StopTimer()
+		deleteAll(b, "bench-rss")
+		for i := 0; i < 500; i++ {
+			_ = lc.Client.CoreV1().Nodes().Delete(ctx, fmt.Sprintf("bench-remote-%d", i), metav1.DeleteOptions{})
+		}
+		b.StartTimer()
+	}
+}
+
+// vmRSS reads a process's resident set in KiB.
+func vmRSS(pid int) (float64, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, l := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+			return strconv.ParseFloat(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 64)
+		}
+	}
+	return 0, fmt.Errorf("no VmRSS for %d", pid)
+}

@@ -1,0 +1,164 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// SetMode switches the cluster's pluginMode live (agents re-render; no pod restarts).
+func (c *Cluster) SetMode(ctx context.Context, mode networkv1.PluginMode) error {
+	patch := fmt.Sprintf(`{"spec":{"pluginMode":%q}}`, mode)
+	_, err := c.Net.NetworkV1().ClusterNetworks().Patch(ctx, networkv1.ClusterNetworkName, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+	if err != nil {
+		return fmt.Errorf("set pluginMode %s: %w", mode, err)
+	}
+	return nil
+}
+
+// ChangeNetwork writes a change-network request (join:<ns>, isolate, global) on namespace's NetNamespace,
+// waits until the controller carried it out, and returns the namespace's NETID afterwards.
+func (c *Cluster) ChangeNetwork(ctx context.Context, namespace, request string) (uint32, error) {
+	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:%q}}}`, networkv1.ChangeNetworkAnnotation, request)
+	if _, err := c.Net.NetworkV1().NetNamespaces().Patch(ctx, namespace, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		return 0, fmt.Errorf("change-network %s %s: %w", namespace, request, err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	var netid uint32
+	err := waitFor(ctx, func() bool {
+		nn, err := c.Net.NetworkV1().NetNamespaces().Get(ctx, namespace, metav1.GetOptions{})
+		if err != nil {
+			return false
+		}
+		_, pending := nn.Annotations[networkv1.ChangeNetworkAnnotation]
+		netid = nn.NetID
+		return !pending
+	})
+	if err != nil {
+		return 0, fmt.Errorf("change-network %s %s: the controller did not carry it out: %w", namespace, request, err)
+	}
+	return netid, nil
+}
+
+// NetIDs returns the NETID of each namespace.
+func (c *Cluster) NetIDs(ctx context.Context, namespaces ...string) (map[string]uint32, error) {
+	out := map[string]uint32{}
+	for _, ns := range namespaces {
+		nn, err := c.Net.NetworkV1().NetNamespaces().Get(ctx, ns, metav1.GetOptions{})
+		if err != nil {
+			return nil, err
+		}
+		out[ns] = nn.NetID
+	}
+	return out, nil
+}
+
+// Matrix is who reaches whom: Matrix[from][to] for pod keys.
+type Matrix map[string]map[string]bool
+
+// Expected computes the matrix a plugin mode promises: flat modes connect everyone; multitenant connects
+// pods of one NETID, and NETID 0 both ways.
+func Expected(pods []*Pod, netids map[string]uint32, mode networkv1.PluginMode) Matrix {
+	m := Matrix{}
+	for _, a := range pods {
+		m[a.Key()] = map[string]bool{}
+		for _, b := range pods {
+			if a == b {
+				continue
+			}
+			va, vb := netids[a.Namespace], netids[b.Namespace]
+			m[a.Key()][b.Key()] = mode != networkv1.PluginModeMultitenant || va == vb || va == 0 || vb == 0
+		}
+	}
+	return m
+}
+
+// Reachability probes every ordered pair of distinct pods over TCP (16 probes at a time).
+func (c *Cluster) Reachability(ctx context.Context, pods []*Pod) Matrix {
+	m := Matrix{}
+	var mu sync.Mutex
+	sem := make(chan struct{}, 16)
+	var wg sync.WaitGroup
+	for _, a := range pods {
+		m[a.Key()] = map[string]bool{}
+		for _, b := range pods {
+			if a == b {
+				continue
+			}
+			wg.Add(1)
+			sem <- struct{}{}
+			go func() {
+				defer wg.Done()
+				defer func() { <-sem }()
+				r, err := a.Probe(ctx, "tcp", netip.AddrPortFrom(b.IP, TestPort), 0)
+				ok := err == nil && strings.HasPrefix(r, b.Key()+" ")
+				mu.Lock()
+				m[a.Key()][b.Key()] = ok
+				mu.Unlock()
+			}()
+		}
+	}
+	wg.Wait()
+	return m
+}
+
+// Diff lists the pairs where got differs from want.
+func (m Matrix) Diff(want Matrix) []string {
+	var out []string
+	for from, row := range want {
+		for to, w := range row {
+			if m[from][to] != w {
+				out = append(out, fmt.Sprintf("%s → %s: got %v, want %v", from, to, m[from][to], w))
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Format prints the matrix with one row per source pod ("x" reaches, "." does not).
+func (m Matrix) Format(pods []*Pod) string {
+	var b strings.Builder
+	for i := range pods {
+		fmt.Fprintf(&b, " %2d", i)
+	}
+	b.WriteString("\n")
+	for i, a := range pods {
+		for _, p := range pods {
+			switch {
+			case p == a:
+				b.WriteString("  -")
+			case m[a.Key()][p.Key()]:
+				b.WriteString("  x")
+			default:
+				b.WriteString("  .")
+			}
+		}
+		fmt.Fprintf(&b, "   %2d %s (%s, %s)\n", i, a.Key(), a.Node, a.IP)
+	}
+	return b.String()
+}
+
+// WaitMatrix probes until the reachability equals want or ctx ends; it returns the last matrix, the
+// mismatches (none on success) and how long it took.
+func (c *Cluster) WaitMatrix(ctx context.Context, pods []*Pod, want Matrix, timeout time.Duration) (Matrix, []string, time.Duration) {
+	start := time.Now()
+	deadline := start.Add(timeout)
+	for {
+		got := c.Reachability(ctx, pods)
+		diff := got.Diff(want)
+		if len(diff) == 0 || time.Now().After(deadline) || ctx.Err() != nil {
+			return got, diff, time.Since(start)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}

@@ -1,0 +1,58 @@
+//go:build e2e
+
+// Package e2e proves ofsdn on the 3-node lab: real OVS per node, a real API server, the controller, one
+// agent per node and pods run through the CNI plugin by the node simulator. One cluster serves the whole
+// suite (it takes a while to start); tests leave it as they found it. `make e2e` runs it.
+package e2e
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/ofsdn/ofsdn/e2e/cluster"
+	"github.com/ofsdn/ofsdn/e2e/kubelab"
+	"github.com/ofsdn/ofsdn/e2e/lab"
+)
+
+var lc *cluster.Cluster
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	if testing.Short() {
+		fmt.Println("e2e: skipped under -short")
+		os.Exit(0)
+	}
+	if why := lab.Available(); why != "" {
+		fmt.Println("e2e:", why)
+		os.Exit(1)
+	}
+	lab.Sweep(lab.DefaultPrefixBase)
+	kubelab.Sweep()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	var err error
+	lc, err = cluster.Start(ctx, cluster.Options{Logger: logger, AgentArgs: []string{"-v=2"}})
+	cancel()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e: cluster start:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	if code != 0 {
+		fmt.Fprintln(os.Stderr, lc.Logs(60))
+	}
+	lc.Stop()
+	os.Exit(code)
+}
+
+// ctxT is a test's context with a bound, so a hung probe fails the test instead of the whole run.
+func ctxT(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(t.Context(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
