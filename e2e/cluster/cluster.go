@@ -53,7 +53,7 @@ type Options struct {
 	// NoController leaves ofsdn-controller out, for tests that write ClusterNetwork, HostSubnets and
 	// NetNamespaces themselves; Start then returns without waiting for the agents (WaitAgentsReady does).
 	NoController bool
-	Logger    *slog.Logger
+	Logger       *slog.Logger
 }
 
 // Cluster is a running lab cluster. Stop tears all of it down.
