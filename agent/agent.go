@@ -118,10 +118,22 @@ func Run(ctx context.Context, cfg Config) error {
 	// A restarted ovs-vswitchd recreates tun0 bare (userspace OVS's internal ports are taps that die with
 	// it) and has no flows: put the host side back, then replay every owner.
 	var hostNet atomic.Pointer[nodenet.Config]
+	// A userspace datapath drops the first packet to a tunnel peer it has not learnt (shared/LAB.md).
+	netdev := cfg.DatapathType == "netdev"
+	resolvePeer := func(peer netip.Addr) {
+		if err := nodenet.ResolveNeighbor(cfg.HostNetNS, peer); err != nil {
+			log.V(2).Info("tunnel peer warm-up failed", "peer", peer, "err", err)
+		}
+	}
 	sess.OnReconnect(func(ctx context.Context) error {
 		if nc := hostNet.Load(); nc != nil {
 			if err := nodenet.Ensure(ctx, *nc); err != nil {
 				return err
+			}
+		}
+		if netdev {
+			for _, peer := range view.peers() {
+				resolvePeer(peer)
 			}
 		}
 		st, err := r.ResyncFromSwitch(ctx)
@@ -134,6 +146,9 @@ func Run(ctx context.Context, cfg Config) error {
 		netdev: cfg.DatapathType == "netdev", stateDir: filepath.Join(cfg.StateDir, "ipam"), log: log.WithName("cni")}
 
 	w := &watchNetwork{view: view, sync: fs, log: log}
+	if netdev {
+		w.newPeer = resolvePeer
+	}
 	_, _ = informers.ClusterNetworks().Informer().AddEventHandler(w.handlers(w.clusterNetwork))
 	_, _ = informers.HostSubnets().Informer().AddEventHandler(w.handlers(w.hostSubnet))
 	_, _ = informers.NetNamespaces().Informer().AddEventHandler(w.handlers(w.netNamespace))
@@ -161,6 +176,11 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("agent: %w", err)
 	}
 	hostNet.Store(&nc)
+	if netdev { // peers seen before vxlan0 existed were not learnt: OVS snoops only once it tunnels
+		for _, peer := range view.peers() {
+			resolvePeer(peer)
+		}
+	}
 	// Pods that existed before this start come back from their OVS ports and the address store.
 	if err := pods.restore(ctx); err != nil {
 		return fmt.Errorf("agent: %w", err)

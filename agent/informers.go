@@ -16,6 +16,8 @@ type watchNetwork struct {
 	view *nodeView
 	sync *flowSync
 	log  klog.Logger
+	// newPeer, when set, is told of each remote node address as it appears (tunnel neighbour warm-up).
+	newPeer func(netip.Addr)
 }
 
 func (w *watchNetwork) handlers(fn func(obj any, deleted bool)) cache.ResourceEventHandlerFuncs {
@@ -85,6 +87,9 @@ func (w *watchNetwork) hostSubnet(obj any, deleted bool) {
 		if deleted {
 			delete(v.remote, hs.Host)
 			return
+		}
+		if prev, ok := v.remote[hs.Host]; (!ok || prev.NodeIP != ip) && w.newPeer != nil {
+			go w.newPeer(ip)
 		}
 		v.remote[hs.Host] = flows.RemoteNode{Name: hs.Host, NodeIP: ip, Subnet: subnet.Masked()}
 	})

@@ -52,6 +52,19 @@ func (v *nodeView) update(f func(v *nodeView)) {
 	v.generation++
 }
 
+// peers lists the remote nodes' addresses.
+func (v *nodeView) peers() []netip.Addr {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	out := make([]netip.Addr, 0, len(v.remote))
+	for name, n := range v.remote {
+		if name != v.nodeName {
+			out = append(out, n.NodeIP)
+		}
+	}
+	return out
+}
+
 // ready reports whether the node knows enough to render: its subnet, its IP and the cluster network.
 func (v *nodeView) ready() error {
 	v.mu.Lock()

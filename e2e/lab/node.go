@@ -146,7 +146,9 @@ func (n *Node) startVswitchd(ctx context.Context) error {
 }
 
 // RestartVswitchd kills the node's ovs-vswitchd (SIGKILL, as a crash) and starts it again on the same
-// database: the bridge and its ports come back, their flows do not — the agent must replay them.
+// database: the bridges and their ports come back, their flows do not — the agent must replay br0's.
+// The lab itself restores what it owns: br-ul's NORMAL flow and the node's underlay address (br-ul is a
+// tap that died with the daemon; on a real node the uplink is a NIC outside OVS).
 func (n *Node) RestartVswitchd(ctx context.Context) error {
 	if pid := n.VswitchdPID(); pid != 0 {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
@@ -157,7 +159,19 @@ func (n *Node) RestartVswitchd(ctx context.Context) error {
 	if err := n.startVswitchd(ctx); err != nil {
 		return fmt.Errorf("node %s: restart ovs-vswitchd: %w", n.Name, err)
 	}
-	return nil
+	if err := waitFor(ctx, 10*time.Second, func() bool {
+		_, err := n.Exec(ctx, "ip", "link", "show", UnderlayBridge)
+		return err == nil
+	}); err != nil {
+		return fmt.Errorf("node %s: %s did not come back: %w", n.Name, UnderlayBridge, err)
+	}
+	if _, err := n.Ofctl(ctx, "add-flow", UnderlayBridge, "priority=0,actions=NORMAL"); err != nil {
+		return fmt.Errorf("node %s: %w", n.Name, err)
+	}
+	return runAll(ctx, [][]string{
+		{"ip", "-n", n.NetNS, "addr", "replace", n.Addr.String(), "dev", UnderlayBridge},
+		{"ip", "-n", n.NetNS, "link", "set", UnderlayBridge, "up"},
+	})
 }
 
 // stopOVS stops a node's daemons found through their pidfiles: ovs-vswitchd with exit --cleanup (a
