@@ -1,0 +1,491 @@
+// Package controller is ofsdn's control plane (one active replica, leader-elected): it keeps the
+// ClusterNetwork `default`, a HostSubnet per Node and a NetNamespace (VNID) per Namespace, and carries out
+// the change-network requests (join / isolate / global) written on NetNamespaces, as openshift-sdn's master
+// did. The client-go pattern throughout: informers feed workqueues keyed by object name; each sync function
+// is idempotent; allocators are plain data rebuilt from the API objects on every start, so a controller
+// killed at any point resumes without changing or repeating an allocation.
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"sync"
+	"time"
+
+	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
+	networkclient "github.com/ofsdn/ofsdn/client/clientset/versioned"
+	networkinformers "github.com/ofsdn/ofsdn/client/informers/externalversions"
+	networklisters "github.com/ofsdn/ofsdn/client/listers/network/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/klog/v2"
+)
+
+// Config is the controller's configuration: the ClusterNetwork it creates when there is none, and the
+// namespaces that are global (VNID 0) besides `default`.
+type Config struct {
+	Network          networkv1.ClusterNetworkSpec
+	GlobalNamespaces []string
+	Workers          int // per queue; default 1 (allocation is serialised anyway)
+	Logger           klog.Logger
+}
+
+// Controller allocates node subnets and namespace VNIDs.
+type Controller struct {
+	kube     kubernetes.Interface
+	net      networkclient.Interface
+	cfg      Config
+	log      klog.Logger
+	recorder record.EventRecorder
+	metrics  *Metrics
+
+	nodes      corelisters.NodeLister
+	namespaces corelisters.NamespaceLister
+	subnets    networklisters.HostSubnetLister
+	netns      networklisters.NetNamespaceLister
+	networks   networklisters.ClusterNetworkLister
+	synced     []cache.InformerSynced
+
+	nodeQ, nsQ, changeQ, statusQ workqueue.TypedRateLimitingInterface[string]
+
+	mu         sync.Mutex // guards everything below
+	accepted   networkv1.ClusterNetworkSpec
+	subnetA    *SubnetAllocator
+	vnidA      *VNIDAllocator
+	nodeSubnet map[string]netip.Prefix // node → its subnet, as the API holds it
+	nsVNID     map[string]uint32       // namespace → its VNID, as the API holds it
+	waiting    map[string]bool         // nodes with no subnet because the CIDRs are full
+	ready      bool
+}
+
+// New builds a controller; Run starts it.
+func New(kube kubernetes.Interface, net networkclient.Interface, cfg Config, metrics *Metrics) *Controller {
+	if cfg.Workers <= 0 {
+		cfg.Workers = 1
+	}
+	if cfg.Logger.GetSink() == nil {
+		cfg.Logger = klog.Background()
+	}
+	if metrics == nil {
+		metrics = NewMetrics(nil)
+	}
+	rl := func(name string) workqueue.TypedRateLimitingInterface[string] {
+		return workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: name})
+	}
+	return &Controller{kube: kube, net: net, cfg: cfg, log: cfg.Logger.WithName("controller"), metrics: metrics,
+		nodeQ: rl("nodes"), nsQ: rl("namespaces"), changeQ: rl("change-network"), statusQ: rl("status"),
+		nodeSubnet: map[string]netip.Prefix{}, nsVNID: map[string]uint32{}, waiting: map[string]bool{}}
+}
+
+// Ready reports whether the controller has rebuilt its state and is allocating.
+func (c *Controller) Ready() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.ready
+}
+
+// Run runs the controller until ctx ends (call it once leadership is held).
+func (c *Controller) Run(ctx context.Context) error {
+	defer c.nodeQ.ShutDown()
+	defer c.nsQ.ShutDown()
+	defer c.changeQ.ShutDown()
+	defer c.statusQ.ShutDown()
+	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.kube.CoreV1().Events("")})
+	defer broadcaster.Shutdown()
+	sch := runtime.NewScheme()
+	_ = scheme.AddToScheme(sch)
+	_ = networkv1.AddToScheme(sch)
+	c.recorder = broadcaster.NewRecorder(sch, corev1.EventSource{Component: "ofsdn-controller"})
+
+	if err := c.ensureClusterNetwork(ctx); err != nil {
+		return err
+	}
+	kf := informers.NewSharedInformerFactory(c.kube, 0)
+	nf := networkinformers.NewSharedInformerFactory(c.net, 0)
+	nodeInf, nsInf := kf.Core().V1().Nodes(), kf.Core().V1().Namespaces()
+	hsInf, nnInf, cnInf := nf.Network().V1().HostSubnets(), nf.Network().V1().NetNamespaces(), nf.Network().V1().ClusterNetworks()
+	c.nodes, c.namespaces = nodeInf.Lister(), nsInf.Lister()
+	c.subnets, c.netns, c.networks = hsInf.Lister(), nnInf.Lister(), cnInf.Lister()
+	name := func(obj any) string {
+		if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+			return d.Key
+		}
+		if m, err := meta.Accessor(obj); err == nil {
+			return m.GetName()
+		}
+		return ""
+	}
+	on := func(q workqueue.TypedRateLimitingInterface[string]) cache.ResourceEventHandlerFuncs {
+		return cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(obj any) { q.Add(name(obj)) },
+			UpdateFunc: func(_, obj any) { q.Add(name(obj)) },
+			DeleteFunc: func(obj any) { q.Add(name(obj)) },
+		}
+	}
+	_, _ = nodeInf.Informer().AddEventHandler(on(c.nodeQ))
+	_, _ = hsInf.Informer().AddEventHandler(on(c.nodeQ)) // a HostSubnet deleted by hand comes back
+	_, _ = nsInf.Informer().AddEventHandler(on(c.nsQ))
+	_, _ = nnInf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { c.nsQ.Add(name(obj)); c.changeQ.Add(name(obj)) },
+		UpdateFunc: func(_, obj any) { c.changeQ.Add(name(obj)) },
+		DeleteFunc: func(obj any) { c.nsQ.Add(name(obj)) },
+	})
+	_, _ = cnInf.Informer().AddEventHandler(on(c.statusQ))
+	c.synced = []cache.InformerSynced{nodeInf.Informer().HasSynced, nsInf.Informer().HasSynced, hsInf.Informer().HasSynced,
+		nnInf.Informer().HasSynced, cnInf.Informer().HasSynced}
+	kf.Start(ctx.Done())
+	nf.Start(ctx.Done())
+	if !cache.WaitForCacheSync(ctx.Done(), c.synced...) {
+		return fmt.Errorf("controller: informers did not sync: %w", ctx.Err())
+	}
+	if err := c.rebuild(); err != nil {
+		return err
+	}
+	c.log.Info("allocators rebuilt", "subnets", c.subnetA.Used(), "subnetsTotal", c.subnetA.Total(), "vnids", len(c.vnidA.InUse()))
+	var wg sync.WaitGroup
+	for _, w := range []struct {
+		q    workqueue.TypedRateLimitingInterface[string]
+		name string
+		sync func(context.Context, string) error
+	}{{c.nodeQ, "node", c.syncNode}, {c.nsQ, "namespace", c.syncNamespace}, {c.changeQ, "change-network", c.syncChangeNetwork},
+		{c.statusQ, "status", c.syncStatus}} {
+		for range c.cfg.Workers {
+			wg.Add(1)
+			go func() { defer wg.Done(); c.work(ctx, w.q, w.name, w.sync) }()
+		}
+	}
+	c.statusQ.Add(networkv1.ClusterNetworkName)
+	c.mu.Lock()
+	c.ready = true
+	c.mu.Unlock()
+	<-ctx.Done()
+	c.nodeQ.ShutDown()
+	c.nsQ.ShutDown()
+	c.changeQ.ShutDown()
+	c.statusQ.ShutDown()
+	wg.Wait()
+	return nil
+}
+
+func (c *Controller) work(ctx context.Context, q workqueue.TypedRateLimitingInterface[string], kind string, sync func(context.Context, string) error) {
+	for {
+		key, quit := q.Get()
+		if quit {
+			return
+		}
+		start := time.Now()
+		err := sync(ctx, key)
+		c.metrics.SyncDuration.WithLabelValues(kind).Observe(time.Since(start).Seconds())
+		switch {
+		case err == nil:
+			q.Forget(key)
+		case ctx.Err() != nil:
+		default:
+			c.metrics.Errors.WithLabelValues(kind).Inc()
+			c.log.Error(err, "sync failed; retrying", "kind", kind, "key", key)
+			q.AddRateLimited(key)
+		}
+		q.Done(key)
+	}
+}
+
+// rebuild loads the allocators from the objects that exist: they are the record of every allocation.
+func (c *Controller) rebuild() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	sa, err := allocatorFor(c.accepted)
+	if err != nil {
+		return err
+	}
+	c.subnetA, c.vnidA = sa, NewVNIDAllocator()
+	hss, err := c.subnets.List(labels.Everything())
+	if err != nil {
+		return err
+	}
+	for _, hs := range hss {
+		p, err := netip.ParsePrefix(string(hs.Subnet))
+		if err == nil {
+			err = c.subnetA.MarkAllocated(p)
+		}
+		if err != nil {
+			// Never hand this subnet out again, never delete what someone may rely on: say so.
+			c.log.Error(err, "HostSubnet not counted", "hostsubnet", hs.Name)
+			c.recorder.Eventf(hs, corev1.EventTypeWarning, "InvalidSubnet", "subnet %q: %v", hs.Subnet, err)
+			continue
+		}
+		c.nodeSubnet[hs.Name] = p
+	}
+	nns, err := c.netns.List(labels.Everything())
+	if err != nil {
+		return err
+	}
+	for _, nn := range nns {
+		if err := c.vnidA.Use(nn.NetID); err != nil {
+			c.recorder.Eventf(nn, corev1.EventTypeWarning, "InvalidNetID", "%v", err)
+			continue
+		}
+		c.nsVNID[nn.Name] = nn.NetID
+	}
+	return nil
+}
+
+func allocatorFor(spec networkv1.ClusterNetworkSpec) (*SubnetAllocator, error) {
+	var cidrs []netip.Prefix
+	for _, s := range spec.ClusterCIDRs {
+		p, err := netip.ParsePrefix(string(s))
+		if err != nil {
+			return nil, fmt.Errorf("cluster CIDR %q: %w", s, err)
+		}
+		cidrs = append(cidrs, p)
+	}
+	return NewSubnetAllocator(cidrs, int(spec.HostSubnetLength))
+}
+
+// syncNode gives a Node a HostSubnet (hostIP = its InternalIP), keeps hostIP current, and frees the
+// subnet of a Node that is gone.
+func (c *Controller) syncNode(ctx context.Context, name string) error {
+	node, err := c.nodes.Get(name)
+	if apierrors.IsNotFound(err) {
+		return c.releaseNode(ctx, name)
+	}
+	if err != nil {
+		return err
+	}
+	ip := internalIP(node)
+	if !ip.IsValid() {
+		return nil // no address yet: the Node's next update brings it
+	}
+	hs, err := c.subnets.Get(name)
+	if err == nil {
+		if hs.HostIP != ip.String() {
+			upd := hs.DeepCopy()
+			upd.HostIP = ip.String()
+			if _, err := c.net.NetworkV1().HostSubnets().Update(ctx, upd, metav1.UpdateOptions{}); err != nil {
+				return fmt.Errorf("update HostSubnet %s: %w", name, err)
+			}
+			c.log.Info("node address changed", "node", name, "hostIP", ip)
+		}
+		return nil
+	}
+	if !apierrors.IsNotFound(err) {
+		return err
+	}
+	c.mu.Lock()
+	if _, ok := c.nodeSubnet[name]; ok { // created, but the informer has not shown it yet
+		c.mu.Unlock()
+		return nil
+	}
+	subnet, aerr := c.subnetA.Allocate()
+	if aerr != nil {
+		first := !c.waiting[name]
+		c.waiting[name] = true
+		c.mu.Unlock()
+		c.statusQ.Add(networkv1.ClusterNetworkName)
+		if first {
+			c.recorder.Eventf(node, corev1.EventTypeWarning, "SubnetExhausted", "no HostSubnet for node %s: %v", name, aerr)
+			c.log.Info("no subnet left for node", "node", name, "err", aerr)
+		}
+		return nil // retried when a subnet is freed
+	}
+	c.nodeSubnet[name] = subnet
+	delete(c.waiting, name)
+	c.mu.Unlock()
+	hs = &networkv1.HostSubnet{ObjectMeta: metav1.ObjectMeta{Name: name}, Host: name, HostIP: ip.String(), Subnet: networkv1.CIDR(subnet.String())}
+	if _, err := c.net.NetworkV1().HostSubnets().Create(ctx, hs, metav1.CreateOptions{}); err != nil {
+		c.mu.Lock()
+		c.subnetA.Release(subnet)
+		delete(c.nodeSubnet, name)
+		c.mu.Unlock()
+		return fmt.Errorf("create HostSubnet %s: %w", name, err)
+	}
+	c.metrics.Allocations.WithLabelValues("subnet").Inc()
+	c.log.Info("allocated host subnet", "node", name, "subnet", subnet, "hostIP", ip)
+	c.statusQ.Add(networkv1.ClusterNetworkName)
+	return nil
+}
+
+func (c *Controller) releaseNode(ctx context.Context, name string) error {
+	if _, err := c.subnets.Get(name); err == nil {
+		if err := c.net.NetworkV1().HostSubnets().Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("delete HostSubnet %s: %w", name, err)
+		}
+	}
+	c.mu.Lock()
+	p, ok := c.nodeSubnet[name]
+	delete(c.nodeSubnet, name)
+	delete(c.waiting, name)
+	var retry []string
+	if ok {
+		c.subnetA.Release(p)
+		for n := range c.waiting {
+			retry = append(retry, n)
+		}
+	}
+	c.mu.Unlock()
+	if ok {
+		c.log.Info("released host subnet", "node", name, "subnet", p)
+		c.statusQ.Add(networkv1.ClusterNetworkName)
+	}
+	for _, n := range retry {
+		c.nodeQ.Add(n)
+	}
+	return nil
+}
+
+func internalIP(n *corev1.Node) netip.Addr {
+	for _, a := range n.Status.Addresses {
+		if a.Type == corev1.NodeInternalIP {
+			if ip, err := netip.ParseAddr(a.Address); err == nil && ip.Is4() {
+				return ip
+			}
+		}
+	}
+	return netip.Addr{}
+}
+
+func (c *Controller) isGlobal(ns string) bool {
+	return ns == metav1.NamespaceDefault || slices.Contains(c.cfg.GlobalNamespaces, ns)
+}
+
+// syncNamespace gives a Namespace a NetNamespace and removes the NetNamespace of a Namespace that is gone.
+func (c *Controller) syncNamespace(ctx context.Context, name string) error {
+	_, err := c.namespaces.Get(name)
+	if apierrors.IsNotFound(err) {
+		if _, err := c.netns.Get(name); err == nil {
+			if err := c.net.NetworkV1().NetNamespaces().Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+				return fmt.Errorf("delete NetNamespace %s: %w", name, err)
+			}
+		}
+		c.mu.Lock()
+		if id, ok := c.nsVNID[name]; ok {
+			c.vnidA.Release(id)
+			delete(c.nsVNID, name)
+			c.log.Info("released VNID", "namespace", name, "netid", id, "usersLeft", c.vnidA.Users(id))
+		}
+		c.mu.Unlock()
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if _, err := c.netns.Get(name); err == nil {
+		return nil
+	} else if !apierrors.IsNotFound(err) {
+		return err
+	}
+	c.mu.Lock()
+	if _, ok := c.nsVNID[name]; ok {
+		c.mu.Unlock()
+		return nil // created, informer not caught up
+	}
+	id := networkv1.GlobalVNID
+	if !c.isGlobal(name) {
+		if id, err = c.vnidA.Allocate(); err != nil {
+			c.mu.Unlock()
+			return err
+		}
+	}
+	c.nsVNID[name] = id
+	c.mu.Unlock()
+	nn := &networkv1.NetNamespace{ObjectMeta: metav1.ObjectMeta{Name: name}, NetName: name, NetID: id}
+	if _, err := c.net.NetworkV1().NetNamespaces().Create(ctx, nn, metav1.CreateOptions{}); err != nil {
+		if apierrors.IsAlreadyExists(err) {
+			// Another writer made it: take what the API holds once the informer shows it.
+			c.mu.Lock()
+			c.vnidA.Release(id)
+			delete(c.nsVNID, name)
+			c.mu.Unlock()
+			return errors.New("NetNamespace appeared concurrently; retrying")
+		}
+		c.mu.Lock()
+		c.vnidA.Release(id)
+		delete(c.nsVNID, name)
+		c.mu.Unlock()
+		return fmt.Errorf("create NetNamespace %s: %w", name, err)
+	}
+	c.metrics.Allocations.WithLabelValues("vnid").Inc()
+	c.log.V(2).Info("allocated VNID", "namespace", name, "netid", id)
+	return nil
+}
+
+// syncChangeNetwork carries out a change-network request and clears it; a malformed one is cleared with
+// nothing changed and a Warning Event that says why.
+func (c *Controller) syncChangeNetwork(ctx context.Context, name string) error {
+	nn, err := c.netns.Get(name)
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	value, ok := nn.Annotations[networkv1.ChangeNetworkAnnotation]
+	if !ok {
+		return nil
+	}
+	upd := nn.DeepCopy()
+	delete(upd.Annotations, networkv1.ChangeNetworkAnnotation)
+	req, perr := networkv1.ParseChangeNetwork(value)
+	var target uint32
+	c.mu.Lock()
+	old, tracked := c.nsVNID[name]
+	if !tracked {
+		old = nn.NetID
+	}
+	if perr == nil {
+		switch req.Action {
+		case networkv1.ChangeNetworkGlobal:
+			target = networkv1.GlobalVNID
+		case networkv1.ChangeNetworkIsolate:
+			target, perr = c.vnidA.Allocate()
+		case networkv1.ChangeNetworkJoin:
+			if req.Target == name {
+				perr = fmt.Errorf("change-network %q: a namespace cannot join itself", value)
+			} else if other, err := c.netns.Get(req.Target); err != nil {
+				perr = fmt.Errorf("change-network %q: namespace %q has no NetNamespace: %v", value, req.Target, err)
+			} else {
+				target = other.NetID
+				perr = c.vnidA.Use(target)
+			}
+		}
+	}
+	c.mu.Unlock()
+	if perr != nil {
+		c.recorder.Eventf(nn, corev1.EventTypeWarning, "InvalidChangeNetwork", "%v; nothing changed", perr)
+		c.log.Info("refused change-network request", "namespace", name, "request", value, "err", perr)
+		if _, err := c.net.NetworkV1().NetNamespaces().Update(ctx, upd, metav1.UpdateOptions{}); err != nil {
+			return fmt.Errorf("clear change-network on %s: %w", name, err)
+		}
+		return nil
+	}
+	upd.NetID = target
+	if _, err := c.net.NetworkV1().NetNamespaces().Update(ctx, upd, metav1.UpdateOptions{}); err != nil {
+		c.mu.Lock()
+		c.vnidA.Release(target) // undo this attempt's claim; the retry claims again
+		c.mu.Unlock()
+		return fmt.Errorf("apply change-network %q to %s: %w", value, name, err)
+	}
+	c.mu.Lock()
+	c.vnidA.Release(old)
+	c.nsVNID[name] = target
+	c.mu.Unlock()
+	c.recorder.Eventf(nn, corev1.EventTypeNormal, "NetIDChanged", "%s: NETID %d → %d", value, old, target)
+	c.log.Info("changed network", "namespace", name, "request", value, "from", old, "to", target)
+	return nil
+}
