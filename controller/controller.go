@@ -115,6 +115,9 @@ func (c *Controller) Run(ctx context.Context) error {
 	c.recorder = broadcaster.NewRecorder(sch, corev1.EventSource{Component: "ofsdn-controller"})
 
 	if err := c.ensureClusterNetwork(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped while starting
+		}
 		return err
 	}
 	kf := informers.NewSharedInformerFactory(c.kube, 0)
@@ -153,7 +156,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	kf.Start(ctx.Done())
 	nf.Start(ctx.Done())
 	if !cache.WaitForCacheSync(ctx.Done(), c.synced...) {
-		return fmt.Errorf("controller: informers did not sync: %w", ctx.Err())
+		return nil // only ctx ending stops the wait
 	}
 	if err := c.rebuild(); err != nil {
 		return err
