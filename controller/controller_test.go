@@ -237,7 +237,10 @@ func TestSubnets(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range 50 {
 		wg.Add(1)
-		go func() { defer wg.Done(); addNode(fmt.Sprintf("node-%d", i), netip.AddrFrom4([4]byte{192, 0, 2, byte(i + 1)})) }()
+		go func() {
+			defer wg.Done()
+			addNode(fmt.Sprintf("node-%d", i), netip.AddrFrom4([4]byte{192, 0, 2, byte(i + 1)}))
+		}()
 	}
 	wg.Wait()
 	var subnets []networkv1.HostSubnet
