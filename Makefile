@@ -25,7 +25,7 @@ k8s-bins:
 ## build: every binary into _output/bin.
 build:
 	@mkdir -p $(BIN)
-	$(GO) build -o $(BIN)/ ./cmd/...
+	$(GO) build -o $(BIN)/ ./cmd/... ./e2e/cmd/...
 
 ## test: every tier that exists: unit, then integration (real OVS, real API server), then e2e.
 test: deps k8s-bins unit integration e2e
@@ -44,15 +44,17 @@ e2e: deps k8s-bins build sweep
 		$(GOTEST) -tags e2e -timeout 40m ./e2e/; \
 	else echo "e2e: no e2e suites yet"; fi
 
-## bench: benchmarks that print their figures (ratios against baselines measured in the same run).
+## bench: benchmarks that print their figures (ratios against baselines measured in the same run);
+## then the lab's (CNI ADD latency, convergence across nodes, agent memory) on the 3-node cluster.
 bench: deps k8s-bins sweep
 	$(GO) test -run '^$$' -bench . -benchtime 3x -timeout 60m $(PKGS)
+	$(GO) test -tags e2e -run '^$$' -bench . -benchtime 1x -timeout 30m ./e2e/
 
-## demo: a private OVS bridge driven by ofsdn's flow engine, shown with flowctl (grows into the lab).
-demo: deps build
+## demo: the 3-node lab cluster: two tenants and default, the connectivity matrix, a flowctl dump.
+demo: deps k8s-bins build
 	@hack/demo.sh
 
-demo-down:
+demo-down: build
 	@hack/demo.sh down
 
 ## lint: gofmt, go vet, staticcheck.

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# make demo: a lab of real Open vSwitch nodes in network namespaces of their own, ofsdn's pipeline
-# installed over its OpenFlow session, tenants isolated across nodes through VXLAN. Tears down on exit;
-# `make demo-down` (hack/demo.sh down) removes what an interrupted run left.
+# make demo: a whole ofsdn cluster in the lab — three node namespaces with their own Open vSwitch, a real
+# kube-apiserver (+ etcd, controller-manager, scheduler), ofsdn-controller, an ofsdn-agent per node and
+# pods run through the ofsdn CNI plugin — then two tenants and default, the connectivity matrix and a
+# flowctl dump. Tears down on exit; `make demo-down` (hack/demo.sh down) removes what an interrupted run left.
+# Extra arguments go to ofsdn-demo (e.g. --keep, --mode subnet, -v).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-mkdir -p _output/bin
-go build -o _output/bin/ofsdn-demo ./e2e/cmd/ofsdn-demo
 if [ "${1:-}" = "down" ]; then
   exec _output/bin/ofsdn-demo --down
 fi
-exec _output/bin/ofsdn-demo "$@"
+exec _output/bin/ofsdn-demo --bin-dir _output/bin "$@"

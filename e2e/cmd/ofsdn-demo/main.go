@@ -1,32 +1,42 @@
-// Command ofsdn-demo runs the demo lab (see e2e/demo) and tears it down on exit.
+// Command ofsdn-demo runs the demo cluster (see e2e/demo) and tears it down on exit.
 package main
 
 import (
 	"context"
 	"flag"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
 
+	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
 	"github.com/ofsdn/ofsdn/e2e/demo"
+	"github.com/ofsdn/ofsdn/e2e/kubelab"
 	"github.com/ofsdn/ofsdn/e2e/lab"
-	"github.com/ofsdn/ofsdn/flows"
 )
 
 func main() {
-	nodes := flag.Int("nodes", 2, "lab nodes")
-	mode := flag.String("mode", "multitenant", "multitenant or subnet")
-	keep := flag.Bool("keep", false, "keep the lab up until interrupted")
-	down := flag.Bool("down", false, "only remove labs left by killed runs")
+	nodes := flag.Int("nodes", 3, "lab nodes")
+	mode := flag.String("mode", "multitenant", "pluginMode: multitenant, subnet or networkpolicy")
+	binDir := flag.String("bin-dir", "", "prebuilt ofsdn binaries (default: build them)")
+	keep := flag.Bool("keep", false, "keep the cluster up until interrupted")
+	down := flag.Bool("down", false, "only remove labs and API servers left by killed runs")
+	verbose := flag.Bool("v", false, "log the cluster's progress")
 	flag.Parse()
 	if *down {
 		lab.Sweep("")
+		kubelab.Sweep()
 		return
 	}
+	level := slog.LevelWarn
+	if *verbose {
+		level = slog.LevelDebug
+	}
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	res, err := demo.Run(ctx, os.Stdout, demo.Options{Nodes: *nodes, Mode: flows.Mode(*mode), Keep: *keep})
+	res, err := demo.Run(ctx, os.Stdout, demo.Options{Nodes: *nodes, Mode: networkv1.PluginMode(*mode), BinDir: *binDir, Keep: *keep, Logger: logger})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "ofsdn-demo:", err)
 		os.Exit(1)
