@@ -19,6 +19,7 @@ import (
 	"github.com/ofsdn/ofsdn/ofswitch"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/klog/v2"
 )
 
@@ -201,13 +202,7 @@ func BenchmarkConvergence(b *testing.B) {
 				name := fmt.Sprintf("bench-node-%d", i)
 				ip := netip.AddrFrom4([4]byte{203, 0, 113, byte(10 + i)})
 				start := time.Now()
-				node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
-				created, err := lc.Client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
-				if err != nil {
-					b.Fatal(err)
-				}
-				created.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ip.String()}}
-				if _, err := lc.Client.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+				if err := registerNode(ctx, name, ip); err != nil {
 					b.Fatal(err)
 				}
 				d, err := w.until(ctx, start, flows.NodeOwner(name), func(_ int, fl []string) bool {
@@ -224,6 +219,23 @@ func BenchmarkConvergence(b *testing.B) {
 		}
 		b.ReportMetric(ms(percentile(took, 0.5)), "p50-ms")
 		b.ReportMetric(ms(percentile(took, 0.99)), "p99-ms")
+	})
+}
+
+// registerNode creates a Node with an InternalIP, as a kubelet joining the cluster does (the node
+// lifecycle controller may touch it in between: retry on conflict).
+func registerNode(ctx context.Context, name string, ip netip.Addr) error {
+	if _, err := lc.Client.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		n, err := lc.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ip.String()}}
+		_, err = lc.Client.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{})
+		return err
 	})
 }
 
@@ -248,14 +260,7 @@ func BenchmarkAgentRSS(b *testing.B) {
 				defer wg.Done()
 				defer func() { <-sem }()
 				name := fmt.Sprintf("bench-remote-%d", i)
-				created, err := lc.Client.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
-				if err != nil {
-					b.Error(err)
-					return
-				}
-				created.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP,
-					Address: netip.AddrFrom4([4]byte{203, 0, byte(114 + i/250), byte(1 + i%250)}).String()}}
-				if _, err := lc.Client.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+				if err := registerNode(ctx, name, netip.AddrFrom4([4]byte{203, 0, byte(114 + i/250), byte(1 + i%250)})); err != nil {
 					b.Error(err)
 				}
 			}()
