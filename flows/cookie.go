@@ -52,12 +52,15 @@ const (
 	CategoryNetPol            // one NetworkPolicy
 	CategoryHostPort          // one pod's hostPort mappings
 	CategoryTest              // flows that tests and benchmarks install
+	// CategoryLearned marks flows the switch learns itself (sessionAffinity): no owner renders them, so
+	// the Reconciler leaves them alone instead of deleting them as strays.
+	CategoryLearned
 )
 
 var categoryNames = map[Category]string{
 	CategoryNone: "none", CategoryPipeline: "pipeline", CategoryPod: "pod", CategoryNode: "node",
 	CategoryTenant: "vnid", CategoryService: "svc", CategoryNetPol: "netpol", CategoryHostPort: "hostport",
-	CategoryTest: "test",
+	CategoryTest: "test", CategoryLearned: "learned",
 }
 
 func (c Category) String() string {

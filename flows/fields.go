@@ -226,6 +226,9 @@ func (f Field) formatMasked(v, m uint64) string {
 		return formatFlags(ctStateNames, v, m)
 	case fmtTCPFlags:
 		return formatFlags(tcpFlagNames, v, m)
+	case fmtDec:
+		// Masked L4 ports: ovs-ofctl prints both halves as 0x-prefixed hex, zero included.
+		return fmt.Sprintf("%#x/%#x", v, m)
 	default:
 		return hexString(v) + "/" + hexString(m)
 	}

@@ -782,6 +782,9 @@ func (r *Reconciler) LoadInstalled(ctx context.Context) error {
 		if c == nil {
 			continue
 		}
+		if c.cookie.Category() == CategoryLearned {
+			continue // the switch's own memory (learn actions): not ours to diff or delete
+		}
 		if c.table() == TableVersion {
 			if v, ok := versionOf(c); ok {
 				version, sawVersion = v, true

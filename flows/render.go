@@ -29,6 +29,10 @@ type NodeState struct {
 	ClusterNetworks []netip.Prefix
 	Pods            []PodState
 	RemoteNodes     []RemoteNode
+	// Services with a ClusterIP, and the addresses NodePorts are served at in br0 (the host DNATs
+	// node IP:nodePort to ServiceNodePortIP:nodePort; see services.go).
+	Services          []ServiceState
+	NodePortAddresses []netip.Addr
 }
 
 // PodState is one local pod's network identity.
@@ -80,6 +84,9 @@ func Render(s NodeState) (map[Owner]OwnerState, error) {
 			continue
 		}
 		out[NodeOwner(n.Name)] = OwnerState{Flows: RenderRemoteNode(n)}
+	}
+	if err := renderServices(s, out); err != nil {
+		return nil, fmt.Errorf("render: %w", err)
 	}
 	return out, nil
 }

@@ -11,19 +11,31 @@
 //	 10 tunnel-ingress    tun_src must be a known node; tun_id → reg0 (source VNID); else drop
 //	 20 pod-ingress       anti-spoofing: in_port + MAC + IP (and ARP sha/spa) must be the pod's; reg0 = pod VNID
 //	 25 host-ingress      from tun0 (host, hostNetwork pods): reg0 = 0 (global)
-//	 30 conntrack         ct(nat) in ofsdn's zone so replies are un-NATed before routing
-//	 40 services          ClusterIP/NodePort → select group → ct(commit, DNAT)
+//	 30 conntrack         ct(nat) in ofsdn's zones so replies are un-NATed before routing: replies to the
+//	                      hairpin address first through the hairpin zone (un-SNAT), then every IP packet
+//	                      through the service zone (un-DNAT; an established connection's DNAT re-applied)
+//	 40 services          established/related connections bypass selection (→ 45); ClusterIP and NodePort
+//	                      addresses: reg6 = the service port's load-balancer ID, → 42 (affinity first
+//	                      resubmits 41); a service without endpoints is rejected (DNAT to the host's reject ports)
+//	 41 service-affinity  learned flows only (sessionAffinity ClientIP): reg6 + client IP → reg4/reg5 endpoint
+//	 42 service-lb        reg6 + reg4/reg5 (an endpoint) → ct(commit, DNAT to it) → 45; reg6 alone → select
+//	                      group, whose buckets load reg4/reg5 and resubmit 42 (big services: several groups)
+//	 45 service-l2        a DNATed packet towards a pod gets the pod's MAC (0a:58 + its IP)
 //	 50 egress-policy     NetworkPolicy egress (networkpolicy mode); default continue to 60
 //	 60 routing           local pod → reg1 = its VNID, reg2 = its port; remote subnet → 90; else → tun0
 //	 70 arp               ARP for local pods, the gateway, and remote subnets (through the tunnel)
 //	 80 ingress-isolation reg0 vs reg1: same VNID, or either is 0, passes to 100; else drop
 //	 90 tunnel-egress     reg0 → tun_id, remote node IP → tun_dst, output vxlan0
-//	100 output            output:reg2
+//	100 output            output:reg2; a packet leaving by the port it came in by (hairpin: a pod reaching
+//	                      itself through a service, the host through tun0) is SNATed to the hairpin
+//	                      address in the hairpin zone and goes to 105
+//	105 hairpin-output    swap MACs and send back out of the ingress port
 //	253 version           a note carrying the pipeline version; never matched by traffic
 //
 // Every table ends in an explicit default (miss) flow, so drop counters in `flowctl dump` show where
 // packets die. Registers: reg0 = source VNID, reg1 = destination VNID, reg2 = output port (openshift-sdn's
-// convention); see the Reg* names below.
+// convention), reg4/reg5/reg6 = the chosen endpoint's IP and port and the service's load-balancer ID;
+// see the Reg* names below.
 package flows
 
 import (
@@ -43,12 +55,16 @@ const (
 	TableHostIngress      TableID = 25
 	TableConntrack        TableID = 30
 	TableServices         TableID = 40
+	TableServiceAffinity  TableID = 41
+	TableServiceLB        TableID = 42
+	TableServiceL2        TableID = 45
 	TableEgressPolicy     TableID = 50
 	TableRouting          TableID = 60
 	TableARP              TableID = 70
 	TableIngressIsolation TableID = 80
 	TableTunnelEgress     TableID = 90
 	TableOutput           TableID = 100
+	TableHairpinOutput    TableID = 105
 	TableVersion          TableID = 253
 )
 
@@ -58,6 +74,10 @@ const (
 	RegDstVNID = FieldReg1 // VNID of the destination pod
 	RegOutPort = FieldReg2 // OpenFlow port the packet leaves by
 	RegFlags   = FieldReg3 // per-packet flags (bit 0: came through a service DNAT)
+	// Services: the endpoint a packet is DNATed to, and which service port's load balancer chose it.
+	RegEndpointIP   = FieldReg4
+	RegEndpointPort = FieldReg5
+	RegServiceLB    = FieldReg6
 )
 
 // Table documents one table: its name, what it is for, and what happens to a packet that matches
@@ -77,13 +97,17 @@ var Tables = []Table{
 	{TablePodIngress, "pod-ingress", "anti-spoofing: a pod sends only from its own port, MAC and IP; load its VNID", NoTable},
 	{TableHostIngress, "host-ingress", "traffic from the host through tun0 is global (VNID 0)", TableConntrack},
 	{TableConntrack, "conntrack", "send IP through conntrack so replies of NATed connections are un-NATed", TableServices},
-	{TableServices, "services", "service VIPs: select an endpoint and DNAT", TableEgressPolicy},
+	{TableServices, "services", "service VIPs and NodePorts: established traffic bypasses; new picks a load balancer or is rejected", TableEgressPolicy},
+	{TableServiceAffinity, "service-affinity", "learned sessionAffinity: client IP → endpoint (resubmitted; a miss does nothing)", NoTable},
+	{TableServiceLB, "service-lb", "select an endpoint (select group) and DNAT to it in conntrack", NoTable},
+	{TableServiceL2, "service-l2", "after DNAT: address the endpoint pod's MAC", TableEgressPolicy},
 	{TableEgressPolicy, "egress-policy", "NetworkPolicy egress rules", TableRouting},
 	{TableRouting, "routing", "find the destination: local pod, remote node subnet, or the host", NoTable},
 	{TableARP, "arp", "answer and deliver ARP for pods, the gateway and remote subnets", NoTable},
 	{TableIngressIsolation, "ingress-isolation", "tenant isolation and NetworkPolicy ingress: reg0 vs reg1", NoTable},
 	{TableTunnelEgress, "tunnel-egress", "encapsulate towards the node that hosts the destination subnet", NoTable},
-	{TableOutput, "output", "deliver to the port in reg2", NoTable},
+	{TableOutput, "output", "deliver to the port in reg2; hairpin back out of the ingress port via 105", NoTable},
+	{TableHairpinOutput, "hairpin-output", "send a hairpinned packet back out of its ingress port", NoTable},
 	{TableVersion, "version", "records the pipeline version; never matched by traffic", NoTable},
 }
 

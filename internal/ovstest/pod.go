@@ -4,10 +4,15 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"os/exec"
+	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Pod is a test "pod": a network namespace with eth0, whose veth peer is a port of a bridge of an
@@ -91,4 +96,26 @@ func (p *Pod) Ping(dst netip.Addr, count int, interval time.Duration) (received 
 		}
 	}
 	return 0, fmt.Errorf("ping %s from %s: no summary: %s", dst, p.Name, out)
+}
+
+// Do runs fn on an OS thread inside the pod's network namespace, so the sockets fn opens live there
+// (and keep working from any goroutine afterwards). The thread is never returned to the scheduler: it
+// exits with the goroutine, namespace and all.
+func (p *Pod) Do(fn func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // deliberately never unlocked
+		f, err := os.Open(filepath.Join("/run/netns", p.NetNS))
+		if err != nil {
+			errc <- fmt.Errorf("ovstest: enter %s: %w", p.NetNS, err)
+			return
+		}
+		defer f.Close()
+		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
+			errc <- fmt.Errorf("ovstest: enter %s: %w", p.NetNS, err)
+			return
+		}
+		errc <- fn()
+	}()
+	return <-errc
 }

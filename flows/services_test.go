@@ -1,0 +1,207 @@
+package flows
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+)
+
+func svcNode(svcs ...ServiceState) NodeState {
+	return NodeState{
+		Mode: ModeMultitenant, NodeName: "n1", NodeIP: netip.MustParseAddr("192.0.2.11"),
+		LocalSubnet:       netip.MustParsePrefix("10.128.0.0/24"),
+		ClusterNetworks:   []netip.Prefix{netip.MustParsePrefix("10.128.0.0/14")},
+		NodePortAddresses: []netip.Addr{ServiceNodePortIP},
+		Services:          svcs,
+	}
+}
+
+func readyEP(ip string, port uint16, local bool) Endpoint {
+	return Endpoint{IP: netip.MustParseAddr(ip), Port: port, Ready: true, Serving: true, Local: local}
+}
+
+// renderOne renders a node with one service and returns that service port's flows and groups.
+func renderOne(t *testing.T, svc ServiceState) []string {
+	t.Helper()
+	owners, err := Render(svcNode(svc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, ok := owners[ServicePortOwner(svc, svc.Ports[0])]
+	if !ok {
+		t.Fatalf("no owner %s", ServicePortOwner(svc, svc.Ports[0]))
+	}
+	var out []string
+	for _, f := range st.Flows {
+		out = append(out, f.String())
+	}
+	for _, g := range st.Groups {
+		out = append(out, g.String())
+	}
+	return out
+}
+
+func TestServiceGolden(t *testing.T) {
+	two := []Endpoint{readyEP("10.128.0.12", 8080, true), readyEP("10.129.0.5", 8080, false)}
+	for _, tc := range []struct {
+		name string
+		svc  ServiceState
+		want []string
+	}{{
+		name: "ClusterIP TCP, two endpoints",
+		svc: ServiceState{Namespace: "ns", Name: "web", ClusterIP: netip.MustParseAddr("172.30.0.10"),
+			Ports: []ServicePort{{Name: "http", Protocol: IPProtoTCP, Port: 80, Endpoints: two}}},
+		want: []string{
+			"table=42, priority=200,tcp,reg4=0xa80000c,reg5=0x1f90,reg6=0x5dbd5ef3 actions=ct(commit,table=45,zone=65520,nat(dst=10.128.0.12:8080))",
+			"table=42, priority=200,tcp,reg4=0xa810005,reg5=0x1f90,reg6=0x5dbd5ef3 actions=ct(commit,table=45,zone=65520,nat(dst=10.129.0.5:8080))",
+			"table=42, priority=100,tcp,reg6=0x5dbd5ef3 actions=group:1572691699",
+			"table=40, priority=100,tcp,nw_dst=172.30.0.10,tp_dst=80 actions=load:0x5dbd5ef3->NXM_NX_REG6[],goto_table:42",
+			"group_id=1572691699,type=select,bucket=actions=load:0xa80000c->NXM_NX_REG4[],load:0x1f90->NXM_NX_REG5[],resubmit(,42),bucket=actions=load:0xa810005->NXM_NX_REG4[],load:0x1f90->NXM_NX_REG5[],resubmit(,42)",
+		},
+	}, {
+		name: "no endpoints: reject through the gateway",
+		svc: ServiceState{Namespace: "ns", Name: "none", ClusterIP: netip.MustParseAddr("172.30.0.11"),
+			Ports: []ServicePort{{Name: "dns", Protocol: IPProtoUDP, Port: 53}}},
+		want: []string{
+			"table=40, priority=100,udp,nw_dst=172.30.0.11,tp_dst=53 actions=ct(commit,table=45,zone=65520,nat(dst=10.128.0.1:65400-65499))",
+		},
+	}, {
+		name: "affinity, SCTP, NodePort with externalTrafficPolicy Local, terminating endpoint skipped",
+		svc: ServiceState{Namespace: "ns", Name: "sticky", ClusterIP: netip.MustParseAddr("172.30.0.12"), AffinityTimeout: 100000, ExternalLocal: true,
+			Ports: []ServicePort{{Name: "s", Protocol: IPProtoSCTP, Port: 9, NodePort: 30009, Endpoints: append(two,
+				Endpoint{IP: netip.MustParseAddr("10.128.0.13"), Port: 8080, Serving: true, Terminating: true, Local: true})}}},
+		want: []string{
+			"table=42, priority=200,sctp,reg4=0xa80000c,reg5=0x1f90,reg6=0x57f1df5f actions=learn(table=41,idle_timeout=65535,priority=100,delete_learned,cookie=0x900d45639b6,eth_type=0x800,NXM_NX_REG6[],NXM_OF_IP_SRC[],load:NXM_NX_REG4[]->NXM_NX_REG4[],load:NXM_NX_REG5[]->NXM_NX_REG5[]),ct(commit,table=45,zone=65520,nat(dst=10.128.0.12:8080))",
+			"table=42, priority=200,sctp,reg4=0xa810005,reg5=0x1f90,reg6=0x57f1df5f actions=learn(table=41,idle_timeout=65535,priority=100,delete_learned,cookie=0x900d45639b6,eth_type=0x800,NXM_NX_REG6[],NXM_OF_IP_SRC[],load:NXM_NX_REG4[]->NXM_NX_REG4[],load:NXM_NX_REG5[]->NXM_NX_REG5[]),ct(commit,table=45,zone=65520,nat(dst=10.129.0.5:8080))",
+			"table=42, priority=100,sctp,reg6=0x57f1df5f actions=group:1475469151",
+			"table=40, priority=100,sctp,nw_dst=172.30.0.12,tp_dst=9 actions=load:0x57f1df5f->NXM_NX_REG6[],resubmit(,41),goto_table:42",
+			"table=42, priority=200,sctp,reg4=0xa80000c,reg5=0x1f90,reg6=0x12a6aa8e actions=learn(table=41,idle_timeout=65535,priority=100,delete_learned,cookie=0x900d45639b6,eth_type=0x800,NXM_NX_REG6[],NXM_OF_IP_SRC[],load:NXM_NX_REG4[]->NXM_NX_REG4[],load:NXM_NX_REG5[]->NXM_NX_REG5[]),ct(commit,table=45,zone=65520,nat(dst=10.128.0.12:8080))",
+			"table=42, priority=100,sctp,reg6=0x12a6aa8e actions=group:312912526",
+			"table=40, priority=100,sctp,nw_dst=169.254.169.3,tp_dst=30009 actions=load:0x12a6aa8e->NXM_NX_REG6[],resubmit(,41),goto_table:42",
+			"group_id=1475469151,type=select,bucket=actions=load:0xa80000c->NXM_NX_REG4[],load:0x1f90->NXM_NX_REG5[],resubmit(,42),bucket=actions=load:0xa810005->NXM_NX_REG4[],load:0x1f90->NXM_NX_REG5[],resubmit(,42)",
+			"group_id=312912526,type=select,bucket=actions=load:0xa80000c->NXM_NX_REG4[],load:0x1f90->NXM_NX_REG5[],resubmit(,42)",
+		},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := renderOne(t, tc.svc)
+			if strings.Join(got, "\n") != strings.Join(tc.want, "\n") {
+				t.Errorf("got:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(tc.want, "\n"))
+			}
+		})
+	}
+}
+
+func TestServiceTrafficPolicyLocalWithoutLocalEndpointDrops(t *testing.T) {
+	got := renderOne(t, ServiceState{Namespace: "ns", Name: "x", ClusterIP: netip.MustParseAddr("172.30.0.20"), InternalLocal: true,
+		Ports: []ServicePort{{Name: "p", Protocol: IPProtoTCP, Port: 80, Endpoints: []Endpoint{readyEP("10.129.0.5", 80, false)}}}})
+	if len(got) != 1 || got[0] != "table=40, priority=100,tcp,nw_dst=172.30.0.20,tp_dst=80 actions=drop" {
+		t.Errorf("internalTrafficPolicy Local without a local endpoint must drop:\n%s", strings.Join(got, "\n"))
+	}
+}
+
+// TestServiceChainedGroups: 2,000 endpoints split into groups that each fit one OpenFlow message,
+// every endpoint in exactly one, chosen by source-port bits; IDs stable across renders.
+func TestServiceChainedGroups(t *testing.T) {
+	var eps []Endpoint
+	for i := 0; i < 2000; i++ {
+		eps = append(eps, Endpoint{IP: netip.AddrFrom4([4]byte{10, 128, byte(i / 250), byte(1 + i%250)}), Port: 80, Ready: true})
+	}
+	svc := ServiceState{Namespace: "ns", Name: "big", ClusterIP: netip.MustParseAddr("172.30.0.30"),
+		Ports: []ServicePort{{Name: "p", Protocol: IPProtoTCP, Port: 80, Endpoints: eps}}}
+	owners, err := Render(svcNode(svc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := owners[ServicePortOwner(svc, svc.Ports[0])]
+	if len(st.Groups) != 4 {
+		t.Fatalf("want 4 groups of 500, got %d", len(st.Groups))
+	}
+	seen := map[uint64]int{}
+	for _, g := range st.Groups {
+		msg, err := EncodeGroupMod(g)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(msg) > MaxMessageLen {
+			t.Errorf("group %d: %d bytes", g.ID, len(msg))
+		}
+		for _, b := range g.Buckets {
+			seen[b.Actions[0].(Load).Value]++
+		}
+	}
+	if len(seen) != 2000 {
+		t.Errorf("%d distinct endpoints in the groups, want 2000", len(seen))
+	}
+	for ip, n := range seen {
+		if n != 1 {
+			t.Errorf("endpoint %#x in %d groups", ip, n)
+		}
+	}
+	var selectors []string
+	for _, f := range st.Flows {
+		if f.Table == TableServiceLB && f.Priority == 100 {
+			selectors = append(selectors, f.Match.String())
+		}
+	}
+	if len(selectors) != 4 || !strings.Contains(strings.Join(selectors, " "), "tp_src=0x6/0x6") {
+		t.Errorf("group selectors: %v", selectors)
+	}
+	again, _ := Render(svcNode(svc))
+	for i, g := range again[ServicePortOwner(svc, svc.Ports[0])].Groups {
+		if g.ID != st.Groups[i].ID {
+			t.Errorf("group IDs change between renders: %d then %d", st.Groups[i].ID, g.ID)
+		}
+	}
+}
+
+func TestServiceIDCollisionsProbed(t *testing.T) {
+	a := newIDAllocator()
+	x, err := a.get("svc/a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Pretend another key already holds svc/b's natural ID.
+	y0, _ := newIDAllocator().get("svc/b")
+	a.used[y0] = "svc/other"
+	y, err := a.get("svc/b")
+	if err != nil || y == y0 || y == x {
+		t.Errorf("collision not probed away: %d (natural %d), %v", y, y0, err)
+	}
+	if again, _ := a.get("svc/b"); again != y {
+		t.Errorf("the same key must keep its ID: %d then %d", y, again)
+	}
+}
+
+func TestStaleConntrack(t *testing.T) {
+	udp := func(eps ...Endpoint) ServiceState {
+		return ServiceState{Namespace: "ns", Name: "dns", ClusterIP: netip.MustParseAddr("172.30.0.53"),
+			Ports: []ServicePort{{Name: "dns", Protocol: IPProtoUDP, Port: 53, NodePort: 30053, Endpoints: eps},
+				{Name: "dns-tcp", Protocol: IPProtoTCP, Port: 53, Endpoints: eps}}}
+	}
+	a, b := readyEP("10.128.0.5", 53, true), readyEP("10.128.0.6", 53, true)
+	var got []string
+	for _, c := range StaleConntrack(svcNode(udp(a, b)), svcNode(udp(b))) {
+		got = append(got, c.String())
+	}
+	want := "udp 169.254.169.3:30053 → 10.128.0.5,udp 172.30.0.53:53 → 10.128.0.5"
+	if strings.Join(got, ",") != want {
+		t.Errorf("endpoint removed: got %v, want %s", got, want)
+	}
+	// A service that rejected (no endpoints) gets endpoints: its entries towards the gateway go.
+	got = nil
+	for _, c := range StaleConntrack(svcNode(udp()), svcNode(udp(a))) {
+		got = append(got, c.String())
+	}
+	if strings.Join(got, ",") != "udp 169.254.169.3:30053 → 10.128.0.1,udp 172.30.0.53:53 → 10.128.0.1" {
+		t.Errorf("reject ended: %v", got)
+	}
+	// An endpoint going terminating while ready ones remain stops taking new flows: flush it too.
+	term := b
+	term.Ready, term.Terminating = false, true
+	if n := len(StaleConntrack(svcNode(udp(a, b)), svcNode(udp(a, term)))); n != 2 {
+		t.Errorf("terminating endpoint: %d entries, want 2", n)
+	}
+	if n := len(StaleConntrack(svcNode(udp(a)), svcNode(udp(a)))); n != 0 {
+		t.Errorf("no change, %d entries", n)
+	}
+}
