@@ -236,11 +236,8 @@ func setUpNode(ctx context.Context, cfg Config, db *ovsdb.Client, view *nodeView
 	if _, err := db.EnsureVXLANPort(ctx, cfg.Bridge, "vxlan0", vxlanPort, int(flows.PortVXLAN)); err != nil {
 		return nodenet.Config{}, err
 	}
-	if _, err := db.EnsureInternalPort(ctx, cfg.Bridge, "tun0", int(flows.PortTun0)); err != nil {
-		return nodenet.Config{}, err
-	}
 	view.mu.Lock()
-	nc := nodenet.Config{HostNetNS: cfg.HostNetNS, Tun0: "tun0", LocalSubnet: view.localSubnet,
+	nc := nodenet.Config{HostNetNS: cfg.HostNetNS, Tun0: "tun0", LocalSubnet: view.localSubnet, Logger: cfg.Logger.WithName("nodenet"),
 		ClusterNetworks: append([]netip.Prefix(nil), view.clusterNets...), NodeIP: view.nodeIP}
 	view.mu.Unlock()
 	if sn, err := netip.ParsePrefix(string(cn.Spec.ServiceNetwork)); err == nil {
@@ -256,6 +253,9 @@ func setUpNode(ctx context.Context, cfg Config, db *ovsdb.Client, view *nodeView
 	}
 	nc.MTU = mtu
 	pods.mtu = mtu
+	if _, err := db.EnsureInternalPort(ctx, cfg.Bridge, "tun0", int(flows.PortTun0), mtu); err != nil {
+		return nodenet.Config{}, err
+	}
 	return nc, nodenet.Ensure(ctx, nc)
 }
 

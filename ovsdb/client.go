@@ -199,12 +199,15 @@ type portSpec struct {
 	ifType        string
 	options       map[string]string
 	ofportRequest int
+	mtuRequest    int // 0: leave the MTU to ovs-vswitchd
 	externalIDs   map[string]string
 }
 
-// EnsureInternalPort ensures an internal port (tun0) and returns its OpenFlow port number.
-func (c *Client) EnsureInternalPort(ctx context.Context, bridge, name string, ofportRequest int) (int, error) {
-	return c.ensurePort(ctx, bridge, portSpec{name: name, ifType: "internal", ofportRequest: ofportRequest})
+// EnsureInternalPort ensures an internal port (tun0) and returns its OpenFlow port number. A non-zero
+// mtu goes into mtu_request: without it ovs-vswitchd gives an internal port the bridge's smallest MTU and
+// resets it whenever ports come and go, undoing what the host side set.
+func (c *Client) EnsureInternalPort(ctx context.Context, bridge, name string, ofportRequest, mtu int) (int, error) {
+	return c.ensurePort(ctx, bridge, portSpec{name: name, ifType: "internal", ofportRequest: ofportRequest, mtuRequest: mtu})
 }
 
 // EnsureVXLANPort ensures the VXLAN port: remote_ip=flow and key=flow, so flows choose the tunnel
@@ -258,7 +261,7 @@ func (c *Client) ensurePort(ctx context.Context, bridge string, spec portSpec) (
 			return 0, fmt.Errorf("ovsdb: port %s belongs to another bridge", spec.name)
 		}
 		newIf := vswitch.Interface{UUID: "newiface", Name: spec.name, Type: spec.ifType, Options: spec.options, OfportRequest: req,
-			ExternalIDs: spec.externalIDs}
+			MTURequest: spec.mtuPtr(), ExternalIDs: spec.externalIDs}
 		newPort := vswitch.Port{UUID: "newport", Name: spec.name, Interfaces: []string{newIf.UUID}, ExternalIDs: spec.externalIDs}
 		ops, err := c.c.Create(&newIf, &newPort)
 		if err != nil {
@@ -273,8 +276,8 @@ func (c *Client) ensurePort(ctx context.Context, bridge string, spec portSpec) (
 		}
 	} else if !sameInterface(iface, spec, req) || !maps.Equal(port.ExternalIDs, spec.externalIDs) && len(spec.externalIDs)+len(port.ExternalIDs) > 0 {
 		ui := *iface
-		ui.Type, ui.Options, ui.OfportRequest, ui.ExternalIDs = spec.ifType, orEmpty(spec.options), req, orEmpty(spec.externalIDs)
-		ops, err := c.c.Where(iface).Update(&ui, &ui.Type, &ui.Options, &ui.OfportRequest, &ui.ExternalIDs)
+		ui.Type, ui.Options, ui.OfportRequest, ui.MTURequest, ui.ExternalIDs = spec.ifType, orEmpty(spec.options), req, spec.mtuPtr(), orEmpty(spec.externalIDs)
+		ops, err := c.c.Where(iface).Update(&ui, &ui.Type, &ui.Options, &ui.OfportRequest, &ui.MTURequest, &ui.ExternalIDs)
 		if err != nil {
 			return 0, fmt.Errorf("ovsdb: port %s: %w", spec.name, err)
 		}
@@ -299,9 +302,16 @@ func orEmpty(m map[string]string) map[string]string {
 }
 
 func sameInterface(i *vswitch.Interface, spec portSpec, req *int) bool {
-	sameReq := (req == nil && i.OfportRequest == nil) || (req != nil && i.OfportRequest != nil && *req == *i.OfportRequest)
-	return i.Type == spec.ifType && maps.Equal(orEmpty(i.Options), orEmpty(spec.options)) && sameReq &&
-		maps.Equal(orEmpty(i.ExternalIDs), orEmpty(spec.externalIDs))
+	sameInt := func(a, b *int) bool { return (a == nil && b == nil) || (a != nil && b != nil && *a == *b) }
+	return i.Type == spec.ifType && maps.Equal(orEmpty(i.Options), orEmpty(spec.options)) && sameInt(req, i.OfportRequest) &&
+		sameInt(spec.mtuPtr(), i.MTURequest) && maps.Equal(orEmpty(i.ExternalIDs), orEmpty(spec.externalIDs))
+}
+
+func (s portSpec) mtuPtr() *int {
+	if s.mtuRequest <= 0 {
+		return nil
+	}
+	return &s.mtuRequest
 }
 
 // waitOFPort waits until ovs-vswitchd numbered the port, or reports its error.
@@ -417,4 +427,3 @@ func (c *Client) SetBridgeExternalIDs(ctx context.Context, bridge string, set ma
 	}
 	return c.transact(ctx, "set external_ids of "+bridge, ops...)
 }
-

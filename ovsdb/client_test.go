@@ -47,7 +47,7 @@ func TestBridgeAndPortsIdempotent(t *testing.T) {
 			t.Errorf("br0 %s = %s, want %s", tc.col, got, tc.want)
 		}
 	}
-	tun, err := c.EnsureInternalPort(ctx, "br0", "tun0", 2)
+	tun, err := c.EnsureInternalPort(ctx, "br0", "tun0", 2, 1450)
 	if err != nil || tun != 2 {
 		t.Fatalf("tun0: ofport %d, %v", tun, err)
 	}
@@ -63,7 +63,7 @@ func TestBridgeAndPortsIdempotent(t *testing.T) {
 	if err := c.EnsureBridge(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.EnsureInternalPort(ctx, "br0", "tun0", 2); err != nil {
+	if _, err := c.EnsureInternalPort(ctx, "br0", "tun0", 2, 1450); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := c.EnsureVXLANPort(ctx, "br0", "vxlan0", 4789, 1); err != nil {
@@ -144,7 +144,7 @@ func TestSystemPortsAndErrors(t *testing.T) {
 	if out := vsctl(t, inst, "list-ports", "br0"); out != "" {
 		t.Errorf("ports left: %q", out)
 	}
-	if _, err := c.EnsureInternalPort(ctx, "nobridge", "x", 0); err == nil {
+	if _, err := c.EnsureInternalPort(ctx, "nobridge", "x", 0, 0); err == nil {
 		t.Error("port on a missing bridge accepted")
 	}
 }
@@ -160,7 +160,7 @@ func TestSurvivesVswitchdRestart(t *testing.T) {
 	if err := inst.StartVswitchd(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.EnsureInternalPort(ctx, "br0", "tun0", 2); err != nil {
+	if _, err := c.EnsureInternalPort(ctx, "br0", "tun0", 2, 1450); err != nil {
 		t.Fatalf("after a vswitchd restart: %v", err)
 	}
 }

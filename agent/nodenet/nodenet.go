@@ -3,6 +3,9 @@
 // networks into br0 through tun0, IP forwarding, and SNAT to the node's IP for pod traffic that leaves the
 // cluster network (nothing inside the cluster network is NATed). Ensure is idempotent and is run again
 // whenever ovs-vswitchd recreates tun0.
+//
+// Everything happens in the node's network namespace (Config.HostNetNS) through handles opened there; the
+// only thread that ever switches namespace is a locked one that switches back (for /proc/sys).
 package nodenet
 
 import (
@@ -13,59 +16,99 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
+	"strings"
 	"time"
 
-	"github.com/google/nftables"
-	"github.com/google/nftables/expr"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+	"k8s.io/klog/v2"
 )
-
-// NFTTable is ofsdn's own nf_tables table (family ip); nothing else in the host's firewall is touched.
-const NFTTable = "ofsdn"
 
 // Config is what the host side of the node's pod network depends on.
 type Config struct {
-	HostNetNS       string       // path of the node's network namespace; "" = the current one
-	Tun0            string       // br0's internal port, the pods' gateway
-	LocalSubnet     netip.Prefix // this node's HostSubnet; tun0 gets its first address
-	ClusterNetworks []netip.Prefix
-	ServiceNetwork  netip.Prefix // optional: routed into br0 too (services are done in br0)
-	MTU             int          // tun0's MTU and the routes': the uplink's less VXLAN's 50 bytes
-	NodeIP          netip.Addr   // SNAT source for traffic leaving the cluster network
+	HostNetNS       string         // path of the node's network namespace; "" = the current one
+	Tun0            string         // br0's internal port, the pods' gateway
+	LocalSubnet     netip.Prefix   // this node's HostSubnet; tun0 gets its first address
+	ClusterNetworks []netip.Prefix // routed into br0 via tun0; never NATed among themselves
+	ServiceNetwork  netip.Prefix   // optional: routed into br0 too (services are done in br0)
+	MTU             int            // tun0's MTU and the routes': the uplink's less VXLAN's 50 bytes
+	NodeIP          netip.Addr     // SNAT source for traffic leaving the cluster network
+	Logger          klog.Logger    // optional; changes are logged, a no-op Ensure logs nothing
 }
+
+// MinMTU and MaxMTU bound Config.MTU: below 576 IPv4 hosts may refuse to talk, above 65535 no link goes.
+const (
+	MinMTU = 576
+	MaxMTU = 65535
+)
+
+// routeProto marks the routes nodenet owns: static routes on tun0 (iproute2 adds "boot" by default, so
+// a hand-made route on tun0 is not taken for one of ours).
+const routeProto = netlink.RouteProtocol(unix.RTPROT_STATIC)
 
 // Gateway is tun0's address: the node subnet's first address.
 func (c Config) Gateway() netip.Addr { return c.LocalSubnet.Masked().Addr().Next() }
 
+// validName reports whether name can be a Linux interface name (dev_valid_name).
+func validName(name string) error {
+	switch {
+	case name == "":
+		return errors.New("no tun0 interface name")
+	case len(name) >= unix.IFNAMSIZ:
+		return fmt.Errorf("interface name %q longer than %d bytes", name, unix.IFNAMSIZ-1)
+	case name == "." || name == ".." || strings.ContainsAny(name, "/: \t\n"):
+		return fmt.Errorf("interface name %q is not valid", name)
+	}
+	return nil
+}
+
 func (c Config) validate() error {
 	var errs []error
-	if c.Tun0 == "" {
-		errs = append(errs, errors.New("no tun0 interface name"))
+	if err := validName(c.Tun0); err != nil {
+		errs = append(errs, err)
 	}
-	if !c.LocalSubnet.IsValid() || !c.LocalSubnet.Addr().Is4() || c.LocalSubnet.Bits() > 30 {
-		errs = append(errs, fmt.Errorf("node subnet %v: want an IPv4 prefix of /30 or shorter", c.LocalSubnet))
-	}
+	v4net := func(p netip.Prefix) bool { return p.IsValid() && p.Addr().Is4() && p.Bits() > 0 }
 	if len(c.ClusterNetworks) == 0 {
 		errs = append(errs, errors.New("no cluster networks"))
 	}
+	inCluster := false
 	for _, cn := range c.ClusterNetworks {
-		if !cn.IsValid() || !cn.Addr().Is4() {
-			errs = append(errs, fmt.Errorf("cluster network %v: want an IPv4 prefix", cn))
+		if !v4net(cn) {
+			errs = append(errs, fmt.Errorf("cluster network %v: want an IPv4 prefix (not /0)", cn))
+			continue
+		}
+		if c.LocalSubnet.IsValid() && cn.Bits() <= c.LocalSubnet.Bits() && cn.Contains(c.LocalSubnet.Addr()) {
+			inCluster = true
+		}
+		if c.ServiceNetwork.IsValid() && cn.Overlaps(c.ServiceNetwork) {
+			errs = append(errs, fmt.Errorf("service network %v overlaps cluster network %v", c.ServiceNetwork, cn))
+		}
+		if c.NodeIP.IsValid() && cn.Contains(c.NodeIP) {
+			errs = append(errs, fmt.Errorf("node IP %v lies inside cluster network %v", c.NodeIP, cn))
 		}
 	}
-	if c.ServiceNetwork.IsValid() && !c.ServiceNetwork.Addr().Is4() {
-		errs = append(errs, fmt.Errorf("service network %v: want an IPv4 prefix", c.ServiceNetwork))
+	switch {
+	case !c.LocalSubnet.IsValid() || !c.LocalSubnet.Addr().Is4() || c.LocalSubnet.Bits() > 30:
+		errs = append(errs, fmt.Errorf("node subnet %v: want an IPv4 prefix of /30 or shorter", c.LocalSubnet))
+	case !inCluster && len(c.ClusterNetworks) > 0:
+		errs = append(errs, fmt.Errorf("node subnet %v lies in no cluster network", c.LocalSubnet))
 	}
-	if c.MTU < 576 || c.MTU > 65535 {
-		errs = append(errs, fmt.Errorf("MTU %d out of range 576-65535", c.MTU))
+	if c.ServiceNetwork.IsValid() {
+		if !v4net(c.ServiceNetwork) {
+			errs = append(errs, fmt.Errorf("service network %v: want an IPv4 prefix (not /0)", c.ServiceNetwork))
+		} else if c.NodeIP.IsValid() && c.ServiceNetwork.Contains(c.NodeIP) {
+			errs = append(errs, fmt.Errorf("node IP %v lies inside the service network %v", c.NodeIP, c.ServiceNetwork))
+		}
 	}
-	if !c.NodeIP.Is4() {
-		errs = append(errs, fmt.Errorf("node IP %v: want an IPv4 address", c.NodeIP))
+	if c.MTU < MinMTU || c.MTU > MaxMTU {
+		errs = append(errs, fmt.Errorf("MTU %d out of range %d-%d", c.MTU, MinMTU, MaxMTU))
+	}
+	if !c.NodeIP.Is4() || c.NodeIP.IsUnspecified() || c.NodeIP.IsLoopback() || c.NodeIP.IsMulticast() {
+		errs = append(errs, fmt.Errorf("node IP %v: want a unicast IPv4 address", c.NodeIP))
 	}
 	if len(errs) > 0 {
-		return fmt.Errorf("nodenet: %w", errors.Join(errs...))
+		return fmt.Errorf("nodenet: invalid config: %w", errors.Join(errs...))
 	}
 	return nil
 }
@@ -83,7 +126,8 @@ func (c Config) routed() []netip.Prefix {
 }
 
 // Ensure makes the host side match cfg. It waits (bounded by ctx) for tun0 to appear: a userspace
-// ovs-vswitchd creates it as a tap a moment after OVSDB has the port.
+// ovs-vswitchd creates it as a tap a moment after OVSDB has the port. A second call with the same cfg
+// changes nothing (not even the nf_tables rules' handles or counters).
 func Ensure(ctx context.Context, cfg Config) error {
 	if err := cfg.validate(); err != nil {
 		return err
@@ -101,67 +145,157 @@ func Ensure(ctx context.Context, cfg Config) error {
 	if err := ensureLink(h, link, cfg); err != nil {
 		return err
 	}
-	for _, p := range cfg.routed() {
-		r := route(link, p, cfg)
-		if err := h.RouteReplace(r); err != nil {
-			return fmt.Errorf("nodenet: route %s via %s: %w", p, cfg.Tun0, err)
-		}
-	}
-	if err := inNetNS(ns, func() error {
-		return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1\n"), 0o644)
-	}); err != nil {
-		return fmt.Errorf("nodenet: enable IP forwarding: %w", err)
-	}
-	if err := ensureSNAT(ns, cfg); err != nil {
+	if err := ensureRoutes(h, link, cfg); err != nil {
 		return err
 	}
-	return nil
+	if err := ensureForwarding(ns, cfg.Logger); err != nil {
+		return err
+	}
+	return ensureSNAT(ns, cfg)
 }
 
 // ensureLink gives tun0 its MTU and the gateway address (and no other IPv4 address: a stale one from an
-// earlier subnet would answer for the wrong network), and brings it up.
+// earlier subnet would answer for the wrong network), and brings it up. The new address goes on before
+// stale ones come off, so the gateway never vanishes during a change.
 func ensureLink(h *netlink.Handle, link netlink.Link, cfg Config) error {
-	name := cfg.Tun0
+	name, log := cfg.Tun0, cfg.Logger
 	if link.Attrs().MTU != cfg.MTU {
 		if err := h.LinkSetMTU(link, cfg.MTU); err != nil {
 			return fmt.Errorf("nodenet: MTU %d on %s: %w", cfg.MTU, name, err)
 		}
+		log.Info("set MTU", "link", name, "from", link.Attrs().MTU, "to", cfg.MTU)
 	}
-	want := &net.IPNet{IP: cfg.Gateway().AsSlice(), Mask: net.CIDRMask(cfg.LocalSubnet.Bits(), 32)}
+	want := netip.PrefixFrom(cfg.Gateway(), cfg.LocalSubnet.Bits())
 	addrs, err := h.AddrList(link, netlink.FAMILY_V4)
 	if err != nil {
 		return fmt.Errorf("nodenet: addresses of %s: %w", name, err)
 	}
+	var stale []netlink.Addr
 	have := false
 	for _, a := range addrs {
-		if a.IPNet.String() == want.String() {
+		if prefixOf(a.IPNet) == want {
 			have = true
-			continue
-		}
-		if err := h.AddrDel(link, &a); err != nil {
-			return fmt.Errorf("nodenet: remove stale address %s from %s: %w", a.IPNet, name, err)
+		} else {
+			stale = append(stale, a)
 		}
 	}
 	if !have {
-		if err := h.AddrAdd(link, &netlink.Addr{IPNet: want}); err != nil {
+		if err := h.AddrAdd(link, &netlink.Addr{IPNet: ipNet(want)}); err != nil {
 			return fmt.Errorf("nodenet: address %s on %s: %w", want, name, err)
 		}
+		log.Info("added gateway address", "link", name, "address", want)
+	}
+	for _, a := range stale {
+		if err := h.AddrDel(link, &a); err != nil {
+			return fmt.Errorf("nodenet: remove stale address %s from %s: %w", a.IPNet, name, err)
+		}
+		log.Info("removed stale address", "link", name, "address", a.IPNet)
 	}
 	if link.Attrs().Flags&net.FlagUp == 0 {
 		if err := h.LinkSetUp(link); err != nil {
 			return fmt.Errorf("nodenet: bring %s up: %w", name, err)
 		}
+		log.Info("brought link up", "link", name)
 	}
 	return nil
 }
 
+// route is the route nodenet wants for p: on tun0, from the gateway, with the overlay's MTU.
 func route(link netlink.Link, p netip.Prefix, cfg Config) *netlink.Route {
-	return &netlink.Route{LinkIndex: link.Attrs().Index, Dst: &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), 32)},
-		Src: cfg.Gateway().AsSlice(), Scope: netlink.SCOPE_LINK, MTU: cfg.MTU, Protocol: netlink.RouteProtocol(unix.RTPROT_STATIC)}
+	return &netlink.Route{LinkIndex: link.Attrs().Index, Dst: ipNet(p), Src: cfg.Gateway().AsSlice(),
+		Scope: netlink.SCOPE_LINK, MTU: cfg.MTU, Protocol: routeProto, Table: unix.RT_TABLE_MAIN, Type: unix.RTN_UNICAST}
 }
 
-// Cleanup removes the routes and the nf_tables table Ensure added. tun0 itself belongs to OVSDB.
+// ownedRoutes lists the routes nodenet put on the link: static ones in the main table.
+func ownedRoutes(h *netlink.Handle, link netlink.Link) ([]netlink.Route, error) {
+	all, err := h.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{LinkIndex: link.Attrs().Index, Table: unix.RT_TABLE_MAIN},
+		netlink.RT_FILTER_OIF|netlink.RT_FILTER_TABLE)
+	if err != nil {
+		return nil, err
+	}
+	var out []netlink.Route
+	for _, r := range all {
+		if r.Protocol == routeProto && r.Dst != nil {
+			out = append(out, r)
+		}
+	}
+	return out, nil
+}
+
+// sameRoute compares the attributes nodenet sets.
+func sameRoute(a, b *netlink.Route) bool {
+	return prefixOf(a.Dst) == prefixOf(b.Dst) && a.Src.Equal(b.Src) && a.MTU == b.MTU && a.Scope == b.Scope &&
+		a.Gw == nil && b.Gw == nil && a.Priority == b.Priority
+}
+
+// ensureRoutes installs a route per routed prefix and removes owned routes that are no longer wanted
+// (a cluster network that went away), touching nothing that already matches.
+func ensureRoutes(h *netlink.Handle, link netlink.Link, cfg Config) error {
+	have, err := ownedRoutes(h, link)
+	if err != nil {
+		return fmt.Errorf("nodenet: routes on %s: %w", cfg.Tun0, err)
+	}
+	wanted := map[netip.Prefix]bool{}
+	for _, p := range cfg.routed() {
+		wanted[p] = true
+		r := route(link, p, cfg)
+		ok := false
+		for i := range have {
+			if sameRoute(&have[i], r) {
+				ok = true
+				break
+			}
+		}
+		if ok {
+			continue
+		}
+		if err := h.RouteReplace(r); err != nil {
+			return fmt.Errorf("nodenet: route %s via %s: %w", p, cfg.Tun0, err)
+		}
+		cfg.Logger.Info("set route", "dst", p, "dev", cfg.Tun0, "src", cfg.Gateway(), "mtu", cfg.MTU)
+	}
+	for i := range have {
+		if p := prefixOf(have[i].Dst); !wanted[p] {
+			if err := h.RouteDel(&have[i]); err != nil && !errors.Is(err, unix.ESRCH) {
+				return fmt.Errorf("nodenet: delete stale route %s via %s: %w", p, cfg.Tun0, err)
+			}
+			cfg.Logger.Info("deleted stale route", "dst", p, "dev", cfg.Tun0)
+		}
+	}
+	return nil
+}
+
+// ensureForwarding sets net.ipv4.ip_forward in the node's namespace: /proc/sys follows the reading
+// thread's namespace, so it is done from a thread switched into it.
+func ensureForwarding(ns netns.NsHandle, log klog.Logger) error {
+	const path = "/proc/sys/net/ipv4/ip_forward"
+	err := inNetNS(ns, func() error {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		if strings.TrimSpace(string(b)) == "1" {
+			return nil
+		}
+		log.Info("enabling IP forwarding")
+		return os.WriteFile(path, []byte("1\n"), 0o644)
+	})
+	if err != nil {
+		return fmt.Errorf("nodenet: enable IP forwarding: %w", err)
+	}
+	return nil
+}
+
+// Cleanup removes what Ensure added: nodenet's routes on tun0 (whatever subnet they were made for) and
+// the nf_tables table. tun0 and its address belong to OVSDB; IP forwarding stays on, as other things on
+// the node may rely on it. Missing pieces are not errors, so Cleanup can run twice.
 func Cleanup(ctx context.Context, cfg Config) error {
+	if err := validName(cfg.Tun0); err != nil {
+		return fmt.Errorf("nodenet: invalid config: %w", err)
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("nodenet: cleanup: %w", err)
+	}
 	h, ns, err := handleAt(cfg.HostNetNS)
 	if err != nil {
 		return err
@@ -169,40 +303,51 @@ func Cleanup(ctx context.Context, cfg Config) error {
 	defer h.Close()
 	defer ns.Close()
 	var errs []error
-	if link, err := h.LinkByName(cfg.Tun0); err == nil {
-		for _, p := range cfg.routed() {
-			if err := h.RouteDel(route(link, p, cfg)); err != nil && !errors.Is(err, unix.ESRCH) {
-				errs = append(errs, fmt.Errorf("nodenet: delete route %s: %w", p, err))
+	link, err := h.LinkByName(cfg.Tun0)
+	var notFound netlink.LinkNotFoundError
+	switch {
+	case errors.As(err, &notFound):
+		// Its routes went with it.
+	case err != nil:
+		errs = append(errs, fmt.Errorf("nodenet: look up %s: %w", cfg.Tun0, err))
+	default:
+		routes, err := ownedRoutes(h, link)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("nodenet: routes on %s: %w", cfg.Tun0, err))
+		}
+		for i := range routes {
+			if err := h.RouteDel(&routes[i]); err != nil && !errors.Is(err, unix.ESRCH) {
+				errs = append(errs, fmt.Errorf("nodenet: delete route %s via %s: %w", routes[i].Dst, cfg.Tun0, err))
 			}
 		}
 	}
-	c, err := nftConn(ns)
-	if err != nil {
-		return errors.Join(append(errs, err)...)
-	}
-	if t, err := c.ListTableOfFamily(NFTTable, nftables.TableFamilyIPv4); err == nil && t != nil {
-		c.DelTable(t)
-		if err := c.Flush(); err != nil {
-			errs = append(errs, fmt.Errorf("nodenet: delete nf_tables table %s: %w", NFTTable, err))
-		}
+	if err := deleteSNAT(ns); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
 
 // UplinkMTU returns the MTU of the link that holds nodeIP in the node's namespace.
 func UplinkMTU(hostNetNS string, nodeIP netip.Addr) (int, error) {
+	if !nodeIP.IsValid() {
+		return 0, errors.New("nodenet: uplink MTU: no node IP")
+	}
 	h, ns, err := handleAt(hostNetNS)
 	if err != nil {
 		return 0, err
 	}
 	defer h.Close()
 	defer ns.Close()
-	addrs, err := h.AddrList(nil, netlink.FAMILY_V4)
+	family := netlink.FAMILY_V4
+	if !nodeIP.Unmap().Is4() {
+		family = netlink.FAMILY_V6
+	}
+	addrs, err := h.AddrList(nil, family)
 	if err != nil {
 		return 0, fmt.Errorf("nodenet: list addresses: %w", err)
 	}
 	for _, a := range addrs {
-		if ip, ok := netip.AddrFromSlice(a.IP); ok && ip.Unmap() == nodeIP {
+		if ip, ok := netip.AddrFromSlice(a.IP); ok && ip.Unmap() == nodeIP.Unmap() {
 			link, err := h.LinkByIndex(a.LinkIndex)
 			if err != nil {
 				return 0, fmt.Errorf("nodenet: link of %s: %w", nodeIP, err)
@@ -210,7 +355,14 @@ func UplinkMTU(hostNetNS string, nodeIP netip.Addr) (int, error) {
 			return link.Attrs().MTU, nil
 		}
 	}
-	return 0, fmt.Errorf("nodenet: no interface holds the node IP %s", nodeIP)
+	return 0, fmt.Errorf("nodenet: no interface in %s holds the node IP %s", nsName(hostNetNS), nodeIP)
+}
+
+func nsName(path string) string {
+	if path == "" {
+		return "the current network namespace"
+	}
+	return "network namespace " + path
 }
 
 // handleAt opens a netlink handle in the namespace at path ("" = the current one).
@@ -223,12 +375,12 @@ func handleAt(path string) (*netlink.Handle, netns.NsHandle, error) {
 		ns, err = netns.GetFromPath(path)
 	}
 	if err != nil {
-		return nil, 0, fmt.Errorf("nodenet: network namespace %q: %w", path, err)
+		return nil, 0, fmt.Errorf("nodenet: open %s: %w", nsName(path), err)
 	}
 	h, err := netlink.NewHandleAt(ns)
 	if err != nil {
 		ns.Close()
-		return nil, 0, fmt.Errorf("nodenet: netlink in %q: %w", path, err)
+		return nil, 0, fmt.Errorf("nodenet: netlink in %s: %w", nsName(path), err)
 	}
 	return h, ns, nil
 }
@@ -266,67 +418,33 @@ func inNetNS(ns netns.NsHandle, fn func() error) error {
 	}
 	ferr := fn()
 	if err := netns.Set(orig); err != nil {
-		// The thread is in the wrong namespace: never let it run other goroutines again.
+		// The thread is in the wrong namespace: an extra lock keeps it locked past the deferred unlock,
+		// so the runtime ends the thread with its goroutine instead of reusing it.
 		runtime.LockOSThread()
 		return errors.Join(ferr, fmt.Errorf("return to the original namespace: %w", err))
 	}
 	return ferr
 }
 
-func nftConn(ns netns.NsHandle) (*nftables.Conn, error) {
-	c, err := nftables.New(nftables.WithNetNSFd(int(ns)))
-	if err != nil {
-		return nil, fmt.Errorf("nodenet: nf_tables: %w", err)
-	}
-	return c, nil
+func ipNet(p netip.Prefix) *net.IPNet {
+	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
 }
 
-// SNATRules describes the postrouting chain in words, in order, for logs and tests: destinations in the
-// cluster or service networks return untouched; sources in the cluster networks are SNATed to the node.
-func SNATRules(cfg Config) []string {
-	var out []string
-	for _, p := range cfg.routed() {
-		out = append(out, fmt.Sprintf("ip daddr %s return", p))
+// prefixOf converts back; a nil or malformed IPNet gives the zero Prefix.
+func prefixOf(n *net.IPNet) netip.Prefix {
+	if n == nil {
+		return netip.Prefix{}
 	}
-	for _, cn := range cfg.ClusterNetworks {
-		out = append(out, fmt.Sprintf("ip saddr %s snat to %s", cn.Masked(), cfg.NodeIP))
+	ip, ok := netip.AddrFromSlice(n.IP)
+	if !ok {
+		return netip.Prefix{}
 	}
-	return out
-}
-
-// ensureSNAT rewrites ofsdn's table in one nf_tables transaction, so the rules are never half there.
-func ensureSNAT(ns netns.NsHandle, cfg Config) error {
-	c, err := nftConn(ns)
-	if err != nil {
-		return err
+	ones, bits := n.Mask.Size()
+	ip = ip.Unmap()
+	if bits != ip.BitLen() {
+		return netip.Prefix{}
 	}
-	t := c.AddTable(&nftables.Table{Name: NFTTable, Family: nftables.TableFamilyIPv4})
-	ch := c.AddChain(&nftables.Chain{Name: "postrouting", Table: t, Type: nftables.ChainTypeNAT,
-		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource})
-	c.FlushChain(ch)
-	for _, p := range cfg.routed() {
-		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: append(matchPrefix(16, p), &expr.Verdict{Kind: expr.VerdictReturn})})
-	}
-	for _, cn := range cfg.ClusterNetworks {
-		exprs := append(matchPrefix(12, cn.Masked()),
-			&expr.Immediate{Register: 1, Data: cfg.NodeIP.AsSlice()},
-			&expr.NAT{Type: expr.NATTypeSourceNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: 1})
-		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: exprs})
-	}
-	if err := c.Flush(); err != nil {
-		return fmt.Errorf("nodenet: nf_tables table %s: %w", NFTTable, err)
-	}
-	return nil
-}
-
-// matchPrefix matches the IPv4 header's source (offset 12) or destination (16) against p.
-func matchPrefix(offset uint32, p netip.Prefix) []expr.Any {
-	mask := net.CIDRMask(p.Bits(), 32)
-	return []expr.Any{
-		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: 4},
-		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: mask, Xor: []byte{0, 0, 0, 0}},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: p.Masked().Addr().AsSlice()},
-	}
+	return netip.PrefixFrom(ip, ones)
 }
 
 // ResolveNeighbor makes the node's kernel resolve a peer node's address now, by forgetting its neighbour

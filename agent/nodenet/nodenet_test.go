@@ -1,242 +1,194 @@
 package nodenet
 
 import (
-	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"os"
-	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
-	"time"
 
-	"github.com/google/nftables"
-	"github.com/vishvananda/netns"
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
 )
 
+func goodConfig() Config {
+	return Config{Tun0: "tun0", LocalSubnet: netip.MustParsePrefix("10.128.2.0/23"),
+		ClusterNetworks: []netip.Prefix{netip.MustParsePrefix("10.128.0.0/14")}, ServiceNetwork: netip.MustParsePrefix("172.30.0.0/16"),
+		MTU: 1450, NodeIP: netip.MustParseAddr("192.0.2.10")}
+}
+
 func TestValidate(t *testing.T) {
-	good := Config{Tun0: "tun0", LocalSubnet: netip.MustParsePrefix("10.128.2.0/23"),
-		ClusterNetworks: []netip.Prefix{netip.MustParsePrefix("10.128.0.0/14")}, MTU: 1450, NodeIP: netip.MustParseAddr("192.0.2.10")}
+	p := netip.MustParsePrefix
 	tests := []struct {
 		name string
 		edit func(c *Config)
-		want string
+		want string // "" = valid
 	}{
 		{"good", func(*Config) {}, ""},
-		{"no tun0", func(c *Config) { c.Tun0 = "" }, "tun0"},
-		{"no subnet", func(c *Config) { c.LocalSubnet = netip.Prefix{} }, "node subnet"},
-		{"/31 subnet", func(c *Config) { c.LocalSubnet = netip.MustParsePrefix("10.128.2.0/31") }, "node subnet"},
-		{"IPv6 cluster network", func(c *Config) { c.ClusterNetworks = []netip.Prefix{netip.MustParsePrefix("fd00::/64")} }, "cluster network"},
+		{"no service network", func(c *Config) { c.ServiceNetwork = netip.Prefix{} }, ""},
+		{"unmasked subnet", func(c *Config) { c.LocalSubnet = p("10.128.3.7/23") }, ""},
+		{"two cluster networks", func(c *Config) { c.ClusterNetworks = append(c.ClusterNetworks, p("10.132.0.0/14")) }, ""},
+		{"no tun0", func(c *Config) { c.Tun0 = "" }, "no tun0"},
+		{"long tun0", func(c *Config) { c.Tun0 = "a-very-long-name0" }, "longer than 15"},
+		{"slash in tun0", func(c *Config) { c.Tun0 = "tun/0" }, "not valid"},
+		{"no subnet", func(c *Config) { c.LocalSubnet = netip.Prefix{} }, "node subnet invalid Prefix"},
+		{"/31 subnet", func(c *Config) { c.LocalSubnet = p("10.128.2.0/31") }, "node subnet"},
+		{"IPv6 subnet", func(c *Config) { c.LocalSubnet = p("fd00::/64") }, "node subnet"},
+		{"subnet outside the cluster", func(c *Config) { c.LocalSubnet = p("10.200.2.0/23") }, "in no cluster network"},
+		{"subnet wider than the cluster", func(c *Config) { c.LocalSubnet = p("10.0.0.0/8") }, "in no cluster network"},
+		{"IPv6 cluster network", func(c *Config) { c.ClusterNetworks = []netip.Prefix{p("fd00::/64")} }, "cluster network fd00::/64"},
+		{"/0 cluster network", func(c *Config) { c.ClusterNetworks = []netip.Prefix{p("0.0.0.0/0")} }, "not /0"},
+		{"invalid cluster network", func(c *Config) { c.ClusterNetworks = []netip.Prefix{{}} }, "cluster network invalid Prefix"},
 		{"no cluster network", func(c *Config) { c.ClusterNetworks = nil }, "no cluster networks"},
-		{"tiny MTU", func(c *Config) { c.MTU = 100 }, "MTU"},
-		{"no node IP", func(c *Config) { c.NodeIP = netip.Addr{} }, "node IP"},
+		{"IPv6 service network", func(c *Config) { c.ServiceNetwork = p("fd00:1::/108") }, "service network"},
+		{"service overlaps cluster", func(c *Config) { c.ServiceNetwork = p("10.130.0.0/16") }, "overlaps cluster network"},
+		{"tiny MTU", func(c *Config) { c.MTU = 100 }, "MTU 100 out of range"},
+		{"huge MTU", func(c *Config) { c.MTU = 70000 }, "MTU 70000 out of range"},
+		{"no node IP", func(c *Config) { c.NodeIP = netip.Addr{} }, "node IP invalid IP"},
+		{"IPv6 node IP", func(c *Config) { c.NodeIP = netip.MustParseAddr("2001:db8::1") }, "node IP"},
+		{"loopback node IP", func(c *Config) { c.NodeIP = netip.MustParseAddr("127.0.0.1") }, "unicast"},
+		{"node IP in the cluster", func(c *Config) { c.NodeIP = netip.MustParseAddr("10.129.0.1") }, "inside cluster network"},
+		{"node IP in the services", func(c *Config) { c.NodeIP = netip.MustParseAddr("172.30.0.1") }, "inside the service network"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			c := good
+			c := goodConfig()
 			tc.edit(&c)
 			err := c.validate()
 			if (err == nil) != (tc.want == "") || (err != nil && !strings.Contains(err.Error(), tc.want)) {
 				t.Fatalf("validate: %v, want an error about %q", err, tc.want)
 			}
+			if err != nil && !strings.HasPrefix(err.Error(), "nodenet: invalid config: ") {
+				t.Errorf("error without context: %v", err)
+			}
 		})
 	}
-	if g := good.Gateway(); g != netip.MustParseAddr("10.128.2.1") {
-		t.Errorf("gateway %s", g)
-	}
-	want := []string{"ip daddr 10.128.0.0/14 return", "ip daddr 172.30.0.0/16 return", "ip saddr 10.128.0.0/14 snat to 192.0.2.10"}
-	good.ServiceNetwork = netip.MustParsePrefix("172.30.0.0/16")
-	if got := SNATRules(good); strings.Join(got, "\n") != strings.Join(want, "\n") {
-		t.Errorf("SNATRules:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
-	}
 }
 
-func ip(t *testing.T, args ...string) {
-	t.Helper()
-	if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-		t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
-	}
-}
-
-// newNetNS makes a named namespace removed at the end of the test.
-func newNetNS(t *testing.T, role string) string {
-	name := fmt.Sprintf("ofsdn-t-nodenet-%d-%s", os.Getpid(), role)
-	_ = exec.Command("ip", "netns", "del", name).Run()
-	ip(t, "netns", "add", name)
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
-	return name
-}
-
-// inNS runs fn with sockets created in the named namespace.
-func inNS(t *testing.T, name string, fn func()) {
-	t.Helper()
-	ns, err := netns.GetFromName(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Close()
-	if err := inNetNS(ns, func() error { fn(); return nil }); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// TestEnsureOnRealNamespaces: a node namespace whose tun0 leads to a "pod" namespace and whose uplink
-// leads to an "external" one. Ensure sets address, MTU, routes, forwarding and SNAT, twice without change;
-// the external side sees the pod's connection come from the node's IP; Cleanup removes it all.
-func TestEnsureOnRealNamespaces(t *testing.T) {
-	if testing.Short() || os.Geteuid() != 0 {
-		t.Skip("needs root and network namespaces")
-	}
-	node, pod, ext := newNetNS(t, "node"), newNetNS(t, "pod"), newNetNS(t, "ext")
-	// tun0 is a veth here: its far end is the pod (in production it is br0's internal port).
-	ip(t, "-n", node, "link", "add", "tun0", "type", "veth", "peer", "name", "eth0", "netns", pod)
-	ip(t, "-n", node, "link", "add", "up0", "mtu", "1500", "type", "veth", "peer", "name", "eth0", "netns", ext)
-	ip(t, "-n", node, "addr", "add", "198.18.0.1/24", "dev", "up0")
-	ip(t, "-n", node, "link", "set", "up0", "up")
-	ip(t, "-n", ext, "addr", "add", "198.18.0.2/24", "dev", "eth0")
-	ip(t, "-n", ext, "link", "set", "eth0", "up")
-	ip(t, "-n", pod, "addr", "add", "10.128.2.5/23", "dev", "eth0")
-	ip(t, "-n", pod, "link", "set", "eth0", "up")
-	ip(t, "-n", pod, "route", "add", "default", "via", "10.128.2.1")
-
-	nodeIP := netip.MustParseAddr("198.18.0.1")
-	mtu, err := UplinkMTU("/var/run/netns/"+node, nodeIP)
-	if err != nil || mtu != 1500 {
-		t.Fatalf("UplinkMTU: %d, %v", mtu, err)
-	}
-	cfg := Config{HostNetNS: "/var/run/netns/" + node, Tun0: "tun0", LocalSubnet: netip.MustParsePrefix("10.128.2.0/23"),
-		ClusterNetworks: []netip.Prefix{netip.MustParsePrefix("10.128.0.0/14")}, ServiceNetwork: netip.MustParsePrefix("172.30.0.0/16"),
-		MTU: mtu - 50, NodeIP: nodeIP}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	state := func() string {
-		out, _ := exec.Command("ip", "-n", node, "-o", "addr", "show", "dev", "tun0").CombinedOutput()
-		routes, _ := exec.Command("ip", "-n", node, "route", "show", "dev", "tun0").CombinedOutput()
-		link, _ := exec.Command("ip", "-n", node, "-o", "link", "show", "tun0").CombinedOutput()
-		fwd, _ := exec.Command("ip", "netns", "exec", node, "cat", "/proc/sys/net/ipv4/ip_forward").CombinedOutput()
-		return string(out) + string(routes) + strings.Fields(string(link))[4] + " forward=" + string(fwd) + strings.Join(nftRules(t, node), "\n")
-	}
-	if err := Ensure(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
-	first := state()
-	for _, want := range []string{"inet 10.128.2.1/23", "10.128.0.0/14 proto static scope link src 10.128.2.1 mtu 1450",
-		"172.30.0.0/16 proto static scope link src 10.128.2.1 mtu 1450", "1450", "forward=1"} {
-		if !strings.Contains(first, want) {
-			t.Errorf("after Ensure, no %q in:\n%s", want, first)
+func TestGateway(t *testing.T) {
+	for subnet, want := range map[string]string{"10.128.2.0/23": "10.128.2.1", "10.128.3.9/23": "10.128.2.1", "10.129.0.0/30": "10.129.0.1"} {
+		c := Config{LocalSubnet: netip.MustParsePrefix(subnet)}
+		if g := c.Gateway(); g != netip.MustParseAddr(want) {
+			t.Errorf("gateway of %s: %s, want %s", subnet, g, want)
 		}
 	}
-	if n := len(nftRules(t, node)); n != 3 {
-		t.Errorf("%d nf_tables rules, want 3", n)
-	}
-	if err := Ensure(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
-	if again := state(); again != first {
-		t.Errorf("a second Ensure changed the host:\n%s\nthen\n%s", first, again)
-	}
+}
 
-	// Real packets: the pod connects to the external host, which sees the node's address.
-	var ln net.Listener
-	inNS(t, ext, func() { ln, err = net.Listen("tcp4", "198.18.0.2:9000") })
-	if err != nil {
-		t.Fatal(err)
+func TestSNATRules(t *testing.T) {
+	p := netip.MustParsePrefix
+	tests := []struct {
+		name string
+		edit func(c *Config)
+		want []string
+	}{
+		{"one cluster network and services", func(*Config) {}, []string{
+			"ip daddr 10.128.0.0/14 return", "ip daddr 172.30.0.0/16 return",
+			"ip saddr 10.128.0.0/14 counter snat to 192.0.2.10"}},
+		{"no service network", func(c *Config) { c.ServiceNetwork = netip.Prefix{} }, []string{
+			"ip daddr 10.128.0.0/14 return", "ip saddr 10.128.0.0/14 counter snat to 192.0.2.10"}},
+		{"two cluster networks, one unmasked", func(c *Config) {
+			c.ClusterNetworks = []netip.Prefix{p("10.128.0.0/14"), p("10.200.7.0/16")}
+		}, []string{
+			"ip daddr 10.128.0.0/14 return", "ip daddr 10.200.0.0/16 return", "ip daddr 172.30.0.0/16 return",
+			"ip saddr 10.128.0.0/14 counter snat to 192.0.2.10", "ip saddr 10.200.0.0/16 counter snat to 192.0.2.10"}},
 	}
-	defer ln.Close()
-	seen := make(chan string, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			seen <- err.Error()
-			return
-		}
-		seen <- c.RemoteAddr().(*net.TCPAddr).IP.String()
-		c.Close()
-	}()
-	var conn net.Conn
-	inNS(t, pod, func() { conn, err = (&net.Dialer{Timeout: 5 * time.Second}).Dial("tcp4", "198.18.0.2:9000") })
-	if err != nil {
-		t.Fatalf("pod → external: %v", err)
-	}
-	conn.Close()
-	if got := <-seen; got != nodeIP.String() {
-		t.Errorf("external saw the connection from %s, want the node's %s", got, nodeIP)
-	}
-
-	if err := Cleanup(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
-	after := state()
-	if strings.Contains(after, "10.128.0.0/14") || strings.Contains(after, "172.30.0.0/16") || len(nftRules(t, node)) != 0 {
-		t.Errorf("Cleanup left:\n%s", after)
-	}
-	if err := Cleanup(ctx, cfg); err != nil {
-		t.Errorf("a second Cleanup: %v", err)
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := goodConfig()
+			tc.edit(&c)
+			if err := c.validate(); err != nil {
+				t.Fatal(err)
+			}
+			rules := snatRules(c)
+			var got []string
+			for _, r := range rules {
+				got = append(got, r.Text)
+				// The expressions must say what the text says.
+				if s := exprText(r.Exprs); s != r.Text {
+					t.Errorf("rule %q has expressions that read %q", r.Text, s)
+				}
+			}
+			if strings.Join(got, "\n") != strings.Join(tc.want, "\n") {
+				t.Errorf("rules:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(tc.want, "\n"))
+			}
+			if s := SNATRules(c); strings.Join(s, "\n") != strings.Join(got, "\n") {
+				t.Errorf("SNATRules %q differ from the rules %q", s, got)
+			}
+		})
 	}
 }
 
-func TestEnsureWaitsForTun0(t *testing.T) {
-	if testing.Short() || os.Geteuid() != 0 {
-		t.Skip("needs root and network namespaces")
-	}
-	node := newNetNS(t, "wait")
-	cfg := Config{HostNetNS: "/var/run/netns/" + node, Tun0: "tun0", LocalSubnet: netip.MustParsePrefix("10.128.2.0/23"),
-		ClusterNetworks: []netip.Prefix{netip.MustParsePrefix("10.128.0.0/14")}, MTU: 1450, NodeIP: netip.MustParseAddr("198.18.0.1")}
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	defer cancel()
-	err := Ensure(ctx, cfg)
-	if err == nil || !strings.Contains(err.Error(), "tun0 never appeared") {
-		t.Fatalf("Ensure without tun0: %v", err)
-	}
-	// It appears late: Ensure picks it up.
-	go func() {
-		time.Sleep(200 * time.Millisecond)
-		_ = exec.Command("ip", "-n", node, "link", "add", "tun0", "type", "veth", "peer", "name", "tun0peer").Run()
-	}()
-	ctx2, cancel2 := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel2()
-	if err := Ensure(ctx2, cfg); err != nil {
-		t.Fatal(err)
-	}
-	h, ns, err := handleAt(cfg.HostNetNS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	defer ns.Close()
-	link, err := h.LinkByName("tun0")
-	if err != nil || link.Attrs().MTU != 1450 {
-		t.Fatalf("tun0: %v %v", link, err)
-	}
-	if err := Cleanup(context.Background(), cfg); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// nftRules lists the rules of ofsdn's chain in a namespace, as nf_tables holds them.
-func nftRules(t *testing.T, name string) []string {
-	t.Helper()
-	ns, err := netns.GetFromName(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Close()
-	c, err := nftables.New(nftables.WithNetNSFd(int(ns)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tbl, err := c.ListTableOfFamily(NFTTable, nftables.TableFamilyIPv4)
-	if err != nil || tbl == nil {
-		return nil
-	}
-	rules, err := c.GetRules(tbl, &nftables.Chain{Name: "postrouting", Table: tbl})
-	if err != nil {
-		return nil
-	}
+// exprText reads nodenet's own expression shapes back into nft syntax, independently of snatRules.
+func exprText(es []expr.Any) string {
 	var out []string
-	for _, r := range rules {
-		out = append(out, fmt.Sprintf("%d exprs", len(r.Exprs)))
+	var reg []byte
+	for i := 0; i < len(es); i++ {
+		switch e := es[i].(type) {
+		case *expr.Payload:
+			field := map[uint32]string{12: "saddr", 16: "daddr"}[e.Offset]
+			bw, ok1 := es[i+1].(*expr.Bitwise)
+			cmp, ok2 := es[i+2].(*expr.Cmp)
+			if e.Base != expr.PayloadBaseNetworkHeader || e.Len != 4 || field == "" || !ok1 || !ok2 || cmp.Op != expr.CmpOpEq {
+				return fmt.Sprintf("unexpected match at %d", i)
+			}
+			ones, _ := net.IPMask(bw.Mask).Size()
+			a, _ := netip.AddrFromSlice(cmp.Data)
+			out = append(out, fmt.Sprintf("ip %s %s", field, netip.PrefixFrom(a, ones)))
+			i += 2
+		case *expr.Verdict:
+			out = append(out, map[expr.VerdictKind]string{expr.VerdictReturn: "return", expr.VerdictAccept: "accept"}[e.Kind])
+		case *expr.Counter:
+			out = append(out, "counter")
+		case *expr.Immediate:
+			reg = e.Data
+		case *expr.NAT:
+			a, _ := netip.AddrFromSlice(reg)
+			if e.Type != expr.NATTypeSourceNAT || e.Family != unix.NFPROTO_IPV4 || e.RegAddrMin != 1 {
+				return "unexpected nat"
+			}
+			out = append(out, "snat to "+a.String())
+		default:
+			return fmt.Sprintf("unexpected %T", e)
+		}
 	}
-	return out
+	return strings.Join(out, " ")
+}
+
+func TestNFTError(t *testing.T) {
+	// Shaped as nftables.Conn.Flush returns them: joined netlink errors around an errno.
+	op := func(errno syscall.Errno) error {
+		return fmt.Errorf("conn.Receive: %w", errors.Join(fmt.Errorf("netlink receive: %w", errno)))
+	}
+	tests := []struct {
+		err  error
+		want string
+	}{
+		{op(unix.EPROTONOSUPPORT), "no nf_tables netlink family"},
+		{op(unix.ENOENT), "lacks nf_tables NAT"},
+		{op(unix.EPERM), "CAP_NET_ADMIN"},
+		{errors.New("boom"), "nodenet: write: boom"},
+	}
+	for _, tc := range tests {
+		if got := nftError("write", tc.err); !strings.Contains(got.Error(), tc.want) || !errors.Is(got, tc.err) {
+			t.Errorf("nftError(%v) = %v, want it to mention %q and wrap the cause", tc.err, got, tc.want)
+		}
+	}
+	if !errors.Is(op(unix.EPERM), os.ErrPermission) {
+		t.Error("EPERM through the wrapping is not os.ErrPermission: the CAP_NET_ADMIN hint cannot fire")
+	}
+}
+
+func TestPrefixRoundTrip(t *testing.T) {
+	for _, s := range []string{"10.128.0.0/14", "172.30.0.0/16", "10.128.2.1/23", "0.0.0.0/0"} {
+		p := netip.MustParsePrefix(s)
+		if got := prefixOf(ipNet(p)); got != p {
+			t.Errorf("%s → %s", s, got)
+		}
+	}
+	if got := prefixOf(nil); got.IsValid() {
+		t.Errorf("nil → %s", got)
+	}
 }
