@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
@@ -36,8 +37,14 @@ type portDB interface {
 }
 
 // podNetwork serves CNI requests: address, veth, OVS port, flows — and undoes them.
+//
+// Requests for different sandboxes run in parallel (a node starting 10 pods at once must not queue
+// them behind each other's veth and OVSDB round trips); only the address store is shared, and flow
+// syncs coalesce in flowSync. GC and restore, which sweep every attachment, run alone.
 type podNetwork struct {
-	mu        sync.Mutex // pod ADD/DEL are serialised: IPAM, ports and the view change together
+	sweep     sync.RWMutex // ADD/DEL/CHECK hold it shared, GC and restore exclusively
+	sandboxes keyedMutex   // one request per sandbox at a time
+	mu        sync.Mutex   // guards store (the pointer: the subnet may change)
 	view      *nodeView
 	sync      *flowSync
 	db        portDB
@@ -52,6 +59,8 @@ type podNetwork struct {
 
 // ipamFor opens (or reopens, after the node's subnet changed) the address store.
 func (p *podNetwork) ipamFor(subnet netip.Prefix) (*ipam.Store, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	if p.store != nil && p.store.Subnet() == subnet {
 		return p.store, nil
 	}
@@ -86,8 +95,10 @@ func (p *podNetwork) Add(ctx context.Context, req *cni.Request) (*current.Result
 	if err := p.view.ready(); err != nil {
 		return nil, cni.Errorf(cni.ErrTryAgainLater, "ofsdn agent not ready on this node: %v", err)
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	start := time.Now()
+	p.sweep.RLock()
+	defer p.sweep.RUnlock()
+	defer p.sandboxes.lock(req.ContainerID)()
 	p.view.mu.Lock()
 	subnet, clusterNets := p.view.localSubnet, append([]netip.Prefix(nil), p.view.clusterNets...)
 	p.view.mu.Unlock()
@@ -103,6 +114,7 @@ func (p *podNetwork) Add(ctx context.Context, req *cni.Request) (*current.Result
 		}
 		return nil, cni.Errorf(cni.ErrIO, "%v", err)
 	}
+	allocated := time.Now()
 	ok := false
 	hostVeth := podnet.HostVethName(req.ContainerID, req.IfName)
 	defer func() {
@@ -123,21 +135,67 @@ func (p *podNetwork) Add(ctx context.Context, req *cni.Request) (*current.Result
 		}
 		return nil, cni.Errorf(cni.ErrInternal, "%v", err)
 	}
+	wired := time.Now()
 	ofport, err := p.db.EnsureSystemPort(ctx, p.bridge, hostVeth, map[string]string{
 		extPodNamespace: req.PodNamespace(), extPodName: req.PodName(), extSandbox: req.ContainerID,
 		extIfName: req.IfName, extIP: ip.String(), extMAC: mac.String()})
 	if err != nil {
 		return nil, cni.Errorf(cni.ErrInternal, "attach %s to %s: %v", hostVeth, p.bridge, err)
 	}
-	p.view.update(func(v *nodeView) {
+	attached := time.Now()
+	gen := p.view.update(func(v *nodeView) {
 		v.pods[podKey(req.PodNamespace(), req.PodName())] = localPod{Namespace: req.PodNamespace(), Name: req.PodName(),
 			SandboxID: req.ContainerID, IP: ip, MAC: mac, OFPort: uint32(ofport), HostVeth: hostVeth}
 	})
-	if _, err := p.sync.syncNow(ctx); err != nil {
+	if _, err := p.sync.syncThrough(ctx, gen); err != nil {
 		return nil, cni.Errorf(cni.ErrTryAgainLater, "install flows for %s/%s: %v", req.PodNamespace(), req.PodName(), err)
 	}
 	ok = true
+	// Where an ADD's time went, for whoever chases CNI latency.
+	p.log.V(2).Info("pod attached", "pod", podKey(req.PodNamespace(), req.PodName()), "ip", ip, "ofport", ofport,
+		"total", time.Since(start), "ipam", allocated.Sub(start), "veth", wired.Sub(allocated), "ovsdb", attached.Sub(wired), "flows", time.Since(attached))
 	return p.result(req, hostVeth, mac, ip, subnet, gw, clusterNets, mtu), nil
+}
+
+func (p *podNetwork) currentStore() *ipam.Store {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.store
+}
+
+// keyedMutex serialises work per key (a sandbox) and forgets keys nobody holds.
+type keyedMutex struct {
+	mu    sync.Mutex
+	locks map[string]*keyedLock
+}
+
+type keyedLock struct {
+	sync.Mutex
+	users int
+}
+
+// lock takes key's lock and returns its unlock.
+func (k *keyedMutex) lock(key string) (unlock func()) {
+	k.mu.Lock()
+	if k.locks == nil {
+		k.locks = map[string]*keyedLock{}
+	}
+	l := k.locks[key]
+	if l == nil {
+		l = &keyedLock{}
+		k.locks[key] = l
+	}
+	l.users++
+	k.mu.Unlock()
+	l.Lock()
+	return func() {
+		l.Unlock()
+		k.mu.Lock()
+		if l.users--; l.users == 0 {
+			delete(k.locks, key)
+		}
+		k.mu.Unlock()
+	}
 }
 
 func ipamGateway(subnet netip.Prefix) netip.Addr { return subnet.Masked().Addr().Next() }
@@ -160,12 +218,12 @@ func (p *podNetwork) result(req *cni.Request, hostVeth string, mac net.HardwareA
 // undo releases whatever an ADD or a DEL finds: each step tolerates what is already gone.
 func (p *podNetwork) undo(ctx context.Context, containerID, ifName, hostVeth, key string) error {
 	var errs []error
-	p.view.update(func(v *nodeView) {
+	gen := p.view.update(func(v *nodeView) {
 		if pod, ok := v.pods[key]; ok && pod.SandboxID == containerID {
 			delete(v.pods, key)
 		}
 	})
-	if _, err := p.sync.syncNow(ctx); err != nil && p.view.ready() == nil {
+	if _, err := p.sync.syncThrough(ctx, gen); err != nil && p.view.ready() == nil {
 		errs = append(errs, fmt.Errorf("remove flows: %w", err))
 	}
 	if err := p.db.DeletePort(ctx, p.bridge, hostVeth); err != nil {
@@ -174,8 +232,8 @@ func (p *podNetwork) undo(ctx context.Context, containerID, ifName, hostVeth, ke
 	if err := podnet.Teardown(p.hostNetNS, hostVeth); err != nil {
 		errs = append(errs, err)
 	}
-	if p.store != nil {
-		if _, err := p.store.Release(containerID, ifName); err != nil {
+	if store := p.currentStore(); store != nil {
+		if _, err := store.Release(containerID, ifName); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -192,11 +250,12 @@ func (p *podNetwork) Del(ctx context.Context, req *cni.Request) error {
 	if ifName == "" {
 		ifName = "eth0"
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	p.sweep.RLock()
+	defer p.sweep.RUnlock()
+	defer p.sandboxes.lock(req.ContainerID)()
 	key := podKey(req.PodNamespace(), req.PodName())
-	if p.store != nil {
-		if a, ok := p.store.Lookup(req.ContainerID, ifName); ok {
+	if store := p.currentStore(); store != nil {
+		if a, ok := store.Lookup(req.ContainerID, ifName); ok {
 			key = podKey(a.PodNamespace, a.PodName)
 		}
 	}
@@ -208,18 +267,20 @@ func (p *podNetwork) Del(ctx context.Context, req *cni.Request) error {
 
 // Check implements cni.Handler.
 func (p *podNetwork) Check(ctx context.Context, req *cni.Request) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.store == nil {
+	p.sweep.RLock()
+	defer p.sweep.RUnlock()
+	defer p.sandboxes.lock(req.ContainerID)()
+	store := p.currentStore()
+	if store == nil {
 		return cni.Errorf(cni.ErrUnknownContainer, "no address allocated for %s", req.ContainerID)
 	}
-	a, ok := p.store.Lookup(req.ContainerID, req.IfName)
+	a, ok := store.Lookup(req.ContainerID, req.IfName)
 	if !ok {
 		return cni.Errorf(cni.ErrUnknownContainer, "no address allocated for %s/%s", req.ContainerID, req.IfName)
 	}
 	hostVeth := podnet.HostVethName(req.ContainerID, req.IfName)
 	if err := podnet.Check(podnet.Config{NetNS: req.Netns, HostNetNS: p.hostNetNS, IfName: req.IfName, HostVeth: hostVeth,
-		IP: netip.PrefixFrom(a.IP, p.store.Subnet().Bits())}); err != nil {
+		IP: netip.PrefixFrom(a.IP, store.Subnet().Bits())}); err != nil {
 		return cni.Errorf(cni.ErrInternal, "%v", err)
 	}
 	ports, err := p.db.ListPorts(ctx, p.bridge)
@@ -239,9 +300,10 @@ func (p *podNetwork) Status(context.Context) error { return p.view.ready() }
 
 // GC implements cni.Handler: everything of attachments the runtime no longer lists goes.
 func (p *podNetwork) GC(ctx context.Context, valid []cni.Attachment) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.store == nil {
+	p.sweep.Lock()
+	defer p.sweep.Unlock()
+	store := p.currentStore()
+	if store == nil {
 		return nil
 	}
 	keep := map[cni.Attachment]bool{}
@@ -249,7 +311,7 @@ func (p *podNetwork) GC(ctx context.Context, valid []cni.Attachment) error {
 		keep[v] = true
 	}
 	var errs []error
-	for _, a := range p.store.List() {
+	for _, a := range store.List() {
 		if keep[cni.Attachment{ContainerID: a.ContainerID, IfName: a.IfName}] {
 			continue
 		}
@@ -266,8 +328,8 @@ func (p *podNetwork) GC(ctx context.Context, valid []cni.Attachment) error {
 // or that has no reservation is stale and removed; a reservation without a port (a crash between
 // the two) is released.
 func (p *podNetwork) restore(ctx context.Context) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	p.sweep.Lock()
+	defer p.sweep.Unlock()
 	p.view.mu.Lock()
 	subnet := p.view.localSubnet
 	p.view.mu.Unlock()

@@ -37,10 +37,26 @@ func (f *flowSync) trigger() {
 	}
 }
 
-// syncNow renders and reconciles synchronously (a CNI ADD returns only once its pod's flows are in).
+// syncThrough returns once the view's generation gen is on the bridge (a CNI ADD returns only once its
+// pod's flows are in). Concurrent callers coalesce: whoever gets the lock first renders the latest view,
+// and callers whose change that sync already covered return without a sync of their own.
+func (f *flowSync) syncThrough(ctx context.Context, gen uint64) (flows.SyncStats, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.synced >= gen {
+		return flows.SyncStats{}, nil
+	}
+	return f.syncLocked(ctx)
+}
+
+// syncNow renders and reconciles the latest view synchronously.
 func (f *flowSync) syncNow(ctx context.Context) (flows.SyncStats, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	return f.syncLocked(ctx)
+}
+
+func (f *flowSync) syncLocked(ctx context.Context) (flows.SyncStats, error) {
 	if err := f.view.ready(); err != nil {
 		return flows.SyncStats{}, err
 	}

@@ -45,11 +45,13 @@ func newNodeView(nodeName string) *nodeView {
 		vnids: map[string]uint32{}, pods: map[string]localPod{}}
 }
 
-func (v *nodeView) update(f func(v *nodeView)) {
+// update applies f and returns the view's new generation: a sync of that generation or later includes f.
+func (v *nodeView) update(f func(v *nodeView)) uint64 {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	f(v)
 	v.generation++
+	return v.generation
 }
 
 // peers lists the remote nodes' addresses.

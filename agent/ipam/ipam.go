@@ -128,10 +128,21 @@ func broadcast(p netip.Prefix) netip.Addr {
 // Allocate reserves an address for a sandbox's interface. Asking again for the same sandbox and
 // interface returns the address it already holds. Addresses are handed out round-robin after the last
 // one given, so a just-released address is not immediately reused.
+//
+// The reservation's file is written and synced before the store is locked; under the lock a hard link
+// names it after the address (atomic, no sync), so concurrent ADDs do not queue behind each other's fsync.
 func (s *Store) Allocate(a Allocation) (netip.Addr, error) {
 	if a.ContainerID == "" || a.IfName == "" || strings.ContainsAny(a.ContainerID+a.IfName+a.PodNamespace+a.PodName, "\n") {
 		return netip.Addr{}, fmt.Errorf("ipam: allocation needs a container ID and an interface name without newlines")
 	}
+	if held, ok := s.Lookup(a.ContainerID, a.IfName); ok {
+		return held.IP, nil
+	}
+	tmp, err := s.writeTemp(a)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	defer os.Remove(tmp)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if ip, ok := s.byKey[a.key()]; ok {
@@ -149,7 +160,7 @@ func (s *Store) Allocate(a Allocation) (netip.Addr, error) {
 		}
 		if s.usable(ip) {
 			if _, taken := s.byIP[ip]; !taken {
-				if err := s.reserve(ip, a); err == nil {
+				if err := s.reserve(tmp, ip, a); err == nil {
 					return ip, nil
 				} else if !errors.Is(err, os.ErrExist) {
 					return netip.Addr{}, err
@@ -163,25 +174,30 @@ func (s *Store) Allocate(a Allocation) (netip.Addr, error) {
 	}
 }
 
-func (s *Store) reserve(ip netip.Addr, a Allocation) error {
+// writeTemp writes a reservation's content to a synced temporary file in the store.
+func (s *Store) writeTemp(a Allocation) (string, error) {
 	tmp, err := os.CreateTemp(s.dir, ".tmp-")
 	if err != nil {
-		return fmt.Errorf("ipam: %w", err)
+		return "", fmt.Errorf("ipam: %w", err)
 	}
-	defer os.Remove(tmp.Name())
 	content := strings.Join([]string{a.ContainerID, a.IfName, a.PodNamespace, a.PodName}, "\n") + "\n"
-	if _, err := tmp.WriteString(content); err != nil {
-		tmp.Close()
-		return fmt.Errorf("ipam: %w", err)
+	_, err = tmp.WriteString(content)
+	if err == nil {
+		err = tmp.Sync()
 	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return fmt.Errorf("ipam: %w", err)
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
 	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("ipam: %w", err)
+	if err != nil {
+		os.Remove(tmp.Name())
+		return "", fmt.Errorf("ipam: write reservation: %w", err)
 	}
-	if err := os.Link(tmp.Name(), filepath.Join(s.dir, ip.String())); err != nil {
+	return tmp.Name(), nil
+}
+
+// reserve names the written reservation after ip; os.ErrExist means the address's file exists already.
+func (s *Store) reserve(tmp string, ip netip.Addr, a Allocation) error {
+	if err := os.Link(tmp, filepath.Join(s.dir, ip.String())); err != nil {
 		if errors.Is(err, os.ErrExist) {
 			return err
 		}
