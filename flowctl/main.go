@@ -14,6 +14,8 @@ const usage = `usage: flowctl <command> [flags]
 
 commands:
   dump         print the bridge's flows grouped by table, with owners, rounds and counters
+  pod-network  join-projects --to=A B..., isolate-projects A..., make-projects-global A...:
+               change projects' VNIDs through the controller (as oc adm pod-network)
 `
 
 // Main dispatches flowctl's subcommands.
@@ -25,6 +27,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	switch args[0] {
 	case "dump":
 		return RunDump(ctx, args[1:], stdout, stderr, DialBridge)
+	case "pod-network":
+		return RunPodNetwork(ctx, args[1:], stdout, stderr)
 	}
 	fmt.Fprint(stderr, usage)
 	return fmt.Errorf("unknown command %q", args[0])
