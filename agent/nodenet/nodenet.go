@@ -34,7 +34,16 @@ type Config struct {
 	ServiceNetwork  netip.Prefix   // optional: routed into br0 too (services are done in br0)
 	MTU             int            // tun0's MTU and the routes': the uplink's less VXLAN's 50 bytes
 	NodeIP          netip.Addr     // SNAT source for traffic leaving the cluster network
-	Logger          klog.Logger    // optional; changes are logged, a no-op Ensure logs nothing
+	// BridgeAddresses are link-local addresses br0 itself answers for behind tun0 (the service hairpin
+	// source and the NodePort target): each gets a /32 route on tun0.
+	BridgeAddresses []netip.Addr
+	// ServiceNextHop, when valid, is the onlink gateway of the service network's route: the host then
+	// sends ClusterIP traffic to the MAC br0 answers for that address instead of ARPing for every
+	// ClusterIP, which nothing would answer.
+	ServiceNextHop netip.Addr
+	// Forwards are the NodePorts and hostPorts the host DNATs into br0 (nftables, see firewall.go).
+	Forwards Forwards
+	Logger   klog.Logger // optional; changes are logged, a no-op Ensure logs nothing
 }
 
 // MinMTU and MaxMTU bound Config.MTU: below 576 IPv4 hosts may refuse to talk, above 65535 no link goes.
@@ -115,12 +124,17 @@ func (c Config) validate() error {
 
 // routed lists the prefixes routed through tun0.
 func (c Config) routed() []netip.Prefix {
-	out := make([]netip.Prefix, 0, len(c.ClusterNetworks)+1)
+	out := make([]netip.Prefix, 0, len(c.ClusterNetworks)+1+len(c.BridgeAddresses))
 	for _, cn := range c.ClusterNetworks {
 		out = append(out, cn.Masked())
 	}
 	if c.ServiceNetwork.IsValid() {
 		out = append(out, c.ServiceNetwork.Masked())
+	}
+	for _, a := range c.BridgeAddresses {
+		if a.Is4() {
+			out = append(out, netip.PrefixFrom(a, 32))
+		}
 	}
 	return out
 }
@@ -202,8 +216,12 @@ func ensureLink(h *netlink.Handle, link netlink.Link, cfg Config) error {
 
 // route is the route nodenet wants for p: on tun0, from the gateway, with the overlay's MTU.
 func route(link netlink.Link, p netip.Prefix, cfg Config) *netlink.Route {
-	return &netlink.Route{LinkIndex: link.Attrs().Index, Dst: ipNet(p), Src: cfg.Gateway().AsSlice(),
+	r := &netlink.Route{LinkIndex: link.Attrs().Index, Dst: ipNet(p), Src: cfg.Gateway().AsSlice(),
 		Scope: netlink.SCOPE_LINK, MTU: cfg.MTU, Protocol: routeProto, Table: unix.RT_TABLE_MAIN, Type: unix.RTN_UNICAST}
+	if cfg.ServiceNextHop.Is4() && cfg.ServiceNetwork.IsValid() && p == cfg.ServiceNetwork.Masked() {
+		r.Gw, r.Scope, r.Flags = cfg.ServiceNextHop.AsSlice(), netlink.SCOPE_UNIVERSE, int(netlink.FLAG_ONLINK)
+	}
+	return r
 }
 
 // ownedRoutes lists the routes nodenet put on the link: static ones in the main table.
@@ -225,7 +243,7 @@ func ownedRoutes(h *netlink.Handle, link netlink.Link) ([]netlink.Route, error) 
 // sameRoute compares the attributes nodenet sets.
 func sameRoute(a, b *netlink.Route) bool {
 	return prefixOf(a.Dst) == prefixOf(b.Dst) && a.Src.Equal(b.Src) && a.MTU == b.MTU && a.Scope == b.Scope &&
-		a.Gw == nil && b.Gw == nil && a.Priority == b.Priority
+		a.Gw.Equal(b.Gw) && a.Priority == b.Priority
 }
 
 // ensureRoutes installs a route per routed prefix and removes owned routes that are no longer wanted

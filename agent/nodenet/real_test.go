@@ -3,6 +3,7 @@ package nodenet
 import (
 	"context"
 	"fmt"
+	"golang.org/x/sys/unix"
 	"net"
 	"net/netip"
 	"os"
@@ -134,6 +135,7 @@ type hostState struct {
 	Forward string
 	Table   bool     // ofsdn's table exists
 	Chain   string   // its chain: name type hook priority
+	Chains  []string // every chain of the table
 	Rules   []string // "handle N: comment | expressions"
 }
 
@@ -190,8 +192,9 @@ func readState(t *testing.T, ns, tun0 string) hostState {
 		if ch.Table.Name != NFTTable {
 			continue
 		}
-		if s.Chain != "" {
-			t.Errorf("more than one chain in table %s", NFTTable)
+		s.Chains = append(s.Chains, ch.Name)
+		if ch.Name != NFTChain {
+			continue // the port-forwarding chains have tests of their own
 		}
 		s.Chain = fmt.Sprintf("%s %s hook %d prio %d", ch.Name, ch.Type, *ch.Hooknum, *ch.Priority)
 		rules, err := c.GetRules(tbl, ch)
@@ -219,7 +222,7 @@ func snatPackets(t *testing.T, ns string) uint64 {
 		t.Fatal(err)
 	}
 	tbl := table()
-	rules, err := c.GetRules(tbl, chain(tbl))
+	rules, err := c.GetRules(tbl, &nftables.Chain{Name: NFTChain, Table: tbl})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -467,5 +470,54 @@ func TestBadNamespaceAndConfig(t *testing.T) {
 	}
 	if err := Cleanup(ctx, Config{Tun0: "bad/name"}); err == nil {
 		t.Error("Cleanup with a bad link name: no error")
+	}
+}
+
+// TestFirewallForwards: NodePorts, hostPorts and the reject ports load into the kernel as rendered, and
+// an unchanged EnsureFirewall leaves every rule (handles, counters) alone.
+func TestFirewallForwards(t *testing.T) {
+	needRoot(t)
+	node := newNetNS(t, "fw")
+	ip(t, "-n", node, "tuntap", "add", "tun0", "mode", "tap")
+	cfg := goodConfig()
+	cfg.HostNetNS = nsPath(node)
+	cfg.Forwards = Forwards{NodePortTarget: netip.MustParseAddr("169.254.169.3"), RejectPorts: [2]uint16{65400, 65499},
+		NodePorts: []NodePort{{Protocol: unix.IPPROTO_TCP, Port: 30080, Masquerade: true}, {Protocol: unix.IPPROTO_UDP, Port: 30053}},
+		HostPorts: []HostPort{{Protocol: unix.IPPROTO_TCP, HostPort: 8080, PodIP: netip.MustParseAddr("10.128.2.5"), PodPort: 80, Pod: "a/web"},
+			{Protocol: unix.IPPROTO_UDP, HostIP: netip.MustParseAddr("192.0.2.10"), HostPort: 5353, PodIP: netip.MustParseAddr("10.128.2.6"), PodPort: 53, Pod: "a/dns"}}}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := Ensure(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	list := func() string {
+		out, err := exec.Command("ip", "netns", "exec", node, "nft", "-a", "list", "table", "ip", NFTTable).CombinedOutput()
+		if err != nil {
+			t.Fatalf("nft list: %v: %s", err, out)
+		}
+		return string(out)
+	}
+	first := list()
+	for _, want := range []string{
+		"tcp dport 30080", "meta mark set meta mark | 0x00004000", "dnat to 169.254.169.3", "masquerade",
+		"dnat to 10.128.2.5:80", "ip daddr 192.0.2.10 udp dport 5353", "dnat to 10.128.2.6:53",
+		"reject with tcp reset", "65400-65499",
+	} {
+		if !strings.Contains(first, want) {
+			t.Errorf("table lacks %q:\n%s", want, first)
+		}
+	}
+	if err := EnsureFirewall(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if again := list(); again != first {
+		t.Errorf("an unchanged EnsureFirewall rewrote the table:\n%s\nthen\n%s", first, again)
+	}
+	cfg.Forwards.NodePorts = cfg.Forwards.NodePorts[1:]
+	if err := EnsureFirewall(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if now := list(); strings.Contains(now, "30080") || strings.Contains(now, "masquerade") {
+		t.Errorf("a removed NodePort stayed:\n%s", now)
 	}
 }
