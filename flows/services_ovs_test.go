@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -397,6 +398,57 @@ func TestServicesOnOVS(t *testing.T) {
 		if len(counts) != 1 || counts["e1"] != 20 {
 			t.Errorf("internalTrafficPolicy Local must use only the local endpoint: %v", counts)
 		}
+	})
+	t.Run("UDP endpoint removed", func(t *testing.T) {
+		// One UDP "connection" (a connected socket, a fixed source port) to web's dns port. Its
+		// endpoint leaves the service: conntrack still DNATs to it until the agent flushes the entry.
+		var c net.Conn
+		if err := cl.Pod.Do(func() (err error) { c, err = net.Dial("udp", "172.30.0.10:53"); return err }); err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		ask := func() string {
+			t.Helper()
+			_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+			if _, err := c.Write([]byte("probe\n")); err != nil {
+				t.Fatal(err)
+			}
+			buf := make([]byte, 256)
+			n, err := c.Read(buf)
+			if err != nil {
+				return "no answer: " + err.Error()
+			}
+			name, _, _ := strings.Cut(strings.TrimSpace(string(buf[:n])), " ")
+			return name
+		}
+		first := ask()
+		before := l.state
+		before.Services = slices.Clone(l.state.Services)
+		web := &l.state.Services[0]
+		web.Ports = slices.Clone(web.Ports)
+		web.Ports[1].Endpoints = slices.DeleteFunc(slices.Clone(web.Ports[1].Endpoints), func(e Endpoint) bool {
+			return e.IP == l.pods[first].IP.Addr()
+		})
+		l.apply(t)
+		if again := ask(); again != first {
+			t.Fatalf("without a flush the entry should still lead to %s, got %s", first, again)
+		}
+		stale := StaleConntrack(before, l.state)
+		var msgs [][]byte
+		for _, f := range stale {
+			msgs = append(msgs, EncodeConntrackFlush(ZoneService, f))
+		}
+		if len(stale) == 0 {
+			t.Fatal("StaleConntrack found nothing to flush")
+		}
+		if err := l.b.sess.Send(context.Background(), msgs); err != nil {
+			t.Fatalf("flush %v: %v", stale, err)
+		}
+		if after := ask(); after == first || strings.HasPrefix(after, "no answer") {
+			t.Errorf("after flushing %v the client still reached %q (first %s)", stale, after, first)
+		}
+		l.state = before
+		l.apply(t)
 	})
 	t.Run("terminating", func(t *testing.T) {
 		// e2 and e3 terminate: new connections go to e1 only. Then all three terminate but still
