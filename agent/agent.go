@@ -7,7 +7,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"sync/atomic"
 	"time"
 
 	"github.com/ofsdn/ofsdn/agent/nodenet"
@@ -18,7 +17,15 @@ import (
 	"github.com/ofsdn/ofsdn/flows"
 	"github.com/ofsdn/ofsdn/ofswitch"
 	"github.com/ofsdn/ofsdn/ovsdb"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	kubeinformers "k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 )
 
@@ -84,6 +91,10 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}
+	kubeClient, err := kubernetes.NewForConfig(cfg.RestConfig)
+	if err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
 	view := newNodeView(cfg.NodeName)
 
 	// The cluster's configuration comes first: the VXLAN port and the MTU depend on it.
@@ -117,7 +128,7 @@ func Run(ctx context.Context, cfg Config) error {
 	fs := newFlowSync(view, r, log)
 	// A restarted ovs-vswitchd recreates tun0 bare (userspace OVS's internal ports are taps that die with
 	// it) and has no flows: put the host side back, then replay every owner.
-	var hostNet atomic.Pointer[nodenet.Config]
+	host := &hostSide{}
 	// A userspace datapath drops the first packet to a tunnel peer it has not learnt (shared/LAB.md).
 	netdev := cfg.DatapathType == "netdev"
 	resolvePeer := func(peer netip.Addr) {
@@ -126,10 +137,8 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 	}
 	sess.OnReconnect(func(ctx context.Context) error {
-		if nc := hostNet.Load(); nc != nil {
-			if err := nodenet.Ensure(ctx, *nc); err != nil {
-				return err
-			}
+		if err := host.ensure(ctx); err != nil {
+			return err
 		}
 		if netdev {
 			for _, peer := range view.peers() {
@@ -152,8 +161,56 @@ func Run(ctx context.Context, cfg Config) error {
 	_, _ = informers.ClusterNetworks().Informer().AddEventHandler(w.handlers(w.clusterNetwork))
 	_, _ = informers.HostSubnets().Informer().AddEventHandler(w.handlers(w.hostSubnet))
 	_, _ = informers.NetNamespaces().Informer().AddEventHandler(w.handlers(w.netNamespace))
+	// Services and their endpoints: br0 load-balances them, no kube-proxy needed. The pods bound to
+	// this node: their hostPorts.
+	kubeFactory := kubeinformers.NewSharedInformerFactory(kubeClient, 0)
+	localPods := kubeinformers.NewSharedInformerFactoryWithOptions(kubeClient, 0, kubeinformers.WithTweakListOptions(func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", cfg.NodeName).String()
+	}))
+	_, _ = localPods.Core().V1().Pods().Informer().AddEventHandler(w.handlers((&watchHostPorts{view: view, sync: fs}).pod))
+	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: kubeClient.CoreV1().Events("")})
+	defer broadcaster.Shutdown()
+	conflicts := &conflictReporter{log: log.WithName("hostports"),
+		recorder: broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "ofsdn-agent", Host: cfg.NodeName})}
+	fs.afterSync = func(ctx context.Context, prev, cur flows.NodeState) {
+		// UDP and SCTP entries towards endpoints a service no longer uses would keep their clients
+		// on them: flush them in br0's service zone.
+		if stale := flows.StaleConntrack(prev, cur); len(stale) > 0 {
+			msgs := make([][]byte, 0, len(stale))
+			for _, c := range stale {
+				msgs = append(msgs, flows.EncodeConntrackFlush(flows.ZoneService, c))
+			}
+			if err := sess.Send(ctx, msgs); err != nil {
+				log.Error(err, "flush stale service conntrack entries", "entries", len(stale))
+			} else {
+				log.V(2).Info("flushed stale service conntrack entries", "entries", stale)
+			}
+		}
+		hostPorts, found := view.resolvedHostPorts()
+		conflicts.report(found)
+		if err := host.setForwards(nodePortsOf(cur.Services), hostPorts); err != nil {
+			log.Error(err, "NodePort and hostPort forwarding")
+		}
+	}
+	ws := &watchServices{view: view, sync: fs, log: log.WithName("services")}
+	_, _ = kubeFactory.Core().V1().Services().Informer().AddEventHandler(w.handlers(ws.service))
+	_, _ = kubeFactory.Discovery().V1().EndpointSlices().Informer().AddEventHandler(w.handlers(ws.endpointSlice))
 	factory.Start(ctx.Done())
+	kubeFactory.Start(ctx.Done())
+	localPods.Start(ctx.Done())
+	// The first sync must see every cache filled: a partial view would delete flows that still serve.
 	for typ, ok := range factory.WaitForCacheSync(ctx.Done()) {
+		if !ok {
+			return fmt.Errorf("agent: informer for %v did not sync", typ)
+		}
+	}
+	for typ, ok := range kubeFactory.WaitForCacheSync(ctx.Done()) {
+		if !ok {
+			return fmt.Errorf("agent: informer for %v did not sync", typ)
+		}
+	}
+	for typ, ok := range localPods.WaitForCacheSync(ctx.Done()) {
 		if !ok {
 			return fmt.Errorf("agent: informer for %v did not sync", typ)
 		}
@@ -175,7 +232,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}
-	hostNet.Store(&nc)
+	host.set(nc)
 	if netdev { // peers seen before vxlan0 existed were not learnt: OVS snoops only once it tunnels
 		for _, peer := range view.peers() {
 			resolvePeer(peer)
@@ -253,6 +310,10 @@ func setUpNode(ctx context.Context, cfg Config, db *ovsdb.Client, view *nodeView
 	}
 	nc.MTU = mtu
 	pods.mtu = mtu
+	// br0 serves services behind tun0 at link-local addresses of its own (flows/services.go).
+	nc.BridgeAddresses = []netip.Addr{flows.ServiceHairpinIP, flows.ServiceNodePortIP}
+	nc.ServiceNextHop = flows.ServiceHairpinIP
+	nc.Forwards = nodenet.Forwards{NodePortTarget: flows.ServiceNodePortIP, RejectPorts: [2]uint16{flows.RejectPortMin, flows.RejectPortMax}}
 	if _, err := db.EnsureInternalPort(ctx, cfg.Bridge, "tun0", int(flows.PortTun0), mtu); err != nil {
 		return nodenet.Config{}, err
 	}

@@ -17,15 +17,19 @@ type flowSync struct {
 	view     *nodeView
 	r        *flows.Reconciler
 	log      klog.Logger
-	rendered map[flows.Owner][]flows.Flow // what the reconciler was last given, per owner
-	synced   uint64                       // view generation of the last successful sync
+	rendered map[flows.Owner]flows.OwnerState // what the reconciler was last given, per owner
+	synced   uint64                           // view generation of the last successful sync
 	kick     chan struct{}
 	// onSynced, when set, observes each successful sync (metrics, convergence benchmarks).
 	onSynced func(flows.SyncStats, time.Duration)
+	// afterSync, when set, carries a synced state to the rest of the node (port forwarding, conntrack
+	// flushes); prev is the state of the sync before.
+	afterSync func(ctx context.Context, prev, cur flows.NodeState)
+	last      flows.NodeState
 }
 
 func newFlowSync(view *nodeView, r *flows.Reconciler, log klog.Logger) *flowSync {
-	return &flowSync{view: view, r: r, log: log.WithName("flowsync"), rendered: map[flows.Owner][]flows.Flow{},
+	return &flowSync{view: view, r: r, log: log.WithName("flowsync"), rendered: map[flows.Owner]flows.OwnerState{},
 		kick: make(chan struct{}, 1)}
 }
 
@@ -68,7 +72,7 @@ func (f *flowSync) syncLocked(ctx context.Context) (flows.SyncStats, error) {
 	}
 	var changed []flows.Owner
 	for o, os := range owners {
-		if prev, ok := f.rendered[o]; !ok || !reflect.DeepEqual(prev, os.Flows) {
+		if prev, ok := f.rendered[o]; !ok || !reflect.DeepEqual(prev, os) {
 			changed = append(changed, o)
 		}
 	}
@@ -85,26 +89,25 @@ func (f *flowSync) syncLocked(ctx context.Context) (flows.SyncStats, error) {
 	for _, o := range changed {
 		if os, ok := owners[o]; ok {
 			if err := f.r.SetDesired(o, os.Flows, os.Groups); err != nil {
-				f.rendered = map[flows.Owner][]flows.Flow{}
+				f.rendered = map[flows.Owner]flows.OwnerState{}
 				return flows.SyncStats{}, err
 			}
 		}
 	}
 	if len(changed) == 0 {
 		f.synced = gen
+		f.after(ctx, st)
 		return flows.SyncStats{}, nil
 	}
 	stats, err := f.r.SyncOwners(ctx, changed...)
 	if err != nil {
 		// The reconciler's desired state is set; forget what we rendered so the next sync retries all.
-		f.rendered = map[flows.Owner][]flows.Flow{}
+		f.rendered = map[flows.Owner]flows.OwnerState{}
 		return stats, err
 	}
-	f.rendered = make(map[flows.Owner][]flows.Flow, len(owners))
-	for o, os := range owners {
-		f.rendered[o] = os.Flows
-	}
+	f.rendered = owners
 	f.synced = gen
+	f.after(ctx, st)
 	if len(pending) > 0 {
 		f.log.V(2).Info("pods wait for their namespace's VNID", "pods", pending)
 	}
@@ -113,6 +116,13 @@ func (f *flowSync) syncLocked(ctx context.Context) (flows.SyncStats, error) {
 		f.onSynced(stats, time.Since(start))
 	}
 	return stats, nil
+}
+
+func (f *flowSync) after(ctx context.Context, st flows.NodeState) {
+	if f.afterSync != nil {
+		f.afterSync(ctx, f.last, st)
+	}
+	f.last = st
 }
 
 // run syncs on every trigger until ctx ends, retrying failures with backoff.

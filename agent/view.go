@@ -9,7 +9,10 @@ import (
 	"sort"
 	"sync"
 
+	"github.com/ofsdn/ofsdn/agent/nodenet"
 	"github.com/ofsdn/ofsdn/flows"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 )
 
 // localPod is a pod attached to this node's bridge.
@@ -36,13 +39,19 @@ type nodeView struct {
 	remote      map[string]flows.RemoteNode // by node name
 	vnids       map[string]uint32           // namespace → VNID
 	pods        map[string]localPod         // by namespace/name
+	// Services and EndpointSlices by namespace/name, as the informer cache holds them (read-only).
+	services map[string]*corev1.Service
+	slices   map[string]*discoveryv1.EndpointSlice
+	// hostPorts of the pods bound to this node, by namespace/name (pod informer).
+	hostPorts map[string]hostPortPod
 	// generation counts changes, so a sync knows whether it saw the latest state.
 	generation uint64
 }
 
 func newNodeView(nodeName string) *nodeView {
 	return &nodeView{nodeName: nodeName, mode: flows.ModeSubnet, remote: map[string]flows.RemoteNode{},
-		vnids: map[string]uint32{}, pods: map[string]localPod{}}
+		vnids: map[string]uint32{}, pods: map[string]localPod{}, services: map[string]*corev1.Service{},
+		slices: map[string]*discoveryv1.EndpointSlice{}, hostPorts: map[string]hostPortPod{}}
 }
 
 // update applies f and returns the view's new generation: a sync of that generation or later includes f.
@@ -82,6 +91,13 @@ func (v *nodeView) ready() error {
 	return nil
 }
 
+// resolvedHostPorts returns the hostPorts to publish and the conflicts to report.
+func (v *nodeView) resolvedHostPorts() ([]nodenet.HostPort, []hostPortConflict) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return hostPortsOf(v.pods, v.hostPorts)
+}
+
 // snapshot returns the state to render. Pods whose namespace has no VNID yet are left out (they get
 // no connectivity rather than the wrong tenant's) and listed in pending.
 func (v *nodeView) snapshot() (st flows.NodeState, pending []string, generation uint64) {
@@ -105,6 +121,8 @@ func (v *nodeView) snapshot() (st flows.NodeState, pending []string, generation 
 			st.RemoteNodes = append(st.RemoteNodes, n)
 		}
 	}
+	st.Services = serviceStates(v.services, v.slices, v.nodeName, v.vnids)
+	st.NodePortAddresses = []netip.Addr{flows.ServiceNodePortIP}
 	sort.Slice(st.Pods, func(i, j int) bool { return st.Pods[i].OFPort < st.Pods[j].OFPort })
 	sort.Slice(st.RemoteNodes, func(i, j int) bool { return st.RemoteNodes[i].Name < st.RemoteNodes[j].Name })
 	sort.Strings(pending)

@@ -1,0 +1,57 @@
+package agent
+
+import (
+	"net/netip"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/ofsdn/ofsdn/agent/nodenet"
+	"github.com/ofsdn/ofsdn/flows"
+	corev1 "k8s.io/api/core/v1"
+)
+
+func TestHostPortsOf(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	pods := map[string]localPod{
+		"a/old": {IP: netip.MustParseAddr("10.128.0.5")},
+		"a/new": {IP: netip.MustParseAddr("10.128.0.6")},
+		"a/ip":  {IP: netip.MustParseAddr("10.128.0.7")},
+	}
+	tcp := func(host int32, container int32, hostIP string) corev1.ContainerPort {
+		return corev1.ContainerPort{Protocol: corev1.ProtocolTCP, HostPort: host, ContainerPort: container, HostIP: hostIP}
+	}
+	hp := map[string]hostPortPod{
+		"a/new":     {created: t0.Add(time.Minute), ports: []corev1.ContainerPort{tcp(8080, 80, ""), {Protocol: corev1.ProtocolUDP, HostPort: 8080, ContainerPort: 53}}},
+		"a/old":     {created: t0, ports: []corev1.ContainerPort{tcp(8080, 80, "")}},
+		"a/ip":      {created: t0.Add(2 * time.Minute), ports: []corev1.ContainerPort{tcp(9090, 90, "192.0.2.11"), tcp(8080, 80, "192.0.2.11")}},
+		"a/waiting": {created: t0, ports: []corev1.ContainerPort{tcp(7070, 70, "")}}, // no IP yet
+	}
+	got, conflicts := hostPortsOf(pods, hp)
+	want := []nodenet.HostPort{
+		{Protocol: flows.IPProtoTCP, HostPort: 8080, PodIP: pods["a/old"].IP, PodPort: 80, Pod: "a/old"},
+		{Protocol: flows.IPProtoUDP, HostPort: 8080, PodIP: pods["a/new"].IP, PodPort: 53, Pod: "a/new"},
+		{Protocol: flows.IPProtoTCP, HostIP: netip.MustParseAddr("192.0.2.11"), HostPort: 9090, PodIP: pods["a/ip"].IP, PodPort: 90, Pod: "a/ip"},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("host ports:\n got %+v\nwant %+v", got, want)
+	}
+	wantConflicts := []hostPortConflict{
+		{Pod: "a/new", Holder: "a/old", Port: tcp(8080, 80, "")},
+		{Pod: "a/ip", Holder: "a/old", Port: tcp(8080, 80, "192.0.2.11")},
+	}
+	if !reflect.DeepEqual(conflicts, wantConflicts) {
+		t.Errorf("conflicts:\n got %+v\nwant %+v", conflicts, wantConflicts)
+	}
+}
+
+func TestNodePortsOf(t *testing.T) {
+	svcs := []flows.ServiceState{
+		{Name: "b", ExternalLocal: true, Ports: []flows.ServicePort{{Protocol: flows.IPProtoUDP, NodePort: 30053}, {Protocol: flows.IPProtoTCP, Port: 80}}},
+		{Name: "a", Ports: []flows.ServicePort{{Protocol: flows.IPProtoTCP, NodePort: 30080}, {Protocol: flows.IPProtoTCP, NodePort: 30080}}},
+	}
+	want := []nodenet.NodePort{{Protocol: flows.IPProtoUDP, Port: 30053}, {Protocol: flows.IPProtoTCP, Port: 30080, Masquerade: true}}
+	if got := nodePortsOf(svcs); !reflect.DeepEqual(got, want) {
+		t.Errorf("got %+v, want %+v", got, want)
+	}
+}

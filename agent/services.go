@@ -1,0 +1,176 @@
+package agent
+
+import (
+	"cmp"
+	"net/netip"
+	"slices"
+
+	"github.com/ofsdn/ofsdn/flows"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+)
+
+// Services reach the agent as Services and EndpointSlices (informers, watchServices); the view keeps
+// the API objects as the informer cache gave them (never mutated) and serviceStates turns them into
+// flows.ServiceState at each snapshot, so the flows follow whichever of the two changed.
+
+// defaultAffinityTimeout is Kubernetes' default sessionAffinity ClientIP timeout (3 hours).
+const defaultAffinityTimeout = 10800
+
+// watchServices feeds Services and EndpointSlices into the node view.
+type watchServices struct {
+	view *nodeView
+	sync *flowSync
+	log  klog.Logger
+}
+
+func (w *watchServices) service(obj any, deleted bool) {
+	svc, ok := obj.(*corev1.Service)
+	if !ok {
+		return
+	}
+	key := cache.ObjectName{Namespace: svc.Namespace, Name: svc.Name}.String()
+	w.view.update(func(v *nodeView) {
+		if deleted {
+			delete(v.services, key)
+			return
+		}
+		v.services[key] = svc
+	})
+	w.sync.trigger()
+}
+
+func (w *watchServices) endpointSlice(obj any, deleted bool) {
+	es, ok := obj.(*discoveryv1.EndpointSlice)
+	if !ok {
+		return
+	}
+	key := cache.ObjectName{Namespace: es.Namespace, Name: es.Name}.String()
+	w.view.update(func(v *nodeView) {
+		if deleted {
+			delete(v.slices, key)
+			return
+		}
+		v.slices[key] = es
+	})
+	w.sync.trigger()
+}
+
+// serviceStates assembles the services the node renders: every Service with an IPv4 ClusterIP, with
+// the endpoints its EndpointSlices list for each port. Sorted by namespace/name.
+func serviceStates(services map[string]*corev1.Service, endpointSlices map[string]*discoveryv1.EndpointSlice, nodeName string,
+	vnids map[string]uint32) []flows.ServiceState {
+	byService := map[string][]*discoveryv1.EndpointSlice{}
+	for _, es := range endpointSlices {
+		name := es.Labels[discoveryv1.LabelServiceName]
+		if name == "" || es.AddressType != discoveryv1.AddressTypeIPv4 {
+			continue
+		}
+		k := es.Namespace + "/" + name
+		byService[k] = append(byService[k], es)
+	}
+	out := make([]flows.ServiceState, 0, len(services))
+	for key, svc := range services {
+		if st, ok := serviceState(svc, byService[key], nodeName, vnids); ok {
+			out = append(out, st)
+		}
+	}
+	slices.SortFunc(out, func(a, b flows.ServiceState) int {
+		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
+	})
+	return out
+}
+
+// serviceState converts one Service and its slices; ok is false for what br0 does not serve
+// (headless and ExternalName services, IPv6-only ClusterIPs).
+func serviceState(svc *corev1.Service, endpointSlices []*discoveryv1.EndpointSlice, nodeName string, vnids map[string]uint32) (flows.ServiceState, bool) {
+	if svc.Spec.Type == corev1.ServiceTypeExternalName {
+		return flows.ServiceState{}, false
+	}
+	ip, err := netip.ParseAddr(svc.Spec.ClusterIP)
+	if err != nil || !ip.Is4() {
+		return flows.ServiceState{}, false
+	}
+	st := flows.ServiceState{Namespace: svc.Namespace, Name: svc.Name, ClusterIP: ip}
+	if svc.Spec.SessionAffinity == corev1.ServiceAffinityClientIP {
+		st.AffinityTimeout = defaultAffinityTimeout
+		if c := svc.Spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil && *c.ClientIP.TimeoutSeconds > 0 {
+			st.AffinityTimeout = uint32(*c.ClientIP.TimeoutSeconds)
+		}
+	}
+	nodePorts := svc.Spec.Type == corev1.ServiceTypeNodePort || svc.Spec.Type == corev1.ServiceTypeLoadBalancer
+	st.ExternalLocal = nodePorts && svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal
+	st.InternalLocal = svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal
+	vnid := vnids[svc.Namespace]
+	for _, sp := range svc.Spec.Ports {
+		proto, ok := protocolNumber(sp.Protocol)
+		if !ok || sp.Port <= 0 || sp.Port > 65535 {
+			continue
+		}
+		p := flows.ServicePort{Name: sp.Name, Protocol: proto, Port: uint16(sp.Port)}
+		if nodePorts && sp.NodePort > 0 && sp.NodePort <= 65535 {
+			p.NodePort = uint16(sp.NodePort)
+		}
+		for _, es := range endpointSlices {
+			port, ok := slicePort(es, sp)
+			if !ok {
+				continue
+			}
+			for _, e := range es.Endpoints {
+				if len(e.Addresses) == 0 {
+					continue
+				}
+				addr, err := netip.ParseAddr(e.Addresses[0])
+				if err != nil || !addr.Is4() {
+					continue
+				}
+				ready := e.Conditions.Ready == nil || *e.Conditions.Ready
+				ep := flows.Endpoint{IP: addr, Port: port, Ready: ready, VNID: vnid,
+					Serving:     e.Conditions.Serving == nil && ready || e.Conditions.Serving != nil && *e.Conditions.Serving,
+					Terminating: e.Conditions.Terminating != nil && *e.Conditions.Terminating}
+				if e.NodeName != nil {
+					ep.NodeName = *e.NodeName
+					ep.Local = ep.NodeName == nodeName
+				}
+				p.Endpoints = append(p.Endpoints, ep)
+			}
+		}
+		slices.SortFunc(p.Endpoints, func(a, b flows.Endpoint) int {
+			return cmp.Or(a.IP.Compare(b.IP), cmp.Compare(a.Port, b.Port))
+		})
+		st.Ports = append(st.Ports, p)
+	}
+	return st, true
+}
+
+// slicePort finds the slice's port for a service port: same name (both may be empty) and protocol.
+func slicePort(es *discoveryv1.EndpointSlice, sp corev1.ServicePort) (uint16, bool) {
+	for _, p := range es.Ports {
+		name := ""
+		if p.Name != nil {
+			name = *p.Name
+		}
+		proto := corev1.ProtocolTCP
+		if p.Protocol != nil {
+			proto = *p.Protocol
+		}
+		if name == sp.Name && proto == sp.Protocol && p.Port != nil && *p.Port > 0 && *p.Port <= 65535 {
+			return uint16(*p.Port), true
+		}
+	}
+	return 0, false
+}
+
+func protocolNumber(p corev1.Protocol) (uint8, bool) {
+	switch p {
+	case corev1.ProtocolTCP, "":
+		return flows.IPProtoTCP, true
+	case corev1.ProtocolUDP:
+		return flows.IPProtoUDP, true
+	case corev1.ProtocolSCTP:
+		return flows.IPProtoSCTP, true
+	}
+	return 0, false
+}
