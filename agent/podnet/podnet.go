@@ -106,6 +106,13 @@ func Setup(cfg Config) (net.HardwareAddr, error) {
 	if err != nil {
 		return nil, fmt.Errorf("podnet: %w", err)
 	}
+	// Before the link is up (the pod's first ARP must not race this): the host end is a bridge port,
+	// never an IP interface of the node. With the userspace datapath the node's kernel sees every frame
+	// too (OVS reads the veth with a packet socket), and it would answer the pod's ARP for the gateway
+	// with the veth's MAC, after which it routes the pod's packets itself, around br0 and its rules.
+	if err := quietHostEnd(cfg.HostNetNS, cfg.HostVeth); err != nil {
+		return nil, err
+	}
 	if err := hostH.LinkSetUp(host); err != nil {
 		return nil, fmt.Errorf("podnet: up %s: %w", cfg.HostVeth, err)
 	}
@@ -251,6 +258,36 @@ func inNetNS(ns netns.NsHandle, f func() error) error {
 	}
 	runtime.UnlockOSThread()
 	return ferr
+}
+
+// quietHostEnd keeps the node's IP stack off a pod's host veth: no ARP replies (arp_ignore 8) and no
+// IPv6 (no addresses, no neighbour discovery).
+func quietHostEnd(hostNetNS, name string) error {
+	set := func() error {
+		if err := os.WriteFile("/proc/sys/net/ipv4/conf/"+name+"/arp_ignore", []byte("8\n"), 0o644); err != nil {
+			return err
+		}
+		err := os.WriteFile("/proc/sys/net/ipv6/conf/"+name+"/disable_ipv6", []byte("1\n"), 0o644)
+		if errors.Is(err, os.ErrNotExist) { // a kernel without IPv6
+			return nil
+		}
+		return err
+	}
+	var err error
+	if hostNetNS == "" {
+		err = set()
+	} else {
+		ns, nerr := netns.GetFromPath(hostNetNS)
+		if nerr != nil {
+			return fmt.Errorf("podnet: host netns %s: %w", hostNetNS, nerr)
+		}
+		defer ns.Close()
+		err = inNetNS(ns, set)
+	}
+	if err != nil {
+		return fmt.Errorf("podnet: keep the node's IP stack off %s: %w", name, err)
+	}
+	return nil
 }
 
 // setTxChecksum sets TX checksum offload with the SIOCETHTOOL ioctl (ETHTOOL_STXCSUM).

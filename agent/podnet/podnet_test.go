@@ -62,6 +62,18 @@ func TestSetupCheckTeardown(t *testing.T) {
 	if err := Check(cfg); err != nil {
 		t.Errorf("Check after Setup: %v", err)
 	}
+	// The node owns the gateway address (on tun0 in production): its kernel must still not answer the
+	// pod's ARP through the veth, or the pod would send to the veth's MAC and bypass br0.
+	for _, args := range [][]string{{"tuntap", "add", "tun0", "mode", "tap"}, {"addr", "add", "10.128.0.1/23", "dev", "tun0"}, {"link", "set", "tun0", "up"}} {
+		if out, err := exec.Command("ip", append([]string{"-n", node}, args...)...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %v: %v: %s", args, err, out)
+		}
+	}
+	_ = exec.Command("ip", "netns", "exec", pod, "ping", "-c", "1", "-W", "1", "10.128.0.1").Run()
+	hostMAC, _ := exec.Command("ip", "netns", "exec", node, "cat", "/sys/class/net/"+cfg.HostVeth+"/address").Output()
+	if neigh, _ := exec.Command("ip", "-n", pod, "neigh", "show", "10.128.0.1").CombinedOutput(); strings.Contains(string(neigh), strings.TrimSpace(string(hostMAC))) {
+		t.Errorf("the node answered the pod's ARP for its gateway with the host veth's MAC %s: %s", hostMAC, neigh)
+	}
 	// A retried ADD reconfigures instead of failing.
 	if _, err := Setup(cfg); err != nil {
 		t.Fatalf("second Setup: %v", err)
