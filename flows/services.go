@@ -446,7 +446,7 @@ func renderLB(owner Owner, lb uint32, proto uint8, srcField Field, eps []Endpoin
 		rot := (i / parts) * len(members) / (n / parts)
 		members = append(members[rot:], members[:rot]...)
 		g := GroupEntry{ID: gid, Type: GroupSelect}
-		for _, e := range members {
+		for _, e := range spreadBuckets(members) {
 			ip, _ := ipv4Value(e.IP)
 			g.Buckets = append(g.Buckets, Bucket{Weight: 1, Actions: []Action{
 				LoadReg(RegEndpointIP, uint32(ip)), LoadReg(RegEndpointPort, uint32(e.Port)),
@@ -456,6 +456,26 @@ func renderLB(owner Owner, lb uint32, proto uint8, srcField Field, eps []Endpoin
 		flows = append(flows, F(TableServiceLB, 100, m, ToGroup{ID: gid}))
 	}
 	return flows, groups, nil
+}
+
+// evenBuckets is how many buckets a small load balancer is stretched to. OVS's select groups map 2^k
+// hash values (at least 16) onto the buckets, so with few buckets the remainder skews the split: 3
+// endpoints get 6, 5 and 5 of 16 (37.5% for the first), 10 get 2 or 1 of 16 (twice as much for some).
+// Interleaved copies of the endpoint list up to 64 buckets make OVS use 64 values and give each
+// endpoint at most one value more than another (3 endpoints: 34.4/32.8/32.8%).
+const evenBuckets = 64
+
+// spreadBuckets interleaves copies of eps (a, b, c, a, b, c, …) up to evenBuckets entries. A power of
+// two of endpoints divides OVS's hash values evenly as it is.
+func spreadBuckets(eps []Endpoint) []Endpoint {
+	if n := len(eps); n == 0 || n&(n-1) == 0 || n > evenBuckets/2 {
+		return eps
+	}
+	out := make([]Endpoint, 0, evenBuckets)
+	for range evenBuckets / len(eps) {
+		out = append(out, eps...)
+	}
+	return out
 }
 
 // affinityLearn remembers client IP → endpoint for this load balancer in table 41. The learned flow is

@@ -7,6 +7,7 @@ command -v ethtool >/dev/null 2>&1 || need+=(ethtool)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v ping >/dev/null 2>&1 || need+=(iputils-ping)
 command -v nft >/dev/null 2>&1 || need+=(nftables) # tests read the table back with nft
+command -v curl >/dev/null 2>&1 || need+=(curl) # e2e: pods reach the API server through its service
 if [ ${#need[@]} -eq 0 ]; then exit 0; fi
 if [ "$(id -u)" -ne 0 ]; then
   echo "install-deps: missing ${need[*]}; run as root (apt-get install ${need[*]})" >&2

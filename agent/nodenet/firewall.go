@@ -114,7 +114,15 @@ func snatRules(cfg Config) []nftRule {
 		out = append(out, nftRule{Text: fmt.Sprintf("ip daddr %s return", p),
 			Exprs: append(matchPrefix(16, p), &expr.Verdict{Kind: expr.VerdictReturn})})
 	}
-	for _, cn := range cfg.ClusterNetworks {
+	// br0's own addresses leave the node too: the host reaching a service whose endpoint is outside the
+	// cluster network (the API server behind default/kubernetes) is hairpinned from ServiceHairpinIP.
+	sources := append([]netip.Prefix(nil), cfg.ClusterNetworks...)
+	for _, a := range cfg.BridgeAddresses {
+		if a.Is4() {
+			sources = append(sources, netip.PrefixFrom(a, 32))
+		}
+	}
+	for _, cn := range sources {
 		cn = cn.Masked()
 		out = append(out, nftRule{Text: fmt.Sprintf("ip saddr %s counter snat to %s", cn, cfg.NodeIP),
 			Exprs: append(matchPrefix(12, cn),

@@ -16,20 +16,28 @@ import (
 	"time"
 )
 
-// Reply is what a server answers: "<name> <client address as seen>".
+// Reply is what a server answers: "<name> <client address as seen> <port it answered on>".
 type Reply struct {
 	Name string
 	Seen string // the client's address as the server saw it
+	Port int    // the server's port: with the name, which endpoint of a service answered
 }
 
-func (r Reply) String() string { return r.Name + " " + r.Seen }
+func (r Reply) String() string { return r.Name + " " + r.Seen + " " + strconv.Itoa(r.Port) }
+
+// Endpoint names the answering endpoint: name:port.
+func (r Reply) Endpoint() string { return r.Name + ":" + strconv.Itoa(r.Port) }
 
 func parseReply(line string) (Reply, error) {
-	name, seen, ok := strings.Cut(strings.TrimSpace(line), " ")
-	if !ok {
+	f := strings.Fields(line)
+	if len(f) < 2 {
 		return Reply{}, fmt.Errorf("malformed reply %q", line)
 	}
-	return Reply{Name: name, Seen: seen}, nil
+	r := Reply{Name: f[0], Seen: f[1]}
+	if len(f) > 2 {
+		r.Port, _ = strconv.Atoi(f[2])
+	}
+	return r, nil
 }
 
 // Serve listens on every port for TCP and UDP until ctx ends. A TCP client first reads the reply
@@ -56,7 +64,7 @@ func Serve(ctx context.Context, name string, tcpPorts, udpPorts []int) error {
 				}
 				go func() {
 					defer c.Close()
-					fmt.Fprintf(c, "%s %s\n", name, c.RemoteAddr())
+					fmt.Fprintf(c, "%s %s %d\n", name, c.RemoteAddr(), p)
 					_, _ = io.Copy(c, c)
 				}()
 			}
@@ -80,7 +88,7 @@ func Serve(ctx context.Context, name string, tcpPorts, udpPorts []int) error {
 					}
 					return
 				}
-				_, _ = pc.WriteTo([]byte(fmt.Sprintf("%s %s\n", name, addr)), addr)
+				_, _ = pc.WriteTo([]byte(fmt.Sprintf("%s %s %d\n", name, addr, p)), addr)
 			}
 		}()
 	}
@@ -171,4 +179,72 @@ func ParsePorts(s string) ([]int, error) {
 		out = append(out, p)
 	}
 	return out, nil
+}
+
+// Spread makes n connections (parallel at a time, each bounded by timeout) and counts the answering
+// endpoints (Reply.Endpoint); failed connections are counted under "error: <reason>".
+func Spread(ctx context.Context, proto, addr string, n, parallel int, timeout time.Duration) map[string]int {
+	var mu sync.Mutex
+	counts := map[string]int{}
+	work := make(chan struct{})
+	var wg sync.WaitGroup
+	for range max(parallel, 1) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range work {
+				cctx, cancel := context.WithTimeout(ctx, timeout)
+				var rep Reply
+				var err error
+				if proto == "udp" {
+					rep, err = ProbeUDP(cctx, addr)
+				} else {
+					rep, err = ProbeTCP(cctx, addr, 0)
+				}
+				cancel()
+				key := rep.Endpoint()
+				if err != nil {
+					key = "error: " + err.Error()
+				}
+				mu.Lock()
+				counts[key]++
+				mu.Unlock()
+			}
+		}()
+	}
+	for i := 0; i < n && ctx.Err() == nil; i++ {
+		work <- struct{}{}
+	}
+	close(work)
+	wg.Wait()
+	return counts
+}
+
+// UDPSession keeps one UDP socket (one source port: one conntrack entry) and asks addr every interval
+// until ctx ends, writing "ok <endpoint>" or "timeout" per question to out.
+func UDPSession(ctx context.Context, addr string, interval time.Duration, out io.Writer) error {
+	c, err := net.Dial("udp", addr)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	buf := make([]byte, 1024)
+	for ctx.Err() == nil {
+		start := time.Now()
+		if _, err := c.Write([]byte("probe")); err != nil {
+			fmt.Fprintln(out, "error", err)
+		} else {
+			_ = c.SetReadDeadline(start.Add(interval))
+			if n, err := c.Read(buf); err != nil {
+				fmt.Fprintln(out, "timeout")
+			} else if rep, err := parseReply(string(buf[:n])); err == nil {
+				fmt.Fprintln(out, "ok", rep.Endpoint())
+			}
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Until(start.Add(interval))):
+		}
+	}
+	return nil
 }

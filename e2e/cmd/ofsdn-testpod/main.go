@@ -3,10 +3,13 @@
 //
 //	ofsdn-testpod serve --name ns/pod --tcp 8080 --udp 8080
 //	ofsdn-testpod probe tcp|udp HOST:PORT [--payload 1400] [--timeout 2s]
+//	ofsdn-testpod spread tcp|udp HOST:PORT [--count 600] [--parallel 8] [--timeout 2s]   (JSON counts per endpoint)
+//	ofsdn-testpod udp-session HOST:PORT [--interval 200ms] [--duration 10s]          (one socket, a line per question)
 package main
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
@@ -75,6 +78,31 @@ func run(args []string) error {
 		}
 		fmt.Println(rep)
 		return nil
+	case "spread":
+		fs := flag.NewFlagSet("spread", flag.ContinueOnError)
+		count := fs.Int("count", 100, "connections")
+		parallel := fs.Int("parallel", 8, "at a time")
+		timeout := fs.Duration("timeout", 2*time.Second, "per connection")
+		if len(args) < 3 {
+			return fmt.Errorf("usage: spread tcp|udp HOST:PORT")
+		}
+		if err := fs.Parse(args[3:]); err != nil {
+			return err
+		}
+		return json.NewEncoder(os.Stdout).Encode(testpod.Spread(ctx, args[1], args[2], *count, *parallel, *timeout))
+	case "udp-session":
+		fs := flag.NewFlagSet("udp-session", flag.ContinueOnError)
+		interval := fs.Duration("interval", 200*time.Millisecond, "between questions")
+		duration := fs.Duration("duration", 10*time.Second, "how long")
+		if len(args) < 2 {
+			return fmt.Errorf("usage: udp-session HOST:PORT")
+		}
+		if err := fs.Parse(args[2:]); err != nil {
+			return err
+		}
+		ctx, cancel := context.WithTimeout(ctx, *duration)
+		defer cancel()
+		return testpod.UDPSession(ctx, args[1], *interval, os.Stdout)
 	}
 	return fmt.Errorf("unknown command %q", args[0])
 }
