@@ -482,4 +482,3 @@ func TestService2000Endpoints(t *testing.T) {
 		t.Errorf("%d of %d endpoints answered", len(seen), 4*ports)
 	}
 }
-
