@@ -16,6 +16,7 @@ type flowSync struct {
 	mu       sync.Mutex // one sync at a time: CNI requests and informer events serialise here
 	view     *nodeView
 	r        *flows.Reconciler
+	renderer flows.Renderer // remembers each service's render: one endpoint change renders one service
 	log      klog.Logger
 	rendered map[flows.Owner]flows.OwnerState // what the reconciler was last given, per owner
 	synced   uint64                           // view generation of the last successful sync
@@ -66,7 +67,7 @@ func (f *flowSync) syncLocked(ctx context.Context) (flows.SyncStats, error) {
 	}
 	start := time.Now()
 	st, pending, gen := f.view.snapshot()
-	owners, err := flows.Render(st)
+	owners, err := f.renderer.Render(st)
 	if err != nil {
 		return flows.SyncStats{}, err
 	}

@@ -58,10 +58,24 @@ func (w *watchServices) endpointSlice(obj any, deleted bool) {
 	w.sync.trigger()
 }
 
+// converted is one service's last conversion and the objects it came from. Informer objects are
+// replaced, never changed, on update: the same pointers mean the same content.
+type converted struct {
+	svc    *corev1.Service
+	slices []*discoveryv1.EndpointSlice
+	vnid   uint32
+	st     flows.ServiceState
+	ok     bool
+}
+
+// serviceCache converts only the services whose Service, EndpointSlices or VNID changed since the
+// last snapshot (with 1,000 services, one endpoint change converts one).
+type serviceCache map[string]converted
+
 // serviceStates assembles the services the node renders: every Service with an IPv4 ClusterIP, with
-// the endpoints its EndpointSlices list for each port. Sorted by namespace/name.
+// the endpoints its EndpointSlices list for each port. Sorted by namespace/name. cache may be nil.
 func serviceStates(services map[string]*corev1.Service, endpointSlices map[string]*discoveryv1.EndpointSlice, nodeName string,
-	vnids map[string]uint32) []flows.ServiceState {
+	vnids map[string]uint32, cache serviceCache) []flows.ServiceState {
 	byService := map[string][]*discoveryv1.EndpointSlice{}
 	for _, es := range endpointSlices {
 		name := es.Labels[discoveryv1.LabelServiceName]
@@ -73,8 +87,23 @@ func serviceStates(services map[string]*corev1.Service, endpointSlices map[strin
 	}
 	out := make([]flows.ServiceState, 0, len(services))
 	for key, svc := range services {
-		if st, ok := serviceState(svc, byService[key], nodeName, vnids); ok {
-			out = append(out, st)
+		esl := byService[key]
+		slices.SortFunc(esl, func(a, b *discoveryv1.EndpointSlice) int { return cmp.Compare(a.Name, b.Name) })
+		c, hit := cache[key]
+		if !hit || c.svc != svc || c.vnid != vnids[svc.Namespace] || !slices.Equal(c.slices, esl) {
+			c = converted{svc: svc, slices: esl, vnid: vnids[svc.Namespace]}
+			c.st, c.ok = serviceState(svc, esl, nodeName, vnids)
+			if cache != nil {
+				cache[key] = c
+			}
+		}
+		if c.ok {
+			out = append(out, c.st)
+		}
+	}
+	for key := range cache {
+		if _, still := services[key]; !still {
+			delete(cache, key)
 		}
 	}
 	slices.SortFunc(out, func(a, b flows.ServiceState) int {

@@ -100,7 +100,7 @@ func TestServiceStates(t *testing.T) {
 			for _, s := range tt.slices {
 				sl[s.Namespace+"/"+s.Name] = s
 			}
-			got := serviceStates(svcs, sl, "n1", map[string]uint32{"a": 11})
+			got := serviceStates(svcs, sl, "n1", map[string]uint32{"a": 11}, nil)
 			if len(got) != len(tt.want) {
 				t.Fatalf("got %d services %+v, want %d", len(got), got, len(tt.want))
 			}

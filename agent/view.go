@@ -40,8 +40,9 @@ type nodeView struct {
 	vnids       map[string]uint32           // namespace → VNID
 	pods        map[string]localPod         // by namespace/name
 	// Services and EndpointSlices by namespace/name, as the informer cache holds them (read-only).
-	services map[string]*corev1.Service
-	slices   map[string]*discoveryv1.EndpointSlice
+	services  map[string]*corev1.Service
+	slices    map[string]*discoveryv1.EndpointSlice
+	converted serviceCache // the last conversion of each service, reused while its objects stay
 	// hostPorts of the pods bound to this node, by namespace/name (pod informer).
 	hostPorts map[string]hostPortPod
 	// generation counts changes, so a sync knows whether it saw the latest state.
@@ -51,7 +52,7 @@ type nodeView struct {
 func newNodeView(nodeName string) *nodeView {
 	return &nodeView{nodeName: nodeName, mode: flows.ModeSubnet, remote: map[string]flows.RemoteNode{},
 		vnids: map[string]uint32{}, pods: map[string]localPod{}, services: map[string]*corev1.Service{},
-		slices: map[string]*discoveryv1.EndpointSlice{}, hostPorts: map[string]hostPortPod{}}
+		slices: map[string]*discoveryv1.EndpointSlice{}, hostPorts: map[string]hostPortPod{}, converted: serviceCache{}}
 }
 
 // update applies f and returns the view's new generation: a sync of that generation or later includes f.
@@ -121,7 +122,7 @@ func (v *nodeView) snapshot() (st flows.NodeState, pending []string, generation 
 			st.RemoteNodes = append(st.RemoteNodes, n)
 		}
 	}
-	st.Services = serviceStates(v.services, v.slices, v.nodeName, v.vnids)
+	st.Services = serviceStates(v.services, v.slices, v.nodeName, v.vnids, v.converted)
 	st.NodePortAddresses = []netip.Addr{flows.ServiceNodePortIP}
 	sort.Slice(st.Pods, func(i, j int) bool { return st.Pods[i].OFPort < st.Pods[j].OFPort })
 	sort.Slice(st.RemoteNodes, func(i, j int) bool { return st.RemoteNodes[i].Name < st.RemoteNodes[j].Name })

@@ -59,7 +59,18 @@ var LocalOwner = Owner{Category: CategoryNode, Name: "local"}
 
 // Render turns a node's state into every owner's desired flows. Owners with nothing to render are
 // absent; the agent deletes owners it rendered before and no longer gets.
-func Render(s NodeState) (map[Owner]OwnerState, error) {
+func Render(s NodeState) (map[Owner]OwnerState, error) { return (&Renderer{}).Render(s) }
+
+// Renderer renders like Render and remembers each service port's output: a port whose inputs did not
+// change is not rendered again and keeps its very slices, so comparing it with the last render is
+// cheap. With 1,000 services, one endpoint change re-renders one owner instead of all. The zero value
+// is ready; a Renderer is not safe for concurrent use.
+type Renderer struct {
+	services map[Owner]serviceMemo
+}
+
+// Render renders s, reusing what it can from the previous call.
+func (r *Renderer) Render(s NodeState) (map[Owner]OwnerState, error) {
 	if !s.LocalSubnet.IsValid() || !s.NodeIP.IsValid() {
 		return nil, fmt.Errorf("render: node %q has no subnet or node IP yet", s.NodeName)
 	}
@@ -85,7 +96,7 @@ func Render(s NodeState) (map[Owner]OwnerState, error) {
 		}
 		out[NodeOwner(n.Name)] = OwnerState{Flows: RenderRemoteNode(n)}
 	}
-	if err := renderServices(s, out); err != nil {
+	if err := r.renderServices(s, out); err != nil {
 		return nil, fmt.Errorf("render: %w", err)
 	}
 	return out, nil

@@ -213,7 +213,10 @@ func frontends(s NodeState, svc ServiceState, p ServicePort) []frontend {
 // idAllocator hands out group and load-balancer IDs derived from keys (FNV-1a), so IDs survive
 // restarts and re-renders. A collision with another key is detected and probed away deterministically
 // (keys are allocated in sorted order within a render).
-type idAllocator struct{ used map[uint32]string }
+type idAllocator struct {
+	used   map[uint32]string
+	record []idGrant // the grants since it was last emptied (a memo's IDs)
+}
 
 func newIDAllocator() *idAllocator { return &idAllocator{used: map[uint32]string{}} }
 
@@ -221,6 +224,16 @@ func newIDAllocator() *idAllocator { return &idAllocator{used: map[uint32]string
 const maxGroupID = 0x7fffffff
 
 func (a *idAllocator) get(key string) (uint32, error) {
+	id, err := a.peek(key)
+	if err == nil {
+		a.used[id] = key
+		a.record = append(a.record, idGrant{key, id})
+	}
+	return id, err
+}
+
+// peek returns the ID get would grant key, granting nothing.
+func (a *idAllocator) peek(key string) (uint32, error) {
 	for i := 0; i < 64; i++ {
 		k := key
 		if i > 0 {
@@ -235,14 +248,50 @@ func (a *idAllocator) get(key string) (uint32, error) {
 		if prev, taken := a.used[id]; taken && prev != key {
 			continue
 		}
-		a.used[id] = key
 		return id, nil
 	}
 	return 0, fmt.Errorf("no free group ID for %s", key)
 }
 
+// serviceMemo is one service port's last render: its inputs, the IDs it was given and its output.
+type serviceMemo struct {
+	svc      ServiceState // without the other ports' endpoints: see memoKey
+	port     ServicePort
+	gateway  netip.Addr
+	nodePort []netip.Addr
+	ids      []idGrant
+	out      OwnerState
+}
+
+// idGrant is one ID an owner's render asked the allocator for.
+type idGrant struct {
+	key string
+	id  uint32
+}
+
+// reusable reports whether the memo still renders it: same inputs, and the allocator grants the same
+// IDs in the same order (a collision with a new key would move them).
+func (m *serviceMemo) reusable(s NodeState, svc ServiceState, p ServicePort, ids *idAllocator) bool {
+	if m.gateway != Gateway(s.LocalSubnet) || !slices.Equal(m.nodePort, s.NodePortAddresses) ||
+		m.svc.Namespace != svc.Namespace || m.svc.Name != svc.Name || m.svc.ClusterIP != svc.ClusterIP ||
+		m.svc.AffinityTimeout != svc.AffinityTimeout || m.svc.ExternalLocal != svc.ExternalLocal || m.svc.InternalLocal != svc.InternalLocal ||
+		m.port.Name != p.Name || m.port.Protocol != p.Protocol || m.port.Port != p.Port || m.port.NodePort != p.NodePort ||
+		!slices.Equal(m.port.Endpoints, p.Endpoints) {
+		return false
+	}
+	// Grant as the render did, in order; a fresh render after a mismatch asks for the same keys again
+	// and gets the same IDs for those already granted.
+	for _, g := range m.ids {
+		if id, err := ids.peek(g.key); err != nil || id != g.id {
+			return false
+		}
+		_, _ = ids.get(g.key)
+	}
+	return true
+}
+
 // renderServices adds the services' owners to out, and each local pod's hairpin flows to its owner.
-func renderServices(s NodeState, out map[Owner]OwnerState) error {
+func (r *Renderer) renderServices(s NodeState, out map[Owner]OwnerState) error {
 	out[ServicesOwner] = OwnerState{Flows: renderServicesBase(s)}
 	for _, p := range s.Pods {
 		o := PodOwner(p.Namespace, p.Name)
@@ -252,33 +301,49 @@ func renderServices(s NodeState, out map[Owner]OwnerState) error {
 	}
 	type item struct {
 		owner Owner
-		svc   ServiceState
-		port  ServicePort
+		key   string // owner.String(), the sort key
+		svc   *ServiceState
+		port  *ServicePort
 	}
 	var items []item
-	for _, svc := range s.Services {
+	for i := range s.Services {
+		svc := &s.Services[i]
 		if !svc.ClusterIP.Is4() {
 			continue // headless, or IPv6 which ofsdn does not carry yet
 		}
-		for _, p := range svc.Ports {
+		for j := range svc.Ports {
+			p := &svc.Ports[j]
 			if _, _, ok := l4Fields(p.Protocol); !ok || p.Port == 0 {
 				continue
 			}
-			items = append(items, item{ServicePortOwner(svc, p), svc, p})
+			o := ServicePortOwner(*svc, *p)
+			items = append(items, item{o, o.String(), svc, p})
 		}
 	}
-	slices.SortFunc(items, func(a, b item) int { return cmp.Compare(a.owner.String(), b.owner.String()) })
+	slices.SortFunc(items, func(a, b item) int { return cmp.Compare(a.key, b.key) })
 	ids := newIDAllocator()
+	memos := make(map[Owner]serviceMemo, len(items))
 	for _, it := range items {
 		if _, dup := out[it.owner]; dup {
 			return fmt.Errorf("render services: two ports of %s/%s are both %s", it.svc.Namespace, it.svc.Name, it.owner)
 		}
-		st, err := renderServicePort(s, it.svc, it.port, ids)
+		if m, ok := r.services[it.owner]; ok && m.reusable(s, *it.svc, *it.port, ids) {
+			out[it.owner] = m.out
+			memos[it.owner] = m
+			continue
+		}
+		ids.record = ids.record[:0]
+		st, err := renderServicePort(s, *it.svc, *it.port, ids)
 		if err != nil {
 			return fmt.Errorf("render %s: %w", it.owner, err)
 		}
 		out[it.owner] = st
+		svc := *it.svc
+		svc.Ports = nil
+		memos[it.owner] = serviceMemo{svc: svc, port: *it.port, gateway: Gateway(s.LocalSubnet),
+			nodePort: slices.Clone(s.NodePortAddresses), ids: slices.Clone(ids.record), out: st}
 	}
+	r.services = memos
 	return nil
 }
 

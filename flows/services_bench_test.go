@@ -44,7 +44,8 @@ func BenchmarkServicesInstallOnOVS(b *testing.B) {
 		br.clear(b)
 		br.ofctl(b, "del-groups", "unix:"+br.inst.MgmtSocket("br0"))
 		start := time.Now()
-		owners, err := Render(state)
+		var renderer Renderer // as the agent keeps one
+		owners, err := renderer.Render(state)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -65,8 +66,8 @@ func BenchmarkServicesInstallOnOVS(b *testing.B) {
 		}
 		flowsPer, groupsPer = float64(nf)/nSvc, float64(ng)/nSvc
 
-		// One endpoint of one service is replaced: render all (as the agent does), set and sync the
-		// one owner whose state changed.
+		// One endpoint of one service is replaced: render the node (as the agent does: the Renderer
+		// renders only the changed service again), set and sync the one owner whose state changed.
 		changed := state
 		changed.Services = append([]ServiceState(nil), state.Services...)
 		svc := changed.Services[nSvc/2]
@@ -75,7 +76,7 @@ func BenchmarkServicesInstallOnOVS(b *testing.B) {
 		svc.Ports[0].Endpoints[3].IP = netip.MustParseAddr("10.131.255.1")
 		changed.Services[nSvc/2] = svc
 		start = time.Now()
-		owners, err = Render(changed)
+		owners, err = renderer.Render(changed)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -2,6 +2,8 @@ package flows
 
 import (
 	"net/netip"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -203,5 +205,52 @@ func TestStaleConntrack(t *testing.T) {
 	}
 	if n := len(StaleConntrack(svcNode(udp(a)), svcNode(udp(a)))); n != 0 {
 		t.Errorf("no change, %d entries", n)
+	}
+}
+
+// TestRendererReusesUnchangedServices: a Renderer's output equals Render's, and a service whose inputs
+// did not change comes back as the very same slices (so the agent's comparison is cheap).
+func TestRendererReusesUnchangedServices(t *testing.T) {
+	state := benchServices(50, 5)
+	var r Renderer
+	first, err := r.Render(state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	changed := state
+	changed.Services = slices.Clone(state.Services)
+	svc := changed.Services[7]
+	svc.Ports = slices.Clone(svc.Ports)
+	svc.Ports[0].Endpoints = slices.Clone(svc.Ports[0].Endpoints)
+	svc.Ports[0].Endpoints[2].IP = netip.MustParseAddr("10.131.255.1")
+	changed.Services[7] = svc
+	got, err := r.Render(changed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := Render(changed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatal("a Renderer's second render differs from a fresh Render")
+	}
+	touched := ServicePortOwner(svc, svc.Ports[0])
+	same, rerendered := 0, 0
+	for o, st := range got {
+		if o.Category != CategoryService || len(st.Flows) == 0 {
+			continue
+		}
+		if &st.Flows[0] == &first[o].Flows[0] {
+			same++
+		} else {
+			rerendered++
+			if o != touched {
+				t.Errorf("%s was rendered again though nothing of it changed", o)
+			}
+		}
+	}
+	if rerendered != 1 || same == 0 {
+		t.Errorf("%d owners rendered again, %d reused; want exactly the changed one again", rerendered, same)
 	}
 }
