@@ -49,4 +49,3 @@ func ParseChangeNetwork(value string) (ChangeNetwork, error) {
 		return ChangeNetwork{}, fmt.Errorf("change-network %q: want join:<namespace>, isolate or global", value)
 	}
 }
-
