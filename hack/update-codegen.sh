@@ -17,7 +17,13 @@ gen() { # gen DIR: generate into the checkout (or a copy of it) at DIR
   local ofsdn_root=$1
   cd "$ofsdn_root"
   local codegen
+  # `go list -m` names the directory only once the module is in the cache; a fresh machine has no copy yet.
+  go mod download k8s.io/code-generator
   codegen=$(go list -m -f '{{.Dir}}' k8s.io/code-generator)
+  if [ -z "$codegen" ] || [ ! -f "$codegen/kube_codegen.sh" ]; then
+    echo "update-codegen: k8s.io/code-generator not found in the module cache (got '$codegen')" >&2
+    return 1
+  fi
   local boilerplate
   boilerplate=$(mktemp)
   : >"$boilerplate" # no licence header
