@@ -2,9 +2,7 @@ package ofswitch
 
 import (
 	"context"
-	"fmt"
 	"net"
-	"os"
 	"sort"
 	"strings"
 	"testing"
@@ -108,12 +106,6 @@ func podFlow(t testing.TB, i int, cookie uint64, group uint32) []byte {
 	return marshal(t, fm)
 }
 
-// podFlowText is podFlow in ovs-ofctl's syntax, for add-flows.
-func podFlowText(i int, cookie uint64) string {
-	return fmt.Sprintf("table=20,priority=100,cookie=%#x,ip,in_port=%d,nw_src=%s,actions=load:%#x->NXM_NX_REG0[],goto_table:30",
-		cookie, i+1, podIP(i), podVNID)
-}
-
 func podIP(i int) net.IP { return net.IPv4(10, byte(128+i>>16), byte(i>>8), byte(i)).To4() }
 
 func podFlows(t testing.TB, n int, cookie func(i int) uint64) [][]byte {
@@ -183,12 +175,6 @@ func inPortOf(t testing.TB, fs *of.FlowStats) uint32 {
 	}
 	t.Fatalf("flow without in_port: %+v", fs.Match)
 	return 0
-}
-
-func writeFile(t testing.TB, path string, lines []string) {
-	if err := os.WriteFile(path, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
 }
 
 func ctxTimeout(t testing.TB, d time.Duration) context.Context {
