@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -73,6 +74,48 @@ func BenchmarkCNIAdd(b *testing.B) {
 	b.ReportMetric(ms(percentile(all, 0.5)), "p50-ms")
 	b.ReportMetric(ms(percentile(all, 0.99)), "p99-ms")
 	b.ReportMetric(float64(len(all)), "adds")
+	// The agent logs each ADD's phases (-v=2); their percentiles say how much of the runtime's figure the
+	// agent spent and on what, and how much went to exec'ing the plugin and waiting for a CPU.
+	phases, err := addPhases(n.AgentLog, "bench-cni/")
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, ph := range []string{"total", "ipam", "veth", "ovsdb", "flows"} {
+		b.ReportMetric(ms(percentile(phases[ph], 0.5)), "agent-"+ph+"-p50-ms")
+		b.ReportMetric(ms(percentile(phases[ph], 0.99)), "agent-"+ph+"-p99-ms")
+	}
+}
+
+var (
+	podAttachedPod   = regexp.MustCompile(`"pod attached".*\bpod="([^"]+)"`)
+	podAttachedPhase = regexp.MustCompile(`\b(total|ipam|veth|ovsdb|flows)="?([0-9.]+(?:ns|µs|us|ms|s))"?`)
+)
+
+// addPhases reads the agent's "pod attached" lines for pods whose key starts with prefix and returns the
+// durations of each phase.
+func addPhases(agentLog, prefix string) (map[string][]time.Duration, error) {
+	data, err := os.ReadFile(agentLog)
+	if err != nil {
+		return nil, fmt.Errorf("agent log: %w", err)
+	}
+	phases := map[string][]time.Duration{}
+	for line := range strings.Lines(string(data)) {
+		m := podAttachedPod.FindStringSubmatch(line)
+		if m == nil || !strings.HasPrefix(m[1], prefix) {
+			continue
+		}
+		for _, kv := range podAttachedPhase.FindAllStringSubmatch(line, -1) {
+			d, err := time.ParseDuration(kv[2])
+			if err != nil {
+				return nil, fmt.Errorf("agent log: %q: %w", line, err)
+			}
+			phases[kv[1]] = append(phases[kv[1]], d)
+		}
+	}
+	if len(phases["total"]) == 0 {
+		return nil, fmt.Errorf("agent log %s: no \"pod attached\" lines for %s* (is the agent at -v=2?)", agentLog, prefix)
+	}
+	return phases, nil
 }
 
 func deleteAll(b *testing.B, namespace string) {
