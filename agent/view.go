@@ -1,5 +1,3 @@
-// Package agent is ofsdn's node agent: informers and CNI requests feed a nodeView (plain data), flows.Render
-// turns it into desired flows per owner, and flowSync reconciles the owners that changed in one bundle.
 package agent
 
 import (
