@@ -11,17 +11,16 @@ import (
 	"syscall"
 
 	"github.com/ofsdn/ofsdn/agent"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
+	"github.com/ofsdn/ofsdn/internal/kubeconfig"
 	"k8s.io/klog/v2"
 )
 
 func main() {
 	klog.InitFlags(nil)
 	var cfg agent.Config
-	var kubeconfig string
+	var kubeconfigPath string
 	flag.StringVar(&cfg.NodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME)")
-	flag.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig; empty for in-cluster configuration")
+	flag.StringVar(&kubeconfigPath, "kubeconfig", "", "kubeconfig; empty for in-cluster configuration")
 	flag.StringVar(&cfg.OVSRunDir, "ovs-rundir", "/var/run/openvswitch", "Open vSwitch run directory (db.sock, <bridge>.mgmt)")
 	flag.StringVar(&cfg.OVSDBEndpoint, "ovsdb", "", "OVSDB endpoint (default unix:<ovs-rundir>/db.sock)")
 	flag.StringVar(&cfg.Bridge, "bridge", "br0", "integration bridge")
@@ -35,11 +34,7 @@ func main() {
 	flag.Parse()
 
 	var err error
-	if kubeconfig != "" {
-		cfg.RestConfig, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
-	} else {
-		cfg.RestConfig, err = rest.InClusterConfig()
-	}
+	cfg.RestConfig, err = kubeconfig.Load(kubeconfigPath)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "ofsdn-agent:", err)
 		os.Exit(1)

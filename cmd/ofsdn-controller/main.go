@@ -18,31 +18,30 @@ import (
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
 	networkclient "github.com/ofsdn/ofsdn/client/clientset/versioned"
 	"github.com/ofsdn/ofsdn/controller"
+	"github.com/ofsdn/ofsdn/internal/kubeconfig"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 )
 
 func main() {
 	klog.InitFlags(nil)
 	var (
-		kubeconfig  = flag.String("kubeconfig", "", "kubeconfig; empty for in-cluster configuration")
-		cidrs       = flag.String("cluster-cidrs", "10.128.0.0/14", "comma-separated cluster CIDRs (used to create ClusterNetwork default when absent)")
-		hostBits    = flag.Int("host-subnet-length", 9, "host bits of each node's subnet (9 = a /23 per node)")
-		svcNet      = flag.String("service-network", "172.30.0.0/16", "service ClusterIP range")
-		mode        = flag.String("plugin-mode", "multitenant", "subnet, multitenant or networkpolicy")
-		vxlanPort   = flag.Int("vxlan-port", int(networkv1.DefaultVXLANPort), "VXLAN UDP port")
-		mtu         = flag.Int("mtu", 1450, "pod MTU (underlay MTU less 50)")
-		globals     = flag.String("global-namespaces", "kube-system", "comma-separated namespaces with VNID 0 besides default")
-		leaseNS     = flag.String("leader-elect-namespace", "ofsdn", "namespace of the leader election Lease")
-		leaseName   = flag.String("leader-elect-name", "ofsdn-controller", "name of the leader election Lease")
-		leaseDur    = flag.Duration("leader-elect-lease-duration", 15*time.Second, "how long a dead leader blocks the others")
-		metricsAddr = flag.String("metrics-address", ":9102", "address of /metrics, /healthz and /readyz")
+		kubeconfigPath = flag.String("kubeconfig", "", "kubeconfig; empty for in-cluster configuration")
+		cidrs          = flag.String("cluster-cidrs", "10.128.0.0/14", "comma-separated cluster CIDRs (used to create ClusterNetwork default when absent)")
+		hostBits       = flag.Int("host-subnet-length", 9, "host bits of each node's subnet (9 = a /23 per node)")
+		svcNet         = flag.String("service-network", "172.30.0.0/16", "service ClusterIP range")
+		mode           = flag.String("plugin-mode", "multitenant", "subnet, multitenant or networkpolicy")
+		vxlanPort      = flag.Int("vxlan-port", int(networkv1.DefaultVXLANPort), "VXLAN UDP port")
+		mtu            = flag.Int("mtu", 1450, "pod MTU (underlay MTU less 50)")
+		globals        = flag.String("global-namespaces", "kube-system", "comma-separated namespaces with VNID 0 besides default")
+		leaseNS        = flag.String("leader-elect-namespace", "ofsdn", "namespace of the leader election Lease")
+		leaseName      = flag.String("leader-elect-name", "ofsdn-controller", "name of the leader election Lease")
+		leaseDur       = flag.Duration("leader-elect-lease-duration", 15*time.Second, "how long a dead leader blocks the others")
+		metricsAddr    = flag.String("metrics-address", ":9102", "address of /metrics, /healthz and /readyz")
 	)
 	flag.Parse()
 	log := klog.Background().WithName("ofsdn-controller")
-	if err := run(log, *kubeconfig, *cidrs, *hostBits, *svcNet, *mode, *vxlanPort, *mtu, *globals, *leaseNS, *leaseName, *leaseDur, *metricsAddr); err != nil {
+	if err := run(log, *kubeconfigPath, *cidrs, *hostBits, *svcNet, *mode, *vxlanPort, *mtu, *globals, *leaseNS, *leaseName, *leaseDur, *metricsAddr); err != nil {
 		log.Error(err, "exiting")
 		klog.Flush()
 		os.Exit(1)
@@ -50,15 +49,9 @@ func main() {
 	klog.Flush()
 }
 
-func run(log klog.Logger, kubeconfig, cidrs string, hostBits int, svcNet, mode string, vxlanPort, mtu int, globals, leaseNS, leaseName string,
+func run(log klog.Logger, kubeconfigPath, cidrs string, hostBits int, svcNet, mode string, vxlanPort, mtu int, globals, leaseNS, leaseName string,
 	leaseDur time.Duration, metricsAddr string) error {
-	var cfg *rest.Config
-	var err error
-	if kubeconfig != "" {
-		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
-	} else {
-		cfg, err = rest.InClusterConfig()
-	}
+	cfg, err := kubeconfig.Load(kubeconfigPath)
 	if err != nil {
 		return err
 	}
