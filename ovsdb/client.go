@@ -14,12 +14,14 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
 	"github.com/go-logr/logr"
 	"github.com/ofsdn/ofsdn/ovsdb/vswitch"
+	"github.com/ovn-org/libovsdb/cache"
 	"github.com/ovn-org/libovsdb/client"
 	"github.com/ovn-org/libovsdb/model"
 	libovsdb "github.com/ovn-org/libovsdb/ovsdb"
@@ -33,6 +35,11 @@ type Client struct {
 	transactions atomic.Int64
 	// PortTimeout bounds the wait for ovs-vswitchd to number a new port.
 	PortTimeout time.Duration
+
+	// Waiters for an Interface row to change, by interface name: the cache's event handler closes the
+	// channel, so a CNI ADD learns its port's number the moment the update arrives, without polling.
+	ifaceMu      sync.Mutex
+	ifaceChanged map[string]chan struct{}
 }
 
 // BridgeConfig is the bridge the agent wants.
@@ -73,13 +80,45 @@ func Connect(ctx context.Context, endpoint string, logger klog.Logger) (*Client,
 	if err := c.Connect(ctx); err != nil {
 		return nil, fmt.Errorf("ovsdb: connect %s: %w", endpoint, err)
 	}
+	ovs := &Client{c: c, log: logger.WithName("ovsdb"), PortTimeout: 20 * time.Second, ifaceChanged: map[string]chan struct{}{}}
+	c.Cache().AddEventHandler(&cache.EventHandlerFuncs{
+		AddFunc:    func(table string, m model.Model) { ovs.interfaceEvent(table, m) },
+		UpdateFunc: func(table string, _, m model.Model) { ovs.interfaceEvent(table, m) },
+		DeleteFunc: func(table string, m model.Model) { ovs.interfaceEvent(table, m) },
+	})
 	mon := c.NewMonitor(client.WithTable(&vswitch.OpenvSwitch{}), client.WithTable(&vswitch.Bridge{}),
 		client.WithTable(&vswitch.Port{}), client.WithTable(&vswitch.Interface{}))
 	if _, err := c.Monitor(ctx, mon); err != nil {
 		c.Close()
 		return nil, fmt.Errorf("ovsdb: monitor %s: %w", endpoint, err)
 	}
-	return &Client{c: c, log: logger.WithName("ovsdb"), PortTimeout: 20 * time.Second}, nil
+	return ovs, nil
+}
+
+// interfaceEvent wakes whoever waits for the Interface row that was added, updated or deleted.
+func (c *Client) interfaceEvent(table string, m model.Model) {
+	iface, ok := m.(*vswitch.Interface)
+	if table != vswitch.InterfaceTable || !ok {
+		return
+	}
+	c.ifaceMu.Lock()
+	defer c.ifaceMu.Unlock()
+	if ch, ok := c.ifaceChanged[iface.Name]; ok {
+		close(ch)
+		delete(c.ifaceChanged, iface.Name)
+	}
+}
+
+// interfaceChange returns a channel closed at the next change of the named Interface row.
+func (c *Client) interfaceChange(name string) <-chan struct{} {
+	c.ifaceMu.Lock()
+	defer c.ifaceMu.Unlock()
+	ch, ok := c.ifaceChanged[name]
+	if !ok {
+		ch = make(chan struct{})
+		c.ifaceChanged[name] = ch
+	}
+	return ch
 }
 
 // Close disconnects.
@@ -319,6 +358,8 @@ func (c *Client) waitOFPort(ctx context.Context, name string) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.PortTimeout)
 	defer cancel()
 	for {
+		// Subscribe before reading the cache, so an update landing in between still wakes us.
+		changed := c.interfaceChange(name)
 		_, iface, err := c.portAndInterface(ctx, name)
 		if err != nil {
 			return 0, err
@@ -334,7 +375,8 @@ func (c *Client) waitOFPort(ctx context.Context, name string) (int, error) {
 		select {
 		case <-ctx.Done():
 			return 0, fmt.Errorf("ovsdb: port %s: no OpenFlow port number from ovs-vswitchd: %w", name, ctx.Err())
-		case <-time.After(2 * time.Millisecond): // the local cache: a CNI ADD waits on this
+		case <-changed:
+		case <-time.After(100 * time.Millisecond): // only if libovsdb dropped the event (its buffer was full)
 		}
 	}
 }
