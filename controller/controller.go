@@ -41,8 +41,12 @@ import (
 type Config struct {
 	Network          networkv1.ClusterNetworkSpec
 	GlobalNamespaces []string
-	Workers          int // per queue; default 1 (allocation is serialised anyway)
-	Logger           klog.Logger
+	// Workers per node and namespace queue (default 4): allocation itself is serialised under one lock,
+	// but each allocation waits on an API write, and several writes in flight make a burst of a thousand
+	// namespaces converge faster. Change-network requests always run one at a time: a join reads the
+	// target's NETID, which a concurrent isolate of that target could change.
+	Workers int
+	Logger  klog.Logger
 }
 
 // Controller allocates node subnets and namespace VNIDs.
@@ -76,7 +80,7 @@ type Controller struct {
 // New builds a controller; Run starts it.
 func New(kube kubernetes.Interface, net networkclient.Interface, cfg Config, metrics *Metrics) *Controller {
 	if cfg.Workers <= 0 {
-		cfg.Workers = 1
+		cfg.Workers = 4
 	}
 	if cfg.Logger.GetSink() == nil {
 		cfg.Logger = klog.Background()
@@ -164,12 +168,13 @@ func (c *Controller) Run(ctx context.Context) error {
 	c.log.Info("allocators rebuilt", "subnets", c.subnetA.Used(), "subnetsTotal", c.subnetA.Total(), "vnids", len(c.vnidA.InUse()))
 	var wg sync.WaitGroup
 	for _, w := range []struct {
-		q    workqueue.TypedRateLimitingInterface[string]
-		name string
-		sync func(context.Context, string) error
-	}{{c.nodeQ, "node", c.syncNode}, {c.nsQ, "namespace", c.syncNamespace}, {c.changeQ, "change-network", c.syncChangeNetwork},
-		{c.statusQ, "status", c.syncStatus}} {
-		for range c.cfg.Workers {
+		q       workqueue.TypedRateLimitingInterface[string]
+		name    string
+		sync    func(context.Context, string) error
+		workers int
+	}{{c.nodeQ, "node", c.syncNode, c.cfg.Workers}, {c.nsQ, "namespace", c.syncNamespace, c.cfg.Workers},
+		{c.changeQ, "change-network", c.syncChangeNetwork, 1}, {c.statusQ, "status", c.syncStatus, 1}} {
+		for range w.workers {
 			wg.Add(1)
 			go func() { defer wg.Done(); c.work(ctx, w.q, w.name, w.sync) }()
 		}

@@ -38,10 +38,11 @@ func main() {
 		leaseName      = flag.String("leader-elect-name", "ofsdn-controller", "name of the leader election Lease")
 		leaseDur       = flag.Duration("leader-elect-lease-duration", 15*time.Second, "how long a dead leader blocks the others")
 		metricsAddr    = flag.String("metrics-address", ":9102", "address of /metrics, /healthz and /readyz")
+		workers        = flag.Int("workers", 4, "concurrent syncs per node and namespace queue (change-network requests always run one at a time)")
 	)
 	flag.Parse()
 	log := klog.Background().WithName("ofsdn-controller")
-	if err := run(log, *kubeconfigPath, *cidrs, *hostBits, *svcNet, *mode, *vxlanPort, *mtu, *globals, *leaseNS, *leaseName, *leaseDur, *metricsAddr); err != nil {
+	if err := run(log, *kubeconfigPath, *cidrs, *hostBits, *svcNet, *mode, *vxlanPort, *mtu, *globals, *leaseNS, *leaseName, *leaseDur, *metricsAddr, *workers); err != nil {
 		log.Error(err, "exiting")
 		klog.Flush()
 		os.Exit(1)
@@ -50,7 +51,7 @@ func main() {
 }
 
 func run(log klog.Logger, kubeconfigPath, cidrs string, hostBits int, svcNet, mode string, vxlanPort, mtu int, globals, leaseNS, leaseName string,
-	leaseDur time.Duration, metricsAddr string) error {
+	leaseDur time.Duration, metricsAddr string, workers int) error {
 	cfg, err := kubeconfig.Load(kubeconfigPath)
 	if err != nil {
 		return err
@@ -79,7 +80,7 @@ func run(log klog.Logger, kubeconfigPath, cidrs string, hostBits int, svcNet, mo
 		}
 	}
 	metrics := controller.NewMetrics(nil)
-	c := controller.New(kube, netc, controller.Config{Network: spec, GlobalNamespaces: globalNS, Logger: log}, metrics)
+	c := controller.New(kube, netc, controller.Config{Network: spec, GlobalNamespaces: globalNS, Logger: log, Workers: workers}, metrics)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
