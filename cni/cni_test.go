@@ -2,6 +2,7 @@ package cni
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -11,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
@@ -177,5 +179,95 @@ func TestPluginErrors(t *testing.T) {
 	}
 	if _, err := ParseArgs("A=1;B"); err == nil {
 		t.Error("ParseArgs accepted a key without value")
+	}
+}
+
+// blockingAdd is a Handler whose ADD runs until its context ends, and says when that happened.
+type blockingAdd struct {
+	recorder
+	started, canceled chan struct{}
+}
+
+func (b *blockingAdd) Add(ctx context.Context, _ *Request) (*current.Result, error) {
+	close(b.started)
+	<-ctx.Done()
+	close(b.canceled)
+	return nil, ctx.Err()
+}
+
+func startServer(t testing.TB, h Handler) string {
+	t.Helper()
+	socket := filepath.Join(t.TempDir(), "cni.sock")
+	srv := &Server{Socket: socket, Handler: h}
+	if err := srv.Listen(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx) }()
+	t.Cleanup(func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	return socket
+}
+
+// A plugin that goes away (its runtime timed out and killed it) cancels the agent's work on its request.
+func TestServerCancelsWhenThePluginHangsUp(t *testing.T) {
+	h := &blockingAdd{started: make(chan struct{}), canceled: make(chan struct{})}
+	socket := startServer(t, h)
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() {
+		_, err := Call(ctx, socket, &Request{Command: CmdAdd, ContainerID: "c1", Netns: "/x", IfName: "eth0"})
+		errc <- err
+	}()
+	select {
+	case <-h.started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the request never reached the handler")
+	}
+	cancel()
+	var ce *types.Error
+	if err := <-errc; !errors.As(err, &ce) || ce.Code != ErrTryAgainLater {
+		t.Errorf("Call after its context ended: %v, want a try-again-later error", err)
+	}
+	select {
+	case <-h.canceled:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the handler's context was not canceled when the plugin hung up")
+	}
+}
+
+// Garbage on the socket gets a decoding error back, and the server goes on serving.
+func TestServerAnswersMalformedRequests(t *testing.T) {
+	socket := startServer(t, &recorder{})
+	for _, tc := range []struct{ name, send string }{
+		{"not JSON", "GET / HTTP/1.1\r\n\r\n"},
+		{"wrong shape", `{"command": 7}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			conn, err := net.Dial("unix", socket)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			if _, err := conn.Write([]byte(tc.send)); err != nil {
+				t.Fatal(err)
+			}
+			var resp Response
+			if err := json.NewDecoder(conn).Decode(&resp); err != nil {
+				t.Fatalf("no answer: %v", err)
+			}
+			if resp.Error == nil || resp.Error.Code != ErrDecoding {
+				t.Fatalf("answer %+v, want a decoding error", resp)
+			}
+		})
+	}
+	resp, err := Call(context.Background(), socket, &Request{Command: CmdStatus})
+	if err != nil || resp.Error != nil {
+		t.Fatalf("STATUS after bad requests: %+v, %v", resp, err)
 	}
 }

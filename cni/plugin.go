@@ -1,14 +1,12 @@
 package cni
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"os"
 	"time"
 
@@ -95,38 +93,40 @@ func (p *Plugin) Run(c Command, args *skel.CmdArgs) error {
 
 var errAgentUnreachable = errors.New("ofsdn agent unreachable")
 
-// Call sends a request to the agent's CNI server.
+// Call sends a request to the agent's CNI server and reads its answer (see Server for the protocol).
 func Call(ctx context.Context, socket string, req *Request) (*Response, error) {
-	body, err := json.Marshal(req)
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", socket)
 	if err != nil {
-		return nil, Errorf(ErrInternal, "ofsdn: %v", err)
-	}
-	client := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "unix", socket)
-	}}}
-	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://ofsdn-agent/cni", bytes.NewReader(body))
-	if err != nil {
-		return nil, Errorf(ErrInternal, "ofsdn: %v", err)
-	}
-	hresp, err := client.Do(hreq)
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil, Errorf(ErrTryAgainLater, "ofsdn: the agent did not answer %s within the timeout: %v", req.Command, err)
-		}
 		return nil, fmt.Errorf("%w: %w", errAgentUnreachable, Errorf(ErrTryAgainLater,
 			"ofsdn: cannot reach the ofsdn agent at %s (is the ofsdn-agent pod running on this node?): %v", socket, err))
 	}
-	defer hresp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(hresp.Body, 1<<20))
-	if err != nil {
-		return nil, Errorf(ErrIO, "ofsdn: reading the agent's answer: %v", err)
+	defer conn.Close()
+	if deadline, ok := ctx.Deadline(); ok {
+		_ = conn.SetDeadline(deadline)
+	}
+	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Now()) })
+	defer stop()
+	if err := json.NewEncoder(conn).Encode(req); err != nil {
+		return nil, callError(ctx, req, "sending the request", err)
 	}
 	resp := &Response{}
-	if err := json.Unmarshal(data, resp); err != nil {
-		return nil, Errorf(ErrDecoding, "ofsdn: agent answered %s with undecodable data: %v", hresp.Status, err)
+	if err := json.NewDecoder(io.LimitReader(conn, maxMessage)).Decode(resp); err != nil {
+		return nil, callError(ctx, req, "reading the agent's answer", err)
 	}
 	return resp, nil
+}
+
+// callError says whether the agent was too slow or the exchange broke.
+func callError(ctx context.Context, req *Request, what string, err error) error {
+	var ne net.Error
+	if ctx.Err() != nil || errors.As(err, &ne) && ne.Timeout() {
+		return Errorf(ErrTryAgainLater, "ofsdn: the agent did not answer %s within the timeout: %v", req.Command, err)
+	}
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return Errorf(ErrTryAgainLater, "ofsdn: the agent closed the connection while %s (did it restart?): %v", what, err)
+	}
+	return Errorf(ErrIO, "ofsdn: %s: %v", what, err)
 }
 
 // asCNIError turns any error into a *types.Error for the plugin's caller.

@@ -14,6 +14,9 @@ import (
 // DefaultSocket is where the agent listens for the plugin.
 const DefaultSocket = "/var/run/ofsdn/cni-server.sock"
 
+// maxMessage bounds a request or an answer on the socket (a CNI config and result are a few KiB).
+const maxMessage = 1 << 20
+
 // Command is a CNI verb.
 type Command string
 

