@@ -50,10 +50,12 @@ func (c *Cluster) EnsureNamespace(ctx context.Context, name string) error {
 	return nil
 }
 
-// PodSpec builds a lab pod bound to node that serves TestPort over TCP and UDP.
+// PodSpec builds a lab pod bound to node that serves TestPort over TCP and UDP. It keeps the default
+// grace period: a grace period of 0 makes the API server drop a deleted pod at once, before the node has
+// run CNI DEL; with one, the pod leaves only once its node simulator finished it, as with kubelet.
 func PodSpec(namespace, name, node string) *corev1.Pod {
 	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name, Labels: map[string]string{"app": name}},
-		Spec: corev1.PodSpec{NodeName: node, TerminationGracePeriodSeconds: new(int64),
+		Spec: corev1.PodSpec{NodeName: node,
 			Containers: []corev1.Container{{Name: "testpod", Image: "ofsdn-testpod", Ports: []corev1.ContainerPort{
 				{Name: "tcp", ContainerPort: TestPort, Protocol: corev1.ProtocolTCP},
 				{Name: "udp", ContainerPort: TestPort, Protocol: corev1.ProtocolUDP}}}}}}

@@ -69,7 +69,13 @@ type simPod struct {
 	netns string
 	ip    string
 	proc  *exec.Cmd
-	done  chan struct{}
+	done  chan struct{} // the pod's process exited
+	// Every pod event runs its own reconcile, so a deletion can be seen twice, or while the pod still
+	// starts. started closes once startPod returned; the first teardown sets tearing, and the others
+	// wait for tornDown, so the pod leaves the API only after its CNI DEL (as kubelet does).
+	started  chan struct{}
+	tearing  bool
+	tornDown chan struct{}
 }
 
 // Start registers the node and starts watching its pods.
@@ -187,15 +193,14 @@ func (s *Sim) reconcile(ctx context.Context, pod *corev1.Pod) {
 		s.mu.Unlock()
 		return
 	}
-	sp := &simPod{uid: string(pod.UID), done: make(chan struct{})}
+	sp := &simPod{uid: string(pod.UID), done: make(chan struct{}), started: make(chan struct{}), tornDown: make(chan struct{})}
 	s.pods[key] = sp
 	s.mu.Unlock()
-	if err := s.startPod(ctx, pod, sp); err != nil {
+	err := s.startPod(ctx, pod, sp)
+	close(sp.started)
+	if err != nil {
 		s.log.Error(err, "pod start failed", "pod", key)
-		s.mu.Lock()
-		delete(s.pods, key)
-		s.mu.Unlock()
-		s.cleanupNetNS(ctx, pod.Namespace, pod.Name, sp)
+		s.teardown(ctx, pod.Namespace, pod.Name)
 		s.setStatus(ctx, pod, "", err)
 	}
 }
@@ -294,11 +299,24 @@ func (s *Sim) teardown(ctx context.Context, namespace, name string) {
 	key := namespace + "/" + name
 	s.mu.Lock()
 	sp, ok := s.pods[key]
-	if ok {
-		delete(s.pods, key)
-	}
-	s.mu.Unlock()
 	if !ok {
+		s.mu.Unlock()
+		return
+	}
+	if sp.tearing {
+		s.mu.Unlock()
+		select {
+		case <-sp.tornDown:
+		case <-ctx.Done():
+		}
+		return
+	}
+	sp.tearing = true
+	s.mu.Unlock()
+	defer close(sp.tornDown)
+	select {
+	case <-sp.started: // a start still running finishes first, so its ADD is undone too
+	case <-ctx.Done():
 		return
 	}
 	if sp.proc != nil && sp.proc.Process != nil {
@@ -306,6 +324,11 @@ func (s *Sim) teardown(ctx context.Context, namespace, name string) {
 		<-sp.done
 	}
 	s.cleanupNetNS(ctx, namespace, name, sp)
+	s.mu.Lock()
+	if s.pods[key] == sp {
+		delete(s.pods, key)
+	}
+	s.mu.Unlock()
 }
 
 func (s *Sim) cleanupNetNS(ctx context.Context, namespace, name string, sp *simPod) {
@@ -376,13 +399,15 @@ func (s *Sim) CNIAddLatencies() []time.Duration {
 	return append([]time.Duration(nil), s.CNIAdd...)
 }
 
-// Running lists the pods the simulator runs, with their IPs.
+// Running lists the pods the simulator runs (not those being torn down), with their IPs.
 func (s *Sim) Running() map[string]string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := make(map[string]string, len(s.pods))
 	for k, p := range s.pods {
-		out[k] = p.ip
+		if !p.tearing {
+			out[k] = p.ip
+		}
 	}
 	return out
 }
