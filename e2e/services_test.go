@@ -292,17 +292,8 @@ func TestServices(t *testing.T) {
 			}
 			time.Sleep(200 * time.Millisecond)
 		}
-		// Each client's first connection makes br0 learn its endpoint. Until OVS revalidates the datapath
-		// flows it cached before that learned flow existed, a second new connection can still go
-		// through the select group and re-learn another endpoint (a race inside ovs-vswitchd, about a
-		// millisecond wide; one run in six hit it). Affinity is a steady-state promise: learn first, let
-		// the revalidators run, then every connection must land on one endpoint.
-		for _, c := range clients {
-			if _, err := c.Probe(ctx, "tcp", netip.MustParseAddrPort(clusterIP(sticky, 80)), 0); err != nil {
-				t.Fatalf("%s → sticky: %v", c.Key(), err)
-			}
-		}
-		time.Sleep(time.Second)
+		// Sticky from each client's first connection on (flows.affinityChoice), not only once br0 has
+		// learned the client.
 		for _, c := range clients {
 			counts, err := spreadFrom(ctx, c.NetNS, "tcp", clusterIP(sticky, 80), 30, 1)
 			if err != nil {

@@ -7,7 +7,8 @@ package flows
 //     endpoint at all the connection is DNATed to the host's reject ports instead (see below).
 //   - table 42: per endpoint, reg6+reg4+reg5 → ct(commit, DNAT to it) → 45 (and, with affinity, learn
 //     the client → endpoint mapping into 41); reg6 alone → the select group, whose buckets load
-//     reg4/reg5 and resubmit 42. A group holds at most MaxBucketsPerGroup buckets (an OpenFlow 1.3
+//     reg4/reg5 and resubmit 42. With affinity there is no group: reg6 + the low bits of the client's
+//     address pick the endpoint (see affinityChoice), so a client's early connections agree. A group holds at most MaxBucketsPerGroup buckets (an OpenFlow 1.3
 //     message holds 64 KiB); bigger services get 2^k groups chosen by k low bits of the client's
 //     source port (from bit 1), which is independent of the datapath hash the groups select by. UDP always gets
 //     several rotated copies chosen that way, as OVS's select hash ignores UDP ports.
@@ -479,6 +480,9 @@ func renderLB(owner Owner, lb uint32, proto uint8, srcField Field, eps []Endpoin
 			M(append(Proto(proto), Reg(RegServiceLB, lb), Reg(RegEndpointIP, uint32(ip)), Reg(RegEndpointPort, uint32(e.Port)))...),
 			acts...))
 	}
+	if affinity > 0 {
+		return append(flows, affinityChoice(proto, lb, eps)...), nil, nil
+	}
 	// Split into 2^k groups by bits 1..k of the client's source port: part i holds every
 	// endpoint j with j mod parts = i, so no group outgrows a message.
 	parts := 1
@@ -521,6 +525,36 @@ func renderLB(owner Owner, lb uint32, proto uint8, srcField Field, eps []Endpoin
 		flows = append(flows, F(TableServiceLB, 100, m, ToGroup{ID: gid}))
 	}
 	return flows, groups, nil
+}
+
+// affinityChoice picks a sessionAffinity service's endpoint from the client's address alone: slot i
+// (the low bits of the source IP) → endpoint i mod n, then the endpoint's DNAT flow (which learns it).
+// A select group would choose per connection, and OVS makes a flow learned by a client's first
+// connection visible to the next ones only some milliseconds later (a real-OVS test saw a client's
+// first three connections land on three endpoints); a choice that depends on nothing but the client
+// gives every early connection the same endpoint. The learned flow then keeps the client there when the
+// endpoint set changes.
+func affinityChoice(proto uint8, lb uint32, eps []Endpoint) []Flow {
+	slots := affinitySlots(len(eps))
+	flows := make([]Flow, 0, slots)
+	for i := range slots {
+		e := eps[i%len(eps)]
+		ip, _ := ipv4Value(e.IP)
+		flows = append(flows, F(TableServiceLB, 100,
+			M(append(Proto(proto), Reg(RegServiceLB, lb), Masked(FieldIPSrc, uint64(i), uint64(slots-1)))...),
+			LoadReg(RegEndpointIP, uint32(ip)), LoadReg(RegEndpointPort, uint32(e.Port)), Resubmit{Table: TableServiceLB}))
+	}
+	return flows
+}
+
+// affinitySlots is how many source-address slots a sessionAffinity service spreads its clients over: at
+// least evenBuckets (3 endpoints: 22/21/21 of 64), else the next power of two ≥ n, at most 2^16.
+func affinitySlots(n int) int {
+	slots := evenBuckets
+	for slots < n && slots < 1<<16 {
+		slots *= 2
+	}
+	return slots
 }
 
 // evenBuckets is how many buckets a small load balancer is stretched to. OVS's select groups map 2^k

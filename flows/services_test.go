@@ -1,6 +1,7 @@
 package flows
 
 import (
+	"fmt"
 	"net/netip"
 	"reflect"
 	"slices"
@@ -75,21 +76,73 @@ func TestServiceGolden(t *testing.T) {
 		want: []string{
 			"table=42, priority=200,sctp,reg4=0xa80000c,reg5=0x1f90,reg6=0x57f1df5f actions=learn(table=41,idle_timeout=65535,priority=100,delete_learned,cookie=0x900d45639b6,eth_type=0x800,NXM_NX_REG6[],NXM_OF_IP_SRC[],load:NXM_NX_REG4[]->NXM_NX_REG4[],load:NXM_NX_REG5[]->NXM_NX_REG5[]),ct(commit,table=45,zone=65520,nat(dst=10.128.0.12:8080))",
 			"table=42, priority=200,sctp,reg4=0xa810005,reg5=0x1f90,reg6=0x57f1df5f actions=learn(table=41,idle_timeout=65535,priority=100,delete_learned,cookie=0x900d45639b6,eth_type=0x800,NXM_NX_REG6[],NXM_OF_IP_SRC[],load:NXM_NX_REG4[]->NXM_NX_REG4[],load:NXM_NX_REG5[]->NXM_NX_REG5[]),ct(commit,table=45,zone=65520,nat(dst=10.129.0.5:8080))",
-			"table=42, priority=100,sctp,reg6=0x57f1df5f actions=group:1475469151",
+			"table=42, priority=100,sctp,reg6=0x57f1df5f,nw_src=0.0.0.0/0.0.0.63 actions=load:0xa80000c->NXM_NX_REG4[],load:0x1f90->NXM_NX_REG5[],resubmit(,42)",
+			"table=42, priority=100,sctp,reg6=0x57f1df5f,nw_src=0.0.0.1/0.0.0.63 actions=load:0xa810005->NXM_NX_REG4[],load:0x1f90->NXM_NX_REG5[],resubmit(,42)",
+			"… 62 more address slots, alternating",
 			"table=40, priority=100,sctp,nw_dst=172.30.0.12,tp_dst=9 actions=load:0x57f1df5f->NXM_NX_REG6[],resubmit(,41),goto_table:42",
 			"table=42, priority=200,sctp,reg4=0xa80000c,reg5=0x1f90,reg6=0x12a6aa8e actions=learn(table=41,idle_timeout=65535,priority=100,delete_learned,cookie=0x900d45639b6,eth_type=0x800,NXM_NX_REG6[],NXM_OF_IP_SRC[],load:NXM_NX_REG4[]->NXM_NX_REG4[],load:NXM_NX_REG5[]->NXM_NX_REG5[]),ct(commit,table=45,zone=65520,nat(dst=10.128.0.12:8080))",
-			"table=42, priority=100,sctp,reg6=0x12a6aa8e actions=group:312912526",
+			"table=42, priority=100,sctp,reg6=0x12a6aa8e,nw_src=0.0.0.0/0.0.0.63 actions=load:0xa80000c->NXM_NX_REG4[],load:0x1f90->NXM_NX_REG5[],resubmit(,42)",
+			"table=42, priority=100,sctp,reg6=0x12a6aa8e,nw_src=0.0.0.1/0.0.0.63 actions=load:0xa80000c->NXM_NX_REG4[],load:0x1f90->NXM_NX_REG5[],resubmit(,42)",
+			"… 62 more address slots, alternating",
 			"table=40, priority=100,sctp,nw_dst=169.254.169.3,tp_dst=30009 actions=load:0x12a6aa8e->NXM_NX_REG6[],resubmit(,41),goto_table:42",
-			"group_id=1475469151,type=select,bucket=actions=load:0xa80000c->NXM_NX_REG4[],load:0x1f90->NXM_NX_REG5[],resubmit(,42),bucket=actions=load:0xa810005->NXM_NX_REG4[],load:0x1f90->NXM_NX_REG5[],resubmit(,42)",
-			"group_id=312912526,type=select,bucket=actions=load:0xa80000c->NXM_NX_REG4[],load:0x1f90->NXM_NX_REG5[],resubmit(,42)",
 		},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := renderOne(t, tc.svc)
+			got := elideAddressSlots(renderOne(t, tc.svc))
 			if strings.Join(got, "\n") != strings.Join(tc.want, "\n") {
 				t.Errorf("got:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(tc.want, "\n"))
 			}
 		})
+	}
+}
+
+// elideAddressSlots keeps the first two of each run of sessionAffinity address-slot flows (table 42,
+// matching nw_src) and replaces the rest by one line, so a golden stays readable.
+func elideAddressSlots(flows []string) []string {
+	var out []string
+	run := 0
+	for i, f := range flows {
+		slot := strings.HasPrefix(f, "table=42, priority=100,") && strings.Contains(f, ",nw_src=")
+		if slot {
+			run++
+			if run <= 2 {
+				out = append(out, f)
+			}
+		}
+		if run > 2 && (!slot || i == len(flows)-1) {
+			out = append(out, fmt.Sprintf("… %d more address slots, alternating", run-2))
+		}
+		if !slot {
+			run = 0
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+func TestAffinityChoiceSpreadsAndSticks(t *testing.T) {
+	for _, n := range []int{1, 3, 64, 100, 2000} {
+		eps := make([]Endpoint, n)
+		for i := range eps {
+			eps[i] = readyEP(netip.AddrFrom4([4]byte{10, 128, byte(i >> 8), byte(i)}).String(), 80, true)
+		}
+		flows := affinityChoice(IPProtoTCP, 7, eps)
+		slots := affinitySlots(n)
+		if len(flows) != slots || slots < n || slots&(slots-1) != 0 {
+			t.Fatalf("%d endpoints: %d flows for %d slots", n, len(flows), slots)
+		}
+		// Every endpoint owns a slot, and no endpoint owns more than one slot more than another.
+		per := map[string]int{}
+		for _, f := range flows {
+			per[strings.Split(strings.SplitAfter(f.String(), "actions=load:")[1], "->")[0]]++
+		}
+		lo, hi := slots, 0
+		for _, c := range per {
+			lo, hi = min(lo, c), max(hi, c)
+		}
+		if len(per) != n || hi-lo > 1 {
+			t.Errorf("%d endpoints over %d slots: %d endpoints used, %d..%d slots each", n, slots, len(per), lo, hi)
+		}
 	}
 }
 
