@@ -19,7 +19,8 @@
 //	                      resubmits 41); a service without endpoints is rejected (DNAT to the host's reject ports)
 //	 41 service-affinity  learned flows only (sessionAffinity ClientIP): reg6 + client IP → reg4/reg5 endpoint
 //	 42 service-lb        reg6 + reg4/reg5 (an endpoint) → ct(commit, DNAT to it) → 45; reg6 alone → select
-//	                      group, whose buckets load reg4/reg5 and resubmit 42 (big services: several groups)
+//	                      group, whose buckets load reg4/reg5 and resubmit 42 (big services: several groups);
+//	                      with sessionAffinity, reg6 + low bits of nw_src load the endpoint instead
 //	 45 service-l2        a DNATed packet towards a pod gets the pod's MAC (0a:58 + its IP)
 //	 50 egress-policy     NetworkPolicy egress (networkpolicy mode); default continue to 60
 //	 60 routing           local pod → reg1 = its VNID, reg2 = its port; remote subnet → 90; else → tun0
@@ -99,7 +100,7 @@ var Tables = []Table{
 	{TableConntrack, "conntrack", "send IP through conntrack so replies of NATed connections are un-NATed", TableServices},
 	{TableServices, "services", "service VIPs and NodePorts: established traffic bypasses; new picks a load balancer or is rejected", TableEgressPolicy},
 	{TableServiceAffinity, "service-affinity", "learned sessionAffinity: client IP → endpoint (resubmitted; a miss does nothing)", NoTable},
-	{TableServiceLB, "service-lb", "select an endpoint (select group) and DNAT to it in conntrack", NoTable},
+	{TableServiceLB, "service-lb", "select an endpoint (select group, or client-address slot with affinity) and DNAT to it in conntrack", NoTable},
 	{TableServiceL2, "service-l2", "after DNAT: address the endpoint pod's MAC", TableEgressPolicy},
 	{TableEgressPolicy, "egress-policy", "NetworkPolicy egress rules", TableRouting},
 	{TableRouting, "routing", "find the destination: local pod, remote node subnet, or the host", NoTable},
