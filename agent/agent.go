@@ -2,11 +2,14 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"reflect"
+	"strings"
 	"time"
 
 	"github.com/ofsdn/ofsdn/agent/nodenet"
@@ -14,7 +17,10 @@ import (
 	networkclient "github.com/ofsdn/ofsdn/client/clientset/versioned"
 	networkinformers "github.com/ofsdn/ofsdn/client/informers/externalversions"
 	"github.com/ofsdn/ofsdn/cni"
-	"github.com/ofsdn/ofsdn/flows"
+	"github.com/ofsdn/ofsdn/flows/openflow"
+	"github.com/ofsdn/ofsdn/flows/pipeline"
+	"github.com/ofsdn/ofsdn/flows/reconcile"
+	"github.com/ofsdn/ofsdn/internal/atomicfile"
 	"github.com/ofsdn/ofsdn/ofswitch"
 	"github.com/ofsdn/ofsdn/ovsdb"
 	corev1 "k8s.io/api/core/v1"
@@ -25,6 +31,7 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 )
@@ -32,27 +39,25 @@ import (
 // Config configures the node agent.
 type Config struct {
 	NodeName      string
-	RestConfig    *rest.Config
-	OVSRunDir     string // holds <bridge>.mgmt
-	OVSDBEndpoint string // e.g. unix:/var/run/openvswitch/db.sock
-	Bridge        string // br0
-	DatapathType  string // "system" or "netdev" (userspace, as in the lab)
-	HostNetNS     string // the node's network namespace; "" = the agent's own
-	StateDir      string // IPAM store and other node-local state
+	RestConfig    *rest.Config // for Run; New takes clients instead
+	OVSRunDir     string       // holds <bridge>.mgmt
+	OVSDBEndpoint string       // e.g. unix:/var/run/openvswitch/db.sock
+	Bridge        string       // br0
+	DatapathType  string       // "system" or "netdev" (userspace, as in the lab)
+	HostNetNS     string       // the node's network namespace; "" = the agent's own
+	StateDir      string       // IPAM store and other node-local state
 	CNISocket     string
 	CNIConfDir    string // where the conflist is installed
 	CNIBinDir     string // where the plugin binary is installed
 	PluginBinary  string // the plugin to install; "" = skip installing it
-	ResyncPeriod  time.Duration
-	Logger        klog.Logger
+	// ResyncPeriod is how often the agent compares the bridge with what it wants and repairs drift.
+	ResyncPeriod time.Duration
+	Logger       klog.Logger
 }
 
 func (c *Config) defaults() error {
 	if c.NodeName == "" {
 		return errors.New("agent: node name required")
-	}
-	if c.RestConfig == nil {
-		return errors.New("agent: API server configuration required")
 	}
 	if c.Bridge == "" {
 		c.Bridge = "br0"
@@ -81,250 +86,419 @@ func (c *Config) defaults() error {
 	return nil
 }
 
-// Run runs the agent until ctx ends.
+// Deps are what the agent talks to. Run makes them from a Config; tests make their own (fake
+// clientsets for the informer handlers, real OVS for the data path).
+type Deps struct {
+	Kube kubernetes.Interface
+	Net  networkclient.Interface
+	// DB is the node's OVSDB (bridge, ports, external_ids); only Agent.Run uses it.
+	DB *ovsdb.Client
+	// DialSwitch opens the OpenFlow session to the bridge, which exists by the time it is called.
+	DialSwitch func(ctx context.Context) (*ofswitch.Session, error)
+	// Events records Warning Events on API objects; nil: Agent.Run records through Kube.
+	Events record.EventRecorder
+	// Metrics; nil: a fresh registry.
+	Metrics *Metrics
+}
+
+// Agent is one node's agent: informers and CNI requests feed its nodeView; flowSync renders it onto
+// br0; hostSync carries it to the host (routes, nf_tables); podNetwork serves the CNI plugin.
+type Agent struct {
+	cfg     Config
+	deps    Deps
+	log     klog.Logger
+	view    *nodeView
+	fs      *flowSync
+	host    *hostSide
+	hostFwd *hostSync
+	pods    *podNetwork
+	metrics *Metrics
+	events  record.EventRecorder
+	// conflicts tells each hostPort conflict once.
+	conflicts *conflictReporter
+
+	netInformers  networkinformers.SharedInformerFactory
+	kubeInformers kubeinformers.SharedInformerFactory
+	localPods     kubeinformers.SharedInformerFactory
+
+	// Set by Run's first step.
+	sess  *ofswitch.Session
+	recon *reconcile.Reconciler
+	round uint16
+}
+
+// New wires an agent: its view, the informers on every object its flows depend on and their
+// handlers. It does no I/O: Run does, step by step.
+func New(cfg Config, deps Deps) (*Agent, error) {
+	if err := cfg.defaults(); err != nil {
+		return nil, err
+	}
+	if deps.Kube == nil || deps.Net == nil {
+		return nil, errors.New("agent: Kubernetes and ofsdn API clients required")
+	}
+	if deps.Metrics == nil {
+		deps.Metrics = NewMetrics(nil)
+	}
+	log := cfg.Logger.WithName("agent").WithValues("node", cfg.NodeName)
+	a := &Agent{cfg: cfg, deps: deps, log: log, view: newNodeView(cfg.NodeName), host: &hostSide{}, metrics: deps.Metrics,
+		events: deps.Events}
+	a.conflicts = &conflictReporter{log: log.WithName("hostports")}
+	// The flow sync's reconciler comes with the bridge in Run; everything that feeds it exists now.
+	a.fs = newFlowSync(a.view, nil, log)
+	a.fs.metrics = deps.Metrics
+	a.fs.onFailure = a.ownerFailed
+	a.hostFwd = newHostSync(log, a.applyHost)
+	a.fs.host = a.hostFwd
+	a.fs.onIndexChanged = a.saveOwnerIndex
+	a.pods = &podNetwork{view: a.view, sync: a.fs, db: deps.DB, bridge: cfg.Bridge, hostNetNS: cfg.HostNetNS,
+		netdev: cfg.DatapathType == "netdev", stateDir: filepath.Join(cfg.StateDir, "ipam"), log: log.WithName("cni")}
+
+	a.netInformers = networkinformers.NewSharedInformerFactory(deps.Net, 0)
+	a.kubeInformers = kubeinformers.NewSharedInformerFactory(deps.Kube, 0)
+	a.localPods = kubeinformers.NewSharedInformerFactoryWithOptions(deps.Kube, 0, kubeinformers.WithTweakListOptions(func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", cfg.NodeName).String()
+	}))
+	w := &watchNetwork{view: a.view, sync: a.fs, log: log}
+	if cfg.DatapathType == "netdev" {
+		w.newPeer = a.resolvePeer
+	}
+	ws := &watchServices{view: a.view, sync: a.fs, log: log.WithName("services")}
+	net := a.netInformers.Network().V1()
+	for _, h := range []struct {
+		informer cache.SharedIndexInformer
+		handle   func(obj any, deleted bool)
+	}{
+		{net.ClusterNetworks().Informer(), w.clusterNetwork},
+		{net.HostSubnets().Informer(), w.hostSubnet},
+		{net.NetNamespaces().Informer(), w.netNamespace},
+		// Services and their endpoints: br0 load-balances them, no kube-proxy needed.
+		{a.kubeInformers.Core().V1().Services().Informer(), ws.service},
+		{a.kubeInformers.Discovery().V1().EndpointSlices().Informer(), ws.endpointSlice},
+		// The pods bound to this node: their hostPorts.
+		{a.localPods.Core().V1().Pods().Informer(), (&watchHostPorts{view: a.view, sync: a.fs}).pod},
+	} {
+		if _, err := h.informer.AddEventHandler(handlers(h.handle)); err != nil {
+			return nil, fmt.Errorf("agent: %w", err)
+		}
+	}
+	return a, nil
+}
+
+// Run connects the agent to the API server and the node's Open vSwitch as cfg says and runs it
+// until ctx ends.
 func Run(ctx context.Context, cfg Config) error {
 	if err := cfg.defaults(); err != nil {
 		return err
 	}
-	log := cfg.Logger.WithName("agent").WithValues("node", cfg.NodeName)
-	netClient, err := networkclient.NewForConfig(cfg.RestConfig)
+	if cfg.RestConfig == nil {
+		return errors.New("agent: API server configuration required")
+	}
+	kube, err := kubernetes.NewForConfig(cfg.RestConfig)
 	if err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}
-	kubeClient, err := kubernetes.NewForConfig(cfg.RestConfig)
+	net, err := networkclient.NewForConfig(cfg.RestConfig)
 	if err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}
-	view := newNodeView(cfg.NodeName)
-
-	// The cluster's configuration comes first: the VXLAN port and the MTU depend on it.
-	factory := networkinformers.NewSharedInformerFactory(netClient, 0)
-	informers := factory.Network().V1()
-	db, err := ovsdb.Connect(ctx, cfg.OVSDBEndpoint, log)
+	db, err := ovsdb.Connect(ctx, cfg.OVSDBEndpoint, cfg.Logger)
 	if err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}
 	defer db.Close()
+	a, err := New(cfg, Deps{Kube: kube, Net: net, DB: db, DialSwitch: func(ctx context.Context) (*ofswitch.Session, error) {
+		return ofswitch.Dial(ctx, ofswitch.Config{Socket: filepath.Join(cfg.OVSRunDir, cfg.Bridge+".mgmt"), Bridge: cfg.Bridge, Logger: cfg.Logger})
+	}})
+	if err != nil {
+		return err
+	}
+	return a.Run(ctx)
+}
 
-	// The bridge, and the round this run stamps into cookies.
-	if err := db.EnsureBridge(ctx, ovsdb.BridgeConfig{Name: cfg.Bridge, DatapathType: cfg.DatapathType}); err != nil {
-		return fmt.Errorf("agent: %w", err)
+// Run runs the agent's start-up steps in order, then serves CNI requests until ctx ends. Each step
+// needs the ones before it; none deletes a flow that still forwards.
+func (a *Agent) Run(ctx context.Context) error {
+	if a.deps.DB == nil || a.deps.DialSwitch == nil {
+		return errors.New("agent: Run needs the node's OVSDB and a way to dial its bridge")
 	}
-	round, err := beginRound(ctx, db, cfg.Bridge)
-	if err != nil {
-		return fmt.Errorf("agent: %w", err)
+	if a.events == nil {
+		broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+		broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: a.deps.Kube.CoreV1().Events("")})
+		defer broadcaster.Shutdown()
+		a.events = broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "ofsdn-agent", Host: a.cfg.NodeName})
 	}
-	log = log.WithValues("round", round)
-	sess, err := ofswitch.Dial(ctx, ofswitch.Config{Socket: filepath.Join(cfg.OVSRunDir, cfg.Bridge+".mgmt"), Bridge: cfg.Bridge, Logger: log})
-	if err != nil {
-		return fmt.Errorf("agent: %w", err)
+	a.conflicts.recorder = a.events
+	steps := []struct {
+		name string
+		run  func(context.Context) error
+	}{
+		{"open the bridge", a.openBridge},
+		{"sync informers", a.syncInformers},
+		{"wait for the node's subnet", a.waitForNode},
+		{"set up the node", a.setUpNode},
+		{"restore pods", a.pods.restore},
+		{"install this round", a.installRound},
+		{"serve CNI", a.serveCNI},
 	}
-	defer sess.Close()
-	r := flows.NewReconciler(ofswitch.FlowsSwitch(sess), flows.ReconcilerConfig{Round: round, PipelineVersion: flows.PipelineVersion,
-		OwnerIndexPath: filepath.Join(cfg.OVSRunDir, cfg.Bridge+".owners.json"), Logger: log})
-	if err := r.LoadInstalled(ctx); err != nil {
-		return fmt.Errorf("agent: %w", err)
-	}
-	fs := newFlowSync(view, r, log)
-	// A restarted ovs-vswitchd recreates tun0 bare (userspace OVS's internal ports are taps that die with
-	// it) and has no flows: put the host side back, then replay every owner.
-	host := &hostSide{}
-	// A userspace datapath drops the first packet to a tunnel peer it has not learnt (shared/LAB.md).
-	netdev := cfg.DatapathType == "netdev"
-	resolvePeer := func(peer netip.Addr) {
-		if err := nodenet.ResolveNeighbor(cfg.HostNetNS, peer); err != nil {
-			log.V(2).Info("tunnel peer warm-up failed", "peer", peer, "err", err)
+	for _, s := range steps {
+		start := time.Now()
+		if err := s.run(ctx); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("agent: %s: %w", s.name, err)
 		}
+		a.log.V(1).Info("start-up step done", "step", s.name, "took", time.Since(start))
 	}
-	sess.OnReconnect(func(ctx context.Context) error {
-		if err := host.ensure(ctx); err != nil {
+	return nil
+}
+
+// openBridge makes sure br0 exists, picks this run's round, opens the OpenFlow session and reads what
+// the bridge holds, so the first sync replaces the previous round's flows in place.
+func (a *Agent) openBridge(ctx context.Context) error {
+	if err := a.deps.DB.EnsureBridge(ctx, ovsdb.BridgeConfig{Name: a.cfg.Bridge, DatapathType: a.cfg.DatapathType}); err != nil {
+		return err
+	}
+	round, err := beginRound(ctx, a.deps.DB, a.cfg.Bridge)
+	if err != nil {
+		return err
+	}
+	a.round = round
+	a.log = a.log.WithValues("round", round)
+	a.sess, err = a.deps.DialSwitch(ctx)
+	if err != nil {
+		return err
+	}
+	context.AfterFunc(ctx, func() { _ = a.sess.Close() })
+	a.recon = reconcile.New(ofswitch.FlowsSwitch(a.sess), reconcile.Config{Round: round, PipelineVersion: pipeline.PipelineVersion,
+		VersionOf: pipeline.VersionOf})
+	a.fs.r = a.recon
+	rep, err := a.recon.LoadInstalled(ctx)
+	if err != nil {
+		return err
+	}
+	a.log.Info("bridge opened", "flows", rep.Flows, "groups", rep.Groups, "undecodable", rep.Undecodable)
+	if rep.Rebuild {
+		a.log.Info("bridge holds flows of another pipeline version: the first sync rebuilds it in one bundle",
+			"found", rep.FoundVersion, "foundNote", rep.SawVersion, "want", pipeline.PipelineVersion)
+	}
+	// A restarted ovs-vswitchd recreates tun0 bare (userspace OVS's internal ports are taps that die
+	// with it) and has no flows: put the host side back, then replay every owner through the sync loop.
+	a.sess.OnReconnect(func(ctx context.Context) error {
+		if err := a.host.ensure(ctx); err != nil {
 			return err
 		}
-		if netdev {
-			for _, peer := range view.peers() {
-				resolvePeer(peer)
-			}
+		a.warmPeers()
+		if err := a.fs.resync(ctx); err != nil {
+			return err
 		}
-		st, err := r.ResyncFromSwitch(ctx)
-		if err == nil {
-			log.Info("replayed flows after reconnecting", "stats", st.String())
-		}
-		return err
+		a.log.Info("replayed flows after reconnecting")
+		return nil
 	})
-	pods := &podNetwork{view: view, sync: fs, db: db, bridge: cfg.Bridge, hostNetNS: cfg.HostNetNS,
-		netdev: cfg.DatapathType == "netdev", stateDir: filepath.Join(cfg.StateDir, "ipam"), log: log.WithName("cni")}
+	return nil
+}
 
-	w := &watchNetwork{view: view, sync: fs, log: log}
-	if netdev {
-		w.newPeer = resolvePeer
-	}
-	_, _ = informers.ClusterNetworks().Informer().AddEventHandler(w.handlers(w.clusterNetwork))
-	_, _ = informers.HostSubnets().Informer().AddEventHandler(w.handlers(w.hostSubnet))
-	_, _ = informers.NetNamespaces().Informer().AddEventHandler(w.handlers(w.netNamespace))
-	// Services and their endpoints: br0 load-balances them, no kube-proxy needed. The pods bound to
-	// this node: their hostPorts.
-	kubeFactory := kubeinformers.NewSharedInformerFactory(kubeClient, 0)
-	localPods := kubeinformers.NewSharedInformerFactoryWithOptions(kubeClient, 0, kubeinformers.WithTweakListOptions(func(o *metav1.ListOptions) {
-		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", cfg.NodeName).String()
-	}))
-	_, _ = localPods.Core().V1().Pods().Informer().AddEventHandler(w.handlers((&watchHostPorts{view: view, sync: fs}).pod))
-	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
-	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: kubeClient.CoreV1().Events("")})
-	defer broadcaster.Shutdown()
-	conflicts := &conflictReporter{log: log.WithName("hostports"),
-		recorder: broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "ofsdn-agent", Host: cfg.NodeName})}
-	fs.afterSync = func(ctx context.Context, prev, cur flows.NodeState) {
-		// UDP and SCTP entries towards endpoints a service no longer uses would keep their clients
-		// on them: flush them in br0's service zone.
-		if stale := flows.StaleConntrack(prev, cur); len(stale) > 0 {
-			msgs := make([][]byte, 0, len(stale))
-			for _, c := range stale {
-				msgs = append(msgs, flows.EncodeConntrackFlush(flows.ZoneService, c))
-			}
-			if err := sess.Send(ctx, msgs); err != nil {
-				log.Error(err, "flush stale service conntrack entries", "entries", len(stale))
-			} else {
-				log.V(2).Info("flushed stale service conntrack entries", "entries", stale)
+// syncInformers starts the informers and waits for their caches: a partial view would delete flows
+// that still serve.
+func (a *Agent) syncInformers(ctx context.Context) error {
+	a.netInformers.Start(ctx.Done())
+	a.kubeInformers.Start(ctx.Done())
+	a.localPods.Start(ctx.Done())
+	for _, wait := range []func(<-chan struct{}) map[reflect.Type]bool{
+		a.netInformers.WaitForCacheSync, a.kubeInformers.WaitForCacheSync, a.localPods.WaitForCacheSync,
+	} {
+		for typ, ok := range wait(ctx.Done()) {
+			if !ok {
+				return fmt.Errorf("informer for %v did not sync", typ)
 			}
 		}
-		hostPorts, found := view.resolvedHostPorts()
-		conflicts.report(found)
-		if err := host.setForwards(nodePortsOf(cur.Services), hostPorts); err != nil {
-			log.Error(err, "NodePort and hostPort forwarding")
-		}
 	}
-	ws := &watchServices{view: view, sync: fs, log: log.WithName("services")}
-	_, _ = kubeFactory.Core().V1().Services().Informer().AddEventHandler(w.handlers(ws.service))
-	_, _ = kubeFactory.Discovery().V1().EndpointSlices().Informer().AddEventHandler(w.handlers(ws.endpointSlice))
-	factory.Start(ctx.Done())
-	kubeFactory.Start(ctx.Done())
-	localPods.Start(ctx.Done())
-	// The first sync must see every cache filled: a partial view would delete flows that still serve.
-	for typ, ok := range factory.WaitForCacheSync(ctx.Done()) {
-		if !ok {
-			return fmt.Errorf("agent: informer for %v did not sync", typ)
-		}
-	}
-	for typ, ok := range kubeFactory.WaitForCacheSync(ctx.Done()) {
-		if !ok {
-			return fmt.Errorf("agent: informer for %v did not sync", typ)
-		}
-	}
-	for typ, ok := range localPods.WaitForCacheSync(ctx.Done()) {
-		if !ok {
-			return fmt.Errorf("agent: informer for %v did not sync", typ)
-		}
-	}
-	// Wait until this node has a subnet and the cluster network is known.
-	for view.ready() != nil {
-		log.Info("waiting for the node's HostSubnet and the ClusterNetwork", "reason", view.ready())
+	return nil
+}
+
+// waitForNode waits until this node has a subnet and the cluster network is known.
+func (a *Agent) waitForNode(ctx context.Context) error {
+	for a.view.ready() != nil {
+		a.log.Info("waiting for the node's HostSubnet and the ClusterNetwork", "reason", a.view.ready())
 		select {
 		case <-ctx.Done():
-			return nil
+			return ctx.Err()
 		case <-time.After(time.Second):
 		}
 	}
-	cn, err := informers.ClusterNetworks().Lister().Get(networkv1.ClusterNetworkName)
-	if err != nil {
-		return fmt.Errorf("agent: %w", err)
-	}
-	nc, err := setUpNode(ctx, cfg, db, view, cn, pods)
-	if err != nil {
-		return fmt.Errorf("agent: %w", err)
-	}
-	host.set(nc)
-	if netdev { // peers seen before vxlan0 existed were not learnt: OVS snoops only once it tunnels
-		for _, peer := range view.peers() {
-			resolvePeer(peer)
-		}
-	}
-	// Pods that existed before this start come back from their OVS ports and the address store.
-	if err := pods.restore(ctx); err != nil {
-		return fmt.Errorf("agent: %w", err)
-	}
-
-	// Install this round, then drop what older rounds left, then remember the round.
-	if _, err := fs.syncNow(ctx); err != nil {
-		return fmt.Errorf("agent: first sync: %w", err)
-	}
-	if st, err := r.FinishRound(ctx); err != nil {
-		return fmt.Errorf("agent: finish round: %w", err)
-	} else {
-		log.Info("pipeline installed", "stats", st.String())
-	}
-	if err := commitRound(ctx, db, cfg.Bridge, round); err != nil {
-		return fmt.Errorf("agent: %w", err)
-	}
-
-	srv := &cni.Server{Socket: cfg.CNISocket, Handler: pods, Logger: log.WithName("cni-server")}
-	if err := srv.Listen(); err != nil {
-		return fmt.Errorf("agent: %w", err)
-	}
-	if err := installCNI(cfg, pods.mtu); err != nil {
-		return fmt.Errorf("agent: %w", err)
-	}
-	go fs.run(ctx)
-	go func() {
-		t := time.NewTicker(cfg.ResyncPeriod)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				if st, err := r.ResyncFromSwitch(ctx); err != nil {
-					log.Error(err, "periodic resync")
-				} else if st.Changes() > 0 {
-					log.Info("periodic resync repaired drift", "stats", st.String())
-				}
-			}
-		}
-	}()
-	log.Info("agent running", "bridge", cfg.Bridge, "cniSocket", cfg.CNISocket)
-	return srv.Serve(ctx)
+	return nil
 }
 
 // setUpNode creates the node's OVS ports and host networking for its subnet.
-func setUpNode(ctx context.Context, cfg Config, db *ovsdb.Client, view *nodeView, cn *networkv1.ClusterNetwork, pods *podNetwork) (nodenet.Config, error) {
+func (a *Agent) setUpNode(ctx context.Context) error {
+	cn, err := a.netInformers.Network().V1().ClusterNetworks().Lister().Get(networkv1.ClusterNetworkName)
+	if err != nil {
+		return err
+	}
 	vxlanPort := int(cn.Spec.VXLANPort)
 	if vxlanPort == 0 {
 		vxlanPort = int(networkv1.DefaultVXLANPort)
 	}
-	if _, err := db.EnsureVXLANPort(ctx, cfg.Bridge, "vxlan0", vxlanPort, int(flows.PortVXLAN)); err != nil {
-		return nodenet.Config{}, err
+	db := a.deps.DB
+	if _, err := db.EnsureVXLANPort(ctx, a.cfg.Bridge, "vxlan0", vxlanPort, int(pipeline.PortVXLAN)); err != nil {
+		return err
 	}
-	view.mu.Lock()
-	nc := nodenet.Config{HostNetNS: cfg.HostNetNS, Tun0: "tun0", LocalSubnet: view.localSubnet, Logger: cfg.Logger.WithName("nodenet"),
-		ClusterNetworks: append([]netip.Prefix(nil), view.clusterNets...), NodeIP: view.nodeIP}
-	view.mu.Unlock()
+	a.view.mu.Lock()
+	nc := nodenet.Config{HostNetNS: a.cfg.HostNetNS, Tun0: "tun0", LocalSubnet: a.view.localSubnet, Logger: a.cfg.Logger.WithName("nodenet"),
+		ClusterNetworks: append([]netip.Prefix(nil), a.view.clusterNets...), NodeIP: a.view.nodeIP}
+	a.view.mu.Unlock()
 	if sn, err := netip.ParsePrefix(string(cn.Spec.ServiceNetwork)); err == nil {
 		nc.ServiceNetwork = sn
 	}
 	mtu := int(cn.Spec.MTU)
 	if mtu == 0 {
-		uplink, err := nodenet.UplinkMTU(cfg.HostNetNS, nc.NodeIP)
+		uplink, err := nodenet.UplinkMTU(a.cfg.HostNetNS, nc.NodeIP)
 		if err != nil {
-			return nodenet.Config{}, err
+			return err
 		}
 		mtu = uplink - 50 // VXLAN overhead
 	}
 	nc.MTU = mtu
-	pods.mtu = mtu
-	// br0 serves services behind tun0 at link-local addresses of its own (flows/services.go).
-	nc.BridgeAddresses = []netip.Addr{flows.ServiceHairpinIP, flows.ServiceNodePortIP}
-	nc.ServiceNextHop = flows.ServiceHairpinIP
-	nc.Forwards = nodenet.Forwards{NodePortTarget: flows.ServiceNodePortIP, RejectPorts: [2]uint16{flows.RejectPortMin, flows.RejectPortMax}}
-	if _, err := db.EnsureInternalPort(ctx, cfg.Bridge, "tun0", int(flows.PortTun0), mtu); err != nil {
-		return nodenet.Config{}, err
+	a.pods.mtu = mtu
+	// br0 serves services behind tun0 at link-local addresses of its own (flows/pipeline/services.go).
+	nc.BridgeAddresses = []netip.Addr{pipeline.ServiceHairpinIP, pipeline.ServiceNodePortIP}
+	nc.ServiceNextHop = pipeline.ServiceHairpinIP
+	nc.Forwards = nodenet.Forwards{NodePortTarget: pipeline.ServiceNodePortIP, RejectPorts: [2]uint16{pipeline.RejectPortMin, pipeline.RejectPortMax}}
+	if _, err := db.EnsureInternalPort(ctx, a.cfg.Bridge, "tun0", int(pipeline.PortTun0), mtu); err != nil {
+		return err
 	}
-	return nc, nodenet.Ensure(ctx, nc)
+	if err := nodenet.Ensure(ctx, nc); err != nil {
+		return err
+	}
+	a.host.set(nc)
+	// Peers seen before vxlan0 existed were not learnt: OVS snoops only once it tunnels.
+	a.warmPeers()
+	return nil
 }
 
-// installCNI writes the conflist (atomically) and copies the plugin binary into the CNI directories.
+// installRound installs this round's flows beside the previous round's, then deletes what older
+// rounds left, then records the round: no datapath gap across a restart.
+func (a *Agent) installRound(ctx context.Context) error {
+	if _, err := a.fs.syncNow(ctx); err != nil {
+		return fmt.Errorf("first sync: %w", err)
+	}
+	res, err := a.recon.FinishRound(ctx)
+	if err != nil {
+		return fmt.Errorf("finish round: %w", err)
+	}
+	for o, ferr := range res.Failed {
+		a.log.Error(ferr, "owner refused while finishing the round; it keeps its last good flows", "owner", o.String())
+	}
+	a.log.Info("pipeline installed", "stats", res.Stats.String())
+	return commitRound(ctx, a.deps.DB, a.cfg.Bridge, a.round)
+}
+
+// serveCNI starts the sync loops and serves the CNI plugin until ctx ends.
+func (a *Agent) serveCNI(ctx context.Context) error {
+	srv := &cni.Server{Socket: a.cfg.CNISocket, Handler: a.pods, Logger: a.log.WithName("cni-server")}
+	if err := srv.Listen(); err != nil {
+		return err
+	}
+	if err := installCNI(a.cfg, a.pods.mtu); err != nil {
+		return err
+	}
+	go a.fs.run(ctx)
+	go a.hostFwd.run(ctx)
+	go a.fs.resyncEvery(ctx, a.cfg.ResyncPeriod)
+	a.log.Info("agent running", "bridge", a.cfg.Bridge, "cniSocket", a.cfg.CNISocket)
+	return srv.Serve(ctx)
+}
+
+// applyHost carries a synced state to the host: conntrack flushes, forwards, hostPort conflicts.
+func (a *Agent) applyHost(ctx context.Context, st pipeline.NodeState, stale []openflow.ConntrackFlush) error {
+	// UDP and SCTP entries towards endpoints a service no longer uses would keep their clients on
+	// them: flush them in br0's service zone.
+	if len(stale) > 0 && a.sess != nil {
+		msgs := make([][]byte, 0, len(stale))
+		for _, c := range stale {
+			msgs = append(msgs, openflow.EncodeConntrackFlush(pipeline.ZoneService, c))
+		}
+		if err := a.sess.Send(ctx, msgs); err != nil {
+			a.log.Error(err, "flush stale service conntrack entries", "entries", len(stale))
+		} else {
+			a.log.V(2).Info("flushed stale service conntrack entries", "entries", stale)
+		}
+	}
+	hostPorts, found := a.view.resolvedHostPorts()
+	a.conflicts.report(found)
+	if err := a.host.setForwards(nodePortsOf(st.Services), hostPorts); err != nil {
+		return fmt.Errorf("NodePort and hostPort forwarding: %w", err)
+	}
+	return nil
+}
+
+// resolvePeer makes the node's kernel resolve a tunnel peer now: a userspace datapath drops the first
+// packet to a peer it has not learnt (shared/LAB.md).
+func (a *Agent) resolvePeer(peer netip.Addr) {
+	if err := nodenet.ResolveNeighbor(a.cfg.HostNetNS, peer); err != nil {
+		a.log.V(2).Info("tunnel peer warm-up failed", "peer", peer, "err", err)
+	}
+}
+
+func (a *Agent) warmPeers() {
+	if a.cfg.DatapathType != "netdev" {
+		return
+	}
+	for _, peer := range a.view.peers() {
+		a.resolvePeer(peer)
+	}
+}
+
+// saveOwnerIndex writes the owner index flowctl names flows' owners with.
+func (a *Agent) saveOwnerIndex(x *reconcile.OwnerIndex) {
+	data, err := json.Marshal(x)
+	if err == nil {
+		err = atomicfile.Write(filepath.Join(a.cfg.OVSRunDir, a.cfg.Bridge+".owners.json"), data, 0o644)
+	}
+	if err != nil {
+		a.log.Error(err, "saving the owner index (flowctl shows owner hashes instead of names meanwhile)")
+	}
+}
+
+// ownerFailed reports an owner that keeps its last good flows with a Warning Event on the API object
+// it renders, if it has one (flowSync logs it and counts it in the metrics).
+func (a *Agent) ownerFailed(o reconcile.Owner, fail *ownerFailure) {
+	if fail.attempts > 1 || a.events == nil {
+		return // one Event per failure, not per retry
+	}
+	if ref := ownerObject(o); ref != nil {
+		a.events.Eventf(ref, corev1.EventTypeWarning, "FlowsNotInstalled",
+			"ofsdn could not install this object's flows on node %s; it keeps its previous flows and retries: %v", a.cfg.NodeName, fail.err)
+	}
+}
+
+// ownerObject is the API object an owner's flows render, when there is one.
+func ownerObject(o reconcile.Owner) *corev1.ObjectReference {
+	ns, rest, namespaced := strings.Cut(o.Name, "/")
+	switch o.Category {
+	case reconcile.CategoryPod:
+		if namespaced {
+			return &corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: ns, Name: rest}
+		}
+	case reconcile.CategoryService:
+		if name, _, ok := strings.Cut(rest, ":"); namespaced && ok {
+			return &corev1.ObjectReference{Kind: "Service", APIVersion: "v1", Namespace: ns, Name: name}
+		}
+	case reconcile.CategoryNetPol:
+		if namespaced {
+			return &corev1.ObjectReference{Kind: "NetworkPolicy", APIVersion: "networking.k8s.io/v1", Namespace: ns, Name: rest}
+		}
+	case reconcile.CategoryNode:
+		return &corev1.ObjectReference{Kind: "Node", APIVersion: "v1", Name: o.Name}
+	}
+	return nil
+}
+
+// installCNI writes the conflist and copies the plugin binary into the CNI directories, atomically.
 func installCNI(cfg Config, mtu int) error {
 	if cfg.CNIConfDir != "" {
 		conf := fmt.Sprintf(`{"cniVersion":"1.1.0","name":"ofsdn","plugins":[{"type":"ofsdn","agentSocket":%q,"mtu":%d}]}`+"\n", cfg.CNISocket, mtu)
-		if err := writeAtomic(filepath.Join(cfg.CNIConfDir, "80-ofsdn.conflist"), []byte(conf), 0o644); err != nil {
+		if err := atomicfile.Write(filepath.Join(cfg.CNIConfDir, "80-ofsdn.conflist"), []byte(conf), 0o644); err != nil {
 			return fmt.Errorf("install CNI config: %w", err)
 		}
 	}
@@ -333,32 +507,9 @@ func installCNI(cfg Config, mtu int) error {
 		if err != nil {
 			return fmt.Errorf("install CNI plugin: %w", err)
 		}
-		if err := writeAtomic(filepath.Join(cfg.CNIBinDir, "ofsdn"), data, 0o755); err != nil {
+		if err := atomicfile.Write(filepath.Join(cfg.CNIBinDir, "ofsdn"), data, 0o755); err != nil {
 			return fmt.Errorf("install CNI plugin: %w", err)
 		}
 	}
 	return nil
-}
-
-func writeAtomic(path string, data []byte, mode os.FileMode) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return err
-	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Chmod(mode); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
 }

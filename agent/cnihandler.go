@@ -15,6 +15,7 @@ import (
 	"github.com/ofsdn/ofsdn/agent/ipam"
 	"github.com/ofsdn/ofsdn/agent/podnet"
 	"github.com/ofsdn/ofsdn/cni"
+	"github.com/ofsdn/ofsdn/flows/pipeline"
 	"github.com/ofsdn/ofsdn/ovsdb"
 	"k8s.io/klog/v2"
 )
@@ -147,7 +148,7 @@ func (p *podNetwork) Add(ctx context.Context, req *cni.Request) (*current.Result
 		v.pods[podKey(req.PodNamespace(), req.PodName())] = localPod{Namespace: req.PodNamespace(), Name: req.PodName(),
 			SandboxID: req.ContainerID, IP: ip, MAC: mac, OFPort: uint32(ofport), HostVeth: hostVeth}
 	})
-	if _, err := p.sync.syncThrough(ctx, gen); err != nil {
+	if _, err := p.sync.syncThrough(ctx, gen, pipeline.PodOwner(req.PodNamespace(), req.PodName())); err != nil {
 		return nil, cni.Errorf(cni.ErrTryAgainLater, "install flows for %s/%s: %v", req.PodNamespace(), req.PodName(), err)
 	}
 	ok = true

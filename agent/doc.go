@@ -1,20 +1,26 @@
-// Package agent is ofsdn's node agent: informers and CNI requests feed a nodeView (plain data), flows.Render
-// turns it into desired flows per owner, and flowSync reconciles the owners that changed in one bundle.
+// Package agent is ofsdn's node agent: informers and CNI requests feed a nodeView (plain data),
+// pipeline.Render turns it into desired flows per owner, and flowSync applies the owners that changed
+// in one bundle through reconcile.Reconciler.
 //
 // Where each thing lives:
 //
-//   - agent.go: Run — OVSDB and OpenFlow sessions, the round, informers, start-up order, the sync loop and
-//     its afterSync hook (conntrack flushes for removed UDP endpoints, host forwards).
+//   - agent.go: New wires the view, informers and handlers from its Deps (clients, OVSDB, a way to
+//     dial the bridge) without I/O; Run takes the named start-up steps in order (open the bridge, sync
+//     informers, wait for the node's subnet, set up the node, restore pods, install this round, serve
+//     CNI); the package-level Run makes real Deps from a Config. Owner failures become Warning Events.
 //   - view.go: nodeView, the one picture of the node every flow is rendered from; its generation counter
 //     lets a CNI ADD wait for exactly its own change.
 //   - informers.go: ClusterNetwork, HostSubnets and NetNamespaces into the view.
-//   - services.go: Services and EndpointSlices into flows.ServiceState (with a conversion cache, so one
-//     endpoint change converts one service).
+//   - services.go: Services and EndpointSlices into pipeline.ServiceState (with a conversion cache, so
+//     one endpoint change converts one service).
 //   - hostside.go: the node's own side through nodenet — routes, tun0, nf_tables SNAT, NodePort and
-//     hostPort forwards, and HostPortConflict Events (the oldest pod keeps a contested hostPort).
+//     hostPort forwards, HostPortConflict Events — and hostSync, the loop that carries synced states there
+//     (and flushes stale UDP conntrack) off the flow path.
 //   - cnihandler.go: the CNI verbs (IPAM in ipam/, the veth in podnet/, the OVS port with its external_ids)
 //     and the restore of existing pods from OVSDB and the address store after a restart.
-//   - flowsync.go: render, diff per owner, one bundle; concurrent callers coalesce into one sync.
+//   - flowsync.go: render, diff per owner, one Apply; concurrent callers coalesce; failing owners keep
+//     their last good flows and are retried with back-off; resyncs (reconnect, periodic) run in its loop.
 //   - round.go: the reconciliation round stamped in cookies (kept in br0's external_ids), so a restarted
 //     agent installs its flows beside the previous round's and only then deletes those: no datapath gap.
+//   - metrics.go: the agent's Prometheus metrics.
 package agent

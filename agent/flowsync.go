@@ -2,36 +2,73 @@ package agent
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"reflect"
 	"sync"
 	"time"
 
-	"github.com/ofsdn/ofsdn/flows"
+	"github.com/ofsdn/ofsdn/flows/pipeline"
+	"github.com/ofsdn/ofsdn/flows/reconcile"
 	"k8s.io/klog/v2"
 )
 
-// flowSync renders the node view and reconciles exactly the owners whose flows changed, in one bundle
-// per change. It is the only writer of the bridge's flows.
+// flowSync renders the node view and applies exactly the owners whose flows changed, in one bundle
+// per change. It is the only writer of the bridge's flows: CNI requests, informer events, resyncs
+// after OVS reconnects and the periodic drift check all go through it, one at a time.
+//
+// An owner whose render fails, or whose new flows the reconciler refuses (a conflict, or OVS saying
+// no), keeps its last good flows and is retried with back-off; it is reported (log, metric, a Warning
+// Event on its API object) and every other owner keeps syncing.
 type flowSync struct {
-	mu       sync.Mutex // one sync at a time: CNI requests and informer events serialise here
+	mu       sync.Mutex // one sync at a time
 	view     *nodeView
-	r        *flows.Reconciler
-	renderer flows.Renderer // remembers each service's render: one endpoint change renders one service
+	r        *reconcile.Reconciler
+	renderer pipeline.Renderer // remembers each service's render: one endpoint change renders one service
 	log      klog.Logger
-	rendered map[flows.Owner]flows.OwnerState // what the reconciler was last given, per owner
-	synced   uint64                           // view generation of the last successful sync
-	kick     chan struct{}
-	// onSynced, when set, observes each successful sync (metrics, convergence benchmarks).
-	onSynced func(flows.SyncStats, time.Duration)
-	// afterSync, when set, carries a synced state to the rest of the node (port forwarding, conntrack
-	// flushes); prev is the state of the sync before.
-	afterSync func(ctx context.Context, prev, cur flows.NodeState)
-	last      flows.NodeState
+	// applied is what the reconciler accepted for each owner: a render equal to it needs nothing.
+	applied map[reconcile.Owner]reconcile.OwnerState
+	// failing are owners whose latest render could not be installed.
+	failing map[reconcile.Owner]*ownerFailure
+	synced  uint64 // view generation of the last successful sync
+	kick    chan struct{}
+	// resyncWanted asks the loop for a full resync from the switch (after a reconnect, periodically).
+	resyncWanted chan chan error
+	// onSynced, when set, observes each sync that sent something (metrics, convergence benchmarks).
+	onSynced func(reconcile.SyncStats, time.Duration)
+	// onFailure, when set, tells the rest of the agent that an owner failed (again).
+	onFailure func(reconcile.Owner, *ownerFailure)
+	// synced states go to the host side (port forwards, conntrack flushes) without waiting for it.
+	host *hostSync
+	// onIndexChanged, when set, is called after a sync that changed the set of owners (the agent saves
+	// the owner index flowctl reads).
+	onIndexChanged func(*reconcile.OwnerIndex)
+	indexGen       uint64
+	metrics        *Metrics // optional
+	clock          func() time.Time
+	// injected owners are added to every render: tests use it to make an owner the switch refuses.
+	injected map[reconcile.Owner]reconcile.OwnerState
 }
 
-func newFlowSync(view *nodeView, r *flows.Reconciler, log klog.Logger) *flowSync {
-	return &flowSync{view: view, r: r, log: log.WithName("flowsync"), rendered: map[flows.Owner]flows.OwnerState{},
-		kick: make(chan struct{}, 1)}
+// ownerFailure is one owner's failed state and its retry schedule.
+type ownerFailure struct {
+	state    reconcile.OwnerState // the render that failed (zero for a render error)
+	err      error
+	attempts int
+	retryAt  time.Time
+}
+
+// Retry back-off of a failing owner: 1 s doubling to 5 minutes. An owner whose render changes is
+// retried at once (the change may be the fix).
+const (
+	ownerRetryMin = time.Second
+	ownerRetryMax = 5 * time.Minute
+)
+
+func newFlowSync(view *nodeView, r *reconcile.Reconciler, log klog.Logger) *flowSync {
+	return &flowSync{view: view, r: r, log: log.WithName("flowsync"),
+		applied: map[reconcile.Owner]reconcile.OwnerState{}, failing: map[reconcile.Owner]*ownerFailure{},
+		kick: make(chan struct{}, 1), resyncWanted: make(chan chan error, 1), clock: time.Now}
 }
 
 // trigger asks the background loop for a sync; bursts of events coalesce into one.
@@ -44,106 +81,262 @@ func (f *flowSync) trigger() {
 
 // syncThrough returns once the view's generation gen is on the bridge (a CNI ADD returns only once its
 // pod's flows are in). Concurrent callers coalesce: whoever gets the lock first renders the latest view,
-// and callers whose change that sync already covered return without a sync of their own.
-func (f *flowSync) syncThrough(ctx context.Context, gen uint64) (flows.SyncStats, error) {
+// and callers whose change that sync already covered return without a sync of their own. When any of
+// the given owners is failing, it says so: its flows are not what gen asked for.
+func (f *flowSync) syncThrough(ctx context.Context, gen uint64, owners ...reconcile.Owner) (reconcile.SyncStats, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.synced >= gen {
-		return flows.SyncStats{}, nil
+	var st reconcile.SyncStats
+	if f.synced < gen {
+		var err error
+		if st, err = f.syncLocked(ctx); err != nil {
+			return st, err
+		}
 	}
-	return f.syncLocked(ctx)
+	for _, o := range owners {
+		if fail := f.failing[o]; fail != nil {
+			return st, fmt.Errorf("flows of %s not installed: %w", o, fail.err)
+		}
+	}
+	return st, nil
 }
 
 // syncNow renders and reconciles the latest view synchronously.
-func (f *flowSync) syncNow(ctx context.Context) (flows.SyncStats, error) {
+func (f *flowSync) syncNow(ctx context.Context) (reconcile.SyncStats, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.syncLocked(ctx)
 }
 
-func (f *flowSync) syncLocked(ctx context.Context) (flows.SyncStats, error) {
+func (f *flowSync) syncLocked(ctx context.Context) (reconcile.SyncStats, error) {
 	if err := f.view.ready(); err != nil {
-		return flows.SyncStats{}, err
+		return reconcile.SyncStats{}, err
 	}
-	start := time.Now()
+	start := f.clock()
 	st, pending, gen := f.view.snapshot()
-	owners, err := f.renderer.Render(st)
+	owners, renderFailed, err := f.renderer.Render(st)
 	if err != nil {
-		return flows.SyncStats{}, err
+		return reconcile.SyncStats{}, err
 	}
-	var changed []flows.Owner
+	for o, os := range f.injected {
+		owners[o] = os
+	}
+	now := f.clock()
+	changes := map[reconcile.Owner]*reconcile.OwnerState{}
 	for o, os := range owners {
-		if prev, ok := f.rendered[o]; !ok || !reflect.DeepEqual(prev, os) {
-			changed = append(changed, o)
+		if prev, ok := f.applied[o]; ok && reflect.DeepEqual(prev, os) {
+			delete(f.failing, o) // its input came back to what is installed
+			continue
+		}
+		if fail := f.failing[o]; fail != nil && now.Before(fail.retryAt) && reflect.DeepEqual(fail.state, os) {
+			continue // the same state failed: wait for its retry
+		}
+		changes[o] = &os
+	}
+	for o := range f.applied {
+		if _, still := owners[o]; !still && renderFailed[o] == nil {
+			changes[o] = nil
 		}
 	}
-	for o := range f.rendered {
-		if _, still := owners[o]; !still {
-			changed = append(changed, o)
-		}
-	}
-	// Clear every changed owner before setting any: a flow may move between owners in one change
-	// (a deleted pod's IP given to a new pod), and the reconciler refuses two owners for one flow.
-	for _, o := range changed {
-		f.r.DeleteOwner(o)
-	}
-	for _, o := range changed {
-		if os, ok := owners[o]; ok {
-			if err := f.r.SetDesired(o, os.Flows, os.Groups); err != nil {
-				f.rendered = map[flows.Owner]flows.OwnerState{}
-				return flows.SyncStats{}, err
+	for o := range f.failing {
+		if _, still := owners[o]; !still && renderFailed[o] == nil {
+			if _, applied := f.applied[o]; !applied {
+				delete(f.failing, o) // a failed new owner that is gone again
 			}
 		}
 	}
-	if len(changed) == 0 {
-		f.synced = gen
-		f.after(ctx, st)
-		return flows.SyncStats{}, nil
+	var res reconcile.Result
+	if len(changes) > 0 {
+		if res, err = f.r.Apply(ctx, changes); err != nil {
+			// Nothing of this sync is known to be installed: the next one tries all of it again.
+			return res.Stats, err
+		}
 	}
-	stats, err := f.r.SyncOwners(ctx, changed...)
-	if err != nil {
-		// The reconciler's desired state is set; forget what we rendered so the next sync retries all.
-		f.rendered = map[flows.Owner]flows.OwnerState{}
-		return stats, err
+	for o, os := range changes {
+		if ferr := res.Failed[o]; ferr != nil {
+			var state reconcile.OwnerState
+			if os != nil {
+				state = *os
+			}
+			f.fail(o, state, ferr, now)
+			continue
+		}
+		delete(f.failing, o)
+		if os == nil {
+			delete(f.applied, o)
+		} else {
+			f.applied[o] = *os
+		}
 	}
-	f.rendered = owners
+	for o, rerr := range renderFailed {
+		f.fail(o, reconcile.OwnerState{}, fmt.Errorf("render: %w", rerr), now)
+	}
 	f.synced = gen
-	f.after(ctx, st)
+	if f.metrics != nil {
+		f.metrics.FailingOwners.Set(float64(len(f.failing)))
+	}
+	if f.host != nil {
+		f.host.post(st)
+	}
 	if len(pending) > 0 {
 		f.log.V(2).Info("pods wait for their namespace's VNID", "pods", pending)
 	}
-	f.log.V(2).Info("flows synced", "owners", len(changed), "stats", stats.String(), "duration", time.Since(start))
-	if f.onSynced != nil {
-		f.onSynced(stats, time.Since(start))
+	for _, o := range res.Collisions {
+		f.log.Info("owner hash collision: dumps name both owners; diffs stay exact", "owner", o.String())
 	}
-	return stats, nil
+	if res.Rebuilt {
+		f.log.Info("bridge rebuilt: it held flows of another pipeline version", "version", pipeline.PipelineVersion)
+	}
+	f.indexChanged()
+	if len(changes) > 0 {
+		f.log.V(2).Info("flows synced", "owners", len(changes), "failed", len(res.Failed), "stats", res.Stats.String(), "duration", f.clock().Sub(start))
+		if f.onSynced != nil {
+			f.onSynced(res.Stats, f.clock().Sub(start))
+		}
+	}
+	return res.Stats, nil
 }
 
-func (f *flowSync) after(ctx context.Context, st flows.NodeState) {
-	if f.afterSync != nil {
-		f.afterSync(ctx, f.last, st)
+// fail records an owner's failure and schedules its retry.
+func (f *flowSync) fail(o reconcile.Owner, state reconcile.OwnerState, err error, now time.Time) {
+	prev := f.failing[o]
+	fail := &ownerFailure{state: state, err: err, attempts: 1}
+	if prev != nil {
+		fail.attempts = prev.attempts + 1
 	}
-	f.last = st
+	backoff := ownerRetryMin << min(fail.attempts-1, 20)
+	fail.retryAt = now.Add(min(backoff, ownerRetryMax))
+	f.failing[o] = fail
+	if f.metrics != nil {
+		f.metrics.OwnerFailures.WithLabelValues(o.Category.String()).Inc()
+	}
+	if prev == nil || prev.err.Error() != err.Error() {
+		f.log.Error(err, "owner's flows not installed; it keeps its last good flows and is retried", "owner", o.String(),
+			"attempt", fail.attempts, "retryIn", fail.retryAt.Sub(now))
+	} else {
+		f.log.V(2).Info("owner still failing", "owner", o.String(), "attempt", fail.attempts, "err", err)
+	}
+	if f.onFailure != nil {
+		f.onFailure(o, fail)
+	}
 }
 
-// run syncs on every trigger until ctx ends, retrying failures with backoff.
+// nextRetry is when the earliest failing owner is due again (zero: none is).
+func (f *flowSync) nextRetry() time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var next time.Time
+	for _, fail := range f.failing {
+		if next.IsZero() || fail.retryAt.Before(next) {
+			next = fail.retryAt
+		}
+	}
+	return next
+}
+
+// failingOwners lists the owners that are failing now.
+func (f *flowSync) failingOwners() map[reconcile.Owner]error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := make(map[reconcile.Owner]error, len(f.failing))
+	for o, fail := range f.failing {
+		out[o] = fail.err
+	}
+	return out
+}
+
+func (f *flowSync) indexChanged() {
+	if g := f.r.IndexGeneration(); g != f.indexGen && f.onIndexChanged != nil {
+		f.onIndexChanged(f.r.OwnerIndex())
+		f.indexGen = g
+	}
+}
+
+// resyncLocked re-reads the switch and repairs what differs from the desired state.
+func (f *flowSync) resyncLocked(ctx context.Context) error {
+	res, err := f.r.Resync(ctx)
+	if err != nil {
+		return err
+	}
+	for o, ferr := range res.Failed {
+		// An owner the switch now refuses (it accepted it before): retry it like any failure.
+		f.fail(o, f.applied[o], ferr, f.clock())
+		delete(f.applied, o)
+	}
+	if res.Stats.Changes() > 0 {
+		f.log.Info("resync repaired drift", "stats", res.Stats.String())
+	}
+	f.indexChanged()
+	return nil
+}
+
+// resync runs a full resync in the sync loop and waits for it (the session's reconnect hook).
+func (f *flowSync) resync(ctx context.Context) error {
+	done := make(chan error, 1)
+	select {
+	case f.resyncWanted <- done:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// run syncs on every trigger and resync request until ctx ends, retrying failures with back-off and
+// failing owners when they are due.
 func (f *flowSync) run(ctx context.Context) {
 	backoff := 50 * time.Millisecond
+	retry := time.NewTimer(time.Hour)
+	defer retry.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-f.kick:
+		case <-retry.C:
+		case done := <-f.resyncWanted:
+			f.mu.Lock()
+			err := f.resyncLocked(ctx)
+			f.mu.Unlock()
+			done <- err
+			if err != nil && ctx.Err() == nil {
+				f.log.Error(err, "resync from the switch")
+			}
 		}
 		if _, err := f.syncNow(ctx); err != nil {
 			if ctx.Err() != nil {
 				return
 			}
-			f.log.Info("flow sync failed; retrying", "err", err, "retryIn", backoff)
+			if !errors.Is(err, errNotReady) {
+				f.log.Info("flow sync failed; retrying", "err", err, "retryIn", backoff)
+			}
 			time.AfterFunc(backoff, f.trigger)
 			backoff = min(backoff*2, 5*time.Second)
 			continue
 		}
 		backoff = 50 * time.Millisecond
+		if next := f.nextRetry(); !next.IsZero() {
+			retry.Reset(max(time.Until(next), 10*time.Millisecond))
+		}
+	}
+}
+
+// resyncEvery asks the loop for a full resync every period (drift repair).
+func (f *flowSync) resyncEvery(ctx context.Context, period time.Duration) {
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if err := f.resync(ctx); err != nil && ctx.Err() == nil {
+				f.log.Error(err, "periodic resync")
+			}
+		}
 	}
 }

@@ -6,7 +6,8 @@ import (
 	"net/netip"
 	"testing"
 
-	"github.com/ofsdn/ofsdn/flows"
+	"github.com/ofsdn/ofsdn/flows/pipeline"
+	"github.com/ofsdn/ofsdn/flows/reconcile"
 	"k8s.io/klog/v2"
 )
 
@@ -26,14 +27,14 @@ func (c *countingSwitch) DumpGroups(context.Context) ([][]byte, error) { return 
 func testView() *nodeView {
 	v := newNodeView("n1")
 	v.update(func(v *nodeView) {
-		v.mode = flows.ModeMultitenant
+		v.mode = pipeline.ModeMultitenant
 		v.clusterNets = []netip.Prefix{netip.MustParsePrefix("10.128.0.0/14")}
 		v.nodeIP = netip.MustParseAddr("192.0.2.11")
 		v.localSubnet = netip.MustParsePrefix("10.128.0.0/23")
 		v.vnids["a"], v.vnids["b"] = 11, 12
 		v.pods["a/web"] = localPod{Namespace: "a", Name: "web", IP: netip.MustParseAddr("10.128.0.2"), MAC: net.HardwareAddr{0x0a, 0x58, 10, 128, 0, 2}, OFPort: 3}
 		v.pods["b/db"] = localPod{Namespace: "b", Name: "db", IP: netip.MustParseAddr("10.128.0.3"), MAC: net.HardwareAddr{0x0a, 0x58, 10, 128, 0, 3}, OFPort: 4}
-		v.remote["n2"] = flows.RemoteNode{Name: "n2", NodeIP: netip.MustParseAddr("192.0.2.12"), Subnet: netip.MustParsePrefix("10.128.2.0/23")}
+		v.remote["n2"] = pipeline.RemoteNode{Name: "n2", NodeIP: netip.MustParseAddr("192.0.2.12"), Subnet: netip.MustParsePrefix("10.128.2.0/23")}
 	})
 	return v
 }
@@ -42,7 +43,7 @@ func TestFlowSyncOnlyChangedOwners(t *testing.T) {
 	ctx := context.Background()
 	sw := &countingSwitch{}
 	v := testView()
-	fs := newFlowSync(v, flows.NewReconciler(sw, flows.ReconcilerConfig{Round: 1}), klog.Background())
+	fs := newFlowSync(v, reconcile.New(sw, reconcile.Config{Round: 1}), klog.Background())
 	if _, err := fs.syncNow(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +80,7 @@ func TestFlowSyncOnlyChangedOwners(t *testing.T) {
 }
 
 func TestFlowSyncWaitsForNodeState(t *testing.T) {
-	fs := newFlowSync(newNodeView("n1"), flows.NewReconciler(&countingSwitch{}, flows.ReconcilerConfig{Round: 1}), klog.Background())
+	fs := newFlowSync(newNodeView("n1"), reconcile.New(&countingSwitch{}, reconcile.Config{Round: 1}), klog.Background())
 	if _, err := fs.syncNow(context.Background()); err == nil {
 		t.Fatal("a node without subnet synced")
 	}
@@ -91,7 +92,7 @@ func TestSyncThroughCoalesces(t *testing.T) {
 	ctx := context.Background()
 	sw := &countingSwitch{}
 	v := testView()
-	fs := newFlowSync(v, flows.NewReconciler(sw, flows.ReconcilerConfig{Round: 1}), klog.Background())
+	fs := newFlowSync(v, reconcile.New(sw, reconcile.Config{Round: 1}), klog.Background())
 	var gens []uint64
 	for i := range 5 {
 		ip := netip.MustParseAddr("10.128.0.20").As4()

@@ -11,7 +11,8 @@ import (
 	"time"
 
 	"github.com/ofsdn/ofsdn/agent/nodenet"
-	"github.com/ofsdn/ofsdn/flows"
+	"github.com/ofsdn/ofsdn/flows/openflow"
+	"github.com/ofsdn/ofsdn/flows/pipeline"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
@@ -63,7 +64,7 @@ func (h *hostSide) setForwards(nodePorts []nodenet.NodePort, hostPorts []nodenet
 
 // nodePortsOf lists the node ports the services use, one per protocol and port; masquerade unless
 // externalTrafficPolicy is Local (then the endpoint is local and the client's address is kept).
-func nodePortsOf(services []flows.ServiceState) []nodenet.NodePort {
+func nodePortsOf(services []pipeline.ServiceState) []nodenet.NodePort {
 	seen := map[[2]uint16]bool{}
 	var out []nodenet.NodePort
 	for _, s := range services {
@@ -212,4 +213,68 @@ func (r *conflictReporter) report(conflicts []hostPortConflict) {
 		}
 	}
 	r.told = now
+}
+
+// hostSync carries synced node states to the host side — UDP/SCTP conntrack flushes for endpoints
+// services stopped using, NodePort and hostPort forwards in nf_tables, hostPort conflict Events — in
+// a loop of its own, so a slow netlink rewrite never holds up a flow sync (and a CNI ADD waiting on
+// one). States coalesce: only the latest is applied, but the conntrack entries every intermediate
+// state made stale are all flushed.
+type hostSync struct {
+	mu      sync.Mutex
+	last    *pipeline.NodeState // the last posted state, to find what the next one makes stale
+	pending *pipeline.NodeState
+	stale   []openflow.ConntrackFlush
+	kick    chan struct{}
+	// apply does the work; an error makes the loop try the latest state again after a pause.
+	apply func(ctx context.Context, st pipeline.NodeState, stale []openflow.ConntrackFlush) error
+	log   klog.Logger
+}
+
+func newHostSync(log klog.Logger, apply func(context.Context, pipeline.NodeState, []openflow.ConntrackFlush) error) *hostSync {
+	return &hostSync{kick: make(chan struct{}, 1), apply: apply, log: log.WithName("hostsync")}
+}
+
+// post hands over a synced state; it never blocks.
+func (h *hostSync) post(st pipeline.NodeState) {
+	h.mu.Lock()
+	if h.last != nil {
+		h.stale = append(h.stale, pipeline.StaleConntrack(*h.last, st)...)
+	}
+	h.last, h.pending = &st, &st
+	h.mu.Unlock()
+	select {
+	case h.kick <- struct{}{}:
+	default:
+	}
+}
+
+// run applies posted states until ctx ends.
+func (h *hostSync) run(ctx context.Context) {
+	retry := time.NewTimer(time.Hour)
+	defer retry.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-h.kick:
+		case <-retry.C:
+		}
+		h.mu.Lock()
+		st, stale := h.pending, h.stale
+		h.pending, h.stale = nil, nil
+		h.mu.Unlock()
+		if st == nil {
+			continue
+		}
+		if err := h.apply(ctx, *st, stale); err != nil {
+			h.log.Error(err, "host side of a synced state; retrying")
+			h.mu.Lock()
+			if h.pending == nil {
+				h.pending = st
+			}
+			h.mu.Unlock()
+			retry.Reset(time.Second)
+		}
+	}
 }

@@ -7,7 +7,8 @@ import (
 	"time"
 
 	"github.com/ofsdn/ofsdn/agent/nodenet"
-	"github.com/ofsdn/ofsdn/flows"
+	"github.com/ofsdn/ofsdn/flows/openflow"
+	"github.com/ofsdn/ofsdn/flows/pipeline"
 	corev1 "k8s.io/api/core/v1"
 )
 
@@ -29,9 +30,9 @@ func TestHostPortsOf(t *testing.T) {
 	}
 	got, conflicts := hostPortsOf(pods, hp)
 	want := []nodenet.HostPort{
-		{Protocol: flows.IPProtoTCP, HostPort: 8080, PodIP: pods["a/old"].IP, PodPort: 80, Pod: "a/old"},
-		{Protocol: flows.IPProtoUDP, HostPort: 8080, PodIP: pods["a/new"].IP, PodPort: 53, Pod: "a/new"},
-		{Protocol: flows.IPProtoTCP, HostIP: netip.MustParseAddr("192.0.2.11"), HostPort: 9090, PodIP: pods["a/ip"].IP, PodPort: 90, Pod: "a/ip"},
+		{Protocol: openflow.IPProtoTCP, HostPort: 8080, PodIP: pods["a/old"].IP, PodPort: 80, Pod: "a/old"},
+		{Protocol: openflow.IPProtoUDP, HostPort: 8080, PodIP: pods["a/new"].IP, PodPort: 53, Pod: "a/new"},
+		{Protocol: openflow.IPProtoTCP, HostIP: netip.MustParseAddr("192.0.2.11"), HostPort: 9090, PodIP: pods["a/ip"].IP, PodPort: 90, Pod: "a/ip"},
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("host ports:\n got %+v\nwant %+v", got, want)
@@ -46,11 +47,11 @@ func TestHostPortsOf(t *testing.T) {
 }
 
 func TestNodePortsOf(t *testing.T) {
-	svcs := []flows.ServiceState{
-		{Name: "b", ExternalLocal: true, Ports: []flows.ServicePort{{Protocol: flows.IPProtoUDP, NodePort: 30053}, {Protocol: flows.IPProtoTCP, Port: 80}}},
-		{Name: "a", Ports: []flows.ServicePort{{Protocol: flows.IPProtoTCP, NodePort: 30080}, {Protocol: flows.IPProtoTCP, NodePort: 30080}}},
+	svcs := []pipeline.ServiceState{
+		{Name: "b", ExternalLocal: true, Ports: []pipeline.ServicePort{{Protocol: openflow.IPProtoUDP, NodePort: 30053}, {Protocol: openflow.IPProtoTCP, Port: 80}}},
+		{Name: "a", Ports: []pipeline.ServicePort{{Protocol: openflow.IPProtoTCP, NodePort: 30080}, {Protocol: openflow.IPProtoTCP, NodePort: 30080}}},
 	}
-	want := []nodenet.NodePort{{Protocol: flows.IPProtoUDP, Port: 30053}, {Protocol: flows.IPProtoTCP, Port: 30080, Masquerade: true}}
+	want := []nodenet.NodePort{{Protocol: openflow.IPProtoUDP, Port: 30053}, {Protocol: openflow.IPProtoTCP, Port: 30080, Masquerade: true}}
 	if got := nodePortsOf(svcs); !reflect.DeepEqual(got, want) {
 		t.Errorf("got %+v, want %+v", got, want)
 	}

@@ -5,7 +5,7 @@ import (
 	"net/netip"
 
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
-	"github.com/ofsdn/ofsdn/flows"
+	"github.com/ofsdn/ofsdn/flows/pipeline"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 )
@@ -20,7 +20,9 @@ type watchNetwork struct {
 	newPeer func(netip.Addr)
 }
 
-func (w *watchNetwork) handlers(fn func(obj any, deleted bool)) cache.ResourceEventHandlerFuncs {
+// handlers turns one function of (object, deleted) into an informer's handlers; a deletion whose final
+// state is unknown passes the last state the cache had.
+func handlers(fn func(obj any, deleted bool)) cache.ResourceEventHandlerFuncs {
 	return cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { fn(obj, false) },
 		UpdateFunc: func(_, obj any) { fn(obj, false) },
@@ -51,14 +53,14 @@ func (w *watchNetwork) clusterNetwork(obj any, deleted bool) {
 		}
 		nets = append(nets, p.Masked())
 	}
-	mode := flows.Mode(cn.Spec.PluginMode)
+	mode := pipeline.Mode(cn.Spec.PluginMode)
 	switch mode {
-	case flows.ModeSubnet, flows.ModeMultitenant:
-	case flows.ModeNetworkPolicy:
+	case pipeline.ModeSubnet, pipeline.ModeMultitenant:
+	case pipeline.ModeNetworkPolicy:
 		w.log.Info("pluginMode networkpolicy: NetworkPolicy rendering has not landed yet; the network is flat meanwhile")
 	default:
 		w.log.Error(fmt.Errorf("unknown pluginMode %q", cn.Spec.PluginMode), "treating the network as flat (subnet)")
-		mode = flows.ModeSubnet
+		mode = pipeline.ModeSubnet
 	}
 	w.view.update(func(v *nodeView) { v.mode, v.clusterNets = mode, nets })
 	w.sync.trigger()
@@ -91,7 +93,7 @@ func (w *watchNetwork) hostSubnet(obj any, deleted bool) {
 		if prev, ok := v.remote[hs.Host]; (!ok || prev.NodeIP != ip) && w.newPeer != nil {
 			go w.newPeer(ip)
 		}
-		v.remote[hs.Host] = flows.RemoteNode{Name: hs.Host, NodeIP: ip, Subnet: subnet.Masked()}
+		v.remote[hs.Host] = pipeline.RemoteNode{Name: hs.Host, NodeIP: ip, Subnet: subnet.Masked()}
 	})
 	w.sync.trigger()
 }

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"strconv"
 
-	"github.com/ofsdn/ofsdn/flows"
+	"github.com/ofsdn/ofsdn/flows/pipeline"
 )
 
 // Bridge external_ids the agent keeps across restarts.
@@ -48,5 +48,5 @@ func beginRound(ctx context.Context, db roundStore, bridge string) (uint16, erro
 // whose leftovers it deletes too.
 func commitRound(ctx context.Context, db roundStore, bridge string, round uint16) error {
 	return db.SetBridgeExternalIDs(ctx, bridge, map[string]string{extRound: strconv.Itoa(int(round)),
-		extPipelineVersion: strconv.Itoa(int(flows.PipelineVersion))})
+		extPipelineVersion: strconv.Itoa(int(pipeline.PipelineVersion))})
 }

@@ -9,7 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ofsdn/ofsdn/flows"
+	"github.com/ofsdn/ofsdn/flows/pipeline"
+	"github.com/ofsdn/ofsdn/flows/reconcile"
 	"github.com/ofsdn/ofsdn/internal/ovstest"
 	"github.com/ofsdn/ofsdn/ofswitch"
 	"github.com/ofsdn/ofsdn/ovsdb"
@@ -61,8 +62,8 @@ func TestRestartRoundsOnOVS(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		r := flows.NewReconciler(ofswitch.FlowsSwitch(sess), flows.ReconcilerConfig{Round: round, PipelineVersion: flows.PipelineVersion})
-		if err := r.LoadInstalled(ctx); err != nil {
+		r := reconcile.New(ofswitch.FlowsSwitch(sess), reconcile.Config{Round: round, PipelineVersion: pipeline.PipelineVersion, VersionOf: pipeline.VersionOf})
+		if _, err := r.LoadInstalled(ctx); err != nil {
 			t.Fatal(err)
 		}
 		fs := newFlowSync(view, r, klog.Background())

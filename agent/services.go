@@ -5,7 +5,8 @@ import (
 	"net/netip"
 	"slices"
 
-	"github.com/ofsdn/ofsdn/flows"
+	"github.com/ofsdn/ofsdn/flows/openflow"
+	"github.com/ofsdn/ofsdn/flows/pipeline"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/client-go/tools/cache"
@@ -14,7 +15,7 @@ import (
 
 // Services reach the agent as Services and EndpointSlices (informers, watchServices); the view keeps
 // the API objects as the informer cache gave them (never mutated) and serviceStates turns them into
-// flows.ServiceState at each snapshot, so the flows follow whichever of the two changed.
+// pipeline.ServiceState at each snapshot, so the flows follow whichever of the two changed.
 
 // defaultAffinityTimeout is Kubernetes' default sessionAffinity ClientIP timeout (3 hours).
 const defaultAffinityTimeout = 10800
@@ -64,7 +65,7 @@ type converted struct {
 	svc    *corev1.Service
 	slices []*discoveryv1.EndpointSlice
 	vnid   uint32
-	st     flows.ServiceState
+	st     pipeline.ServiceState
 	ok     bool
 }
 
@@ -75,7 +76,7 @@ type serviceCache map[string]converted
 // serviceStates assembles the services the node renders: every Service with an IPv4 ClusterIP, with
 // the endpoints its EndpointSlices list for each port. Sorted by namespace/name. cache may be nil.
 func serviceStates(services map[string]*corev1.Service, endpointSlices map[string]*discoveryv1.EndpointSlice, nodeName string,
-	vnids map[string]uint32, cache serviceCache) []flows.ServiceState {
+	vnids map[string]uint32, cache serviceCache) []pipeline.ServiceState {
 	byService := map[string][]*discoveryv1.EndpointSlice{}
 	for _, es := range endpointSlices {
 		name := es.Labels[discoveryv1.LabelServiceName]
@@ -85,7 +86,7 @@ func serviceStates(services map[string]*corev1.Service, endpointSlices map[strin
 		k := es.Namespace + "/" + name
 		byService[k] = append(byService[k], es)
 	}
-	out := make([]flows.ServiceState, 0, len(services))
+	out := make([]pipeline.ServiceState, 0, len(services))
 	for key, svc := range services {
 		esl := byService[key]
 		slices.SortFunc(esl, func(a, b *discoveryv1.EndpointSlice) int { return cmp.Compare(a.Name, b.Name) })
@@ -106,7 +107,7 @@ func serviceStates(services map[string]*corev1.Service, endpointSlices map[strin
 			delete(cache, key)
 		}
 	}
-	slices.SortFunc(out, func(a, b flows.ServiceState) int {
+	slices.SortFunc(out, func(a, b pipeline.ServiceState) int {
 		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
 	})
 	return out
@@ -114,15 +115,15 @@ func serviceStates(services map[string]*corev1.Service, endpointSlices map[strin
 
 // serviceState converts one Service and its slices; ok is false for what br0 does not serve
 // (headless and ExternalName services, IPv6-only ClusterIPs).
-func serviceState(svc *corev1.Service, endpointSlices []*discoveryv1.EndpointSlice, nodeName string, vnids map[string]uint32) (flows.ServiceState, bool) {
+func serviceState(svc *corev1.Service, endpointSlices []*discoveryv1.EndpointSlice, nodeName string, vnids map[string]uint32) (pipeline.ServiceState, bool) {
 	if svc.Spec.Type == corev1.ServiceTypeExternalName {
-		return flows.ServiceState{}, false
+		return pipeline.ServiceState{}, false
 	}
 	ip, err := netip.ParseAddr(svc.Spec.ClusterIP)
 	if err != nil || !ip.Is4() {
-		return flows.ServiceState{}, false
+		return pipeline.ServiceState{}, false
 	}
-	st := flows.ServiceState{Namespace: svc.Namespace, Name: svc.Name, ClusterIP: ip}
+	st := pipeline.ServiceState{Namespace: svc.Namespace, Name: svc.Name, ClusterIP: ip}
 	if svc.Spec.SessionAffinity == corev1.ServiceAffinityClientIP {
 		st.AffinityTimeout = defaultAffinityTimeout
 		if c := svc.Spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil && *c.ClientIP.TimeoutSeconds > 0 {
@@ -138,7 +139,7 @@ func serviceState(svc *corev1.Service, endpointSlices []*discoveryv1.EndpointSli
 		if !ok || sp.Port <= 0 || sp.Port > 65535 {
 			continue
 		}
-		p := flows.ServicePort{Name: sp.Name, Protocol: proto, Port: uint16(sp.Port)}
+		p := pipeline.ServicePort{Name: sp.Name, Protocol: proto, Port: uint16(sp.Port)}
 		if nodePorts && sp.NodePort > 0 && sp.NodePort <= 65535 {
 			p.NodePort = uint16(sp.NodePort)
 		}
@@ -156,7 +157,7 @@ func serviceState(svc *corev1.Service, endpointSlices []*discoveryv1.EndpointSli
 					continue
 				}
 				ready := e.Conditions.Ready == nil || *e.Conditions.Ready
-				ep := flows.Endpoint{IP: addr, Port: port, Ready: ready, VNID: vnid,
+				ep := pipeline.Endpoint{IP: addr, Port: port, Ready: ready, VNID: vnid,
 					Serving:     e.Conditions.Serving == nil && ready || e.Conditions.Serving != nil && *e.Conditions.Serving,
 					Terminating: e.Conditions.Terminating != nil && *e.Conditions.Terminating}
 				if e.NodeName != nil {
@@ -166,7 +167,7 @@ func serviceState(svc *corev1.Service, endpointSlices []*discoveryv1.EndpointSli
 				p.Endpoints = append(p.Endpoints, ep)
 			}
 		}
-		slices.SortFunc(p.Endpoints, func(a, b flows.Endpoint) int {
+		slices.SortFunc(p.Endpoints, func(a, b pipeline.Endpoint) int {
 			return cmp.Or(a.IP.Compare(b.IP), cmp.Compare(a.Port, b.Port))
 		})
 		st.Ports = append(st.Ports, p)
@@ -195,11 +196,11 @@ func slicePort(es *discoveryv1.EndpointSlice, sp corev1.ServicePort) (uint16, bo
 func protocolNumber(p corev1.Protocol) (uint8, bool) {
 	switch p {
 	case corev1.ProtocolTCP, "":
-		return flows.IPProtoTCP, true
+		return openflow.IPProtoTCP, true
 	case corev1.ProtocolUDP:
-		return flows.IPProtoUDP, true
+		return openflow.IPProtoUDP, true
 	case corev1.ProtocolSCTP:
-		return flows.IPProtoSCTP, true
+		return openflow.IPProtoSCTP, true
 	}
 	return 0, false
 }

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ofsdn/ofsdn/flows"
+	"github.com/ofsdn/ofsdn/flows/reconcile"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/klog/v2"
@@ -39,7 +39,7 @@ func BenchmarkServiceEndpointChange(b *testing.B) {
 		}
 	})
 	sw := &countingSwitch{}
-	fs := newFlowSync(v, flows.NewReconciler(sw, flows.ReconcilerConfig{Round: 1}), klog.Background())
+	fs := newFlowSync(v, reconcile.New(sw, reconcile.Config{Round: 1}), klog.Background())
 	ctx := context.Background()
 	start := time.Now()
 	if _, err := fs.syncNow(ctx); err != nil {

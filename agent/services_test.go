@@ -5,7 +5,8 @@ import (
 	"reflect"
 	"testing"
 
-	"github.com/ofsdn/ofsdn/flows"
+	"github.com/ofsdn/ofsdn/flows/openflow"
+	"github.com/ofsdn/ofsdn/flows/pipeline"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -45,7 +46,7 @@ func TestServiceStates(t *testing.T) {
 		name     string
 		services []*corev1.Service
 		slices   []*discoveryv1.EndpointSlice
-		want     []flows.ServiceState
+		want     []pipeline.ServiceState
 	}{{
 		name:     "two slices merge, sorted, local marked, conditions read",
 		services: []*corev1.Service{testService("web", nil)},
@@ -54,8 +55,8 @@ func TestServiceStates(t *testing.T) {
 			testSlice("web-2", "web", 8080, ep("10.128.0.5", "n1", nil, nil, nil), ep("10.128.0.6", "n1", no, yes, yes)),
 			testSlice("other", "db", 5432, ep("10.128.0.9", "n1", yes, yes, no)),
 		},
-		want: []flows.ServiceState{{Namespace: "a", Name: "web", ClusterIP: addr("172.30.0.10"), Ports: []flows.ServicePort{{
-			Name: "http", Protocol: flows.IPProtoTCP, Port: 80, Endpoints: []flows.Endpoint{
+		want: []pipeline.ServiceState{{Namespace: "a", Name: "web", ClusterIP: addr("172.30.0.10"), Ports: []pipeline.ServicePort{{
+			Name: "http", Protocol: openflow.IPProtoTCP, Port: 80, Endpoints: []pipeline.Endpoint{
 				{IP: addr("10.128.0.5"), Port: 8080, Ready: true, Serving: true, NodeName: "n1", Local: true, VNID: 11},
 				{IP: addr("10.128.0.6"), Port: 8080, Serving: true, Terminating: true, NodeName: "n1", Local: true, VNID: 11},
 				{IP: addr("10.128.2.5"), Port: 8080, Ready: true, Serving: true, NodeName: "n2", VNID: 11},
@@ -69,8 +70,8 @@ func TestServiceStates(t *testing.T) {
 			s.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
 			s.Spec.SessionAffinityConfig = &corev1.SessionAffinityConfig{ClientIP: &corev1.ClientIPConfig{TimeoutSeconds: ptr.To[int32](60)}}
 		})},
-		want: []flows.ServiceState{{Namespace: "a", Name: "np", ClusterIP: addr("172.30.0.10"), AffinityTimeout: 60, ExternalLocal: true,
-			InternalLocal: true, Ports: []flows.ServicePort{{Name: "http", Protocol: flows.IPProtoTCP, Port: 80, NodePort: 30080}}}},
+		want: []pipeline.ServiceState{{Namespace: "a", Name: "np", ClusterIP: addr("172.30.0.10"), AffinityTimeout: 60, ExternalLocal: true,
+			InternalLocal: true, Ports: []pipeline.ServicePort{{Name: "http", Protocol: openflow.IPProtoTCP, Port: 80, NodePort: 30080}}}},
 	}, {
 		name: "ClusterIP type ignores a stray nodePort; default affinity timeout; a port name mismatch gets no endpoints",
 		services: []*corev1.Service{testService("c", func(s *corev1.Service) {
@@ -78,8 +79,8 @@ func TestServiceStates(t *testing.T) {
 			s.Spec.Ports[0].Name = "other"
 		})},
 		slices: []*discoveryv1.EndpointSlice{testSlice("c-1", "c", 8080, ep("10.128.2.5", "n2", yes, yes, no))},
-		want: []flows.ServiceState{{Namespace: "a", Name: "c", ClusterIP: addr("172.30.0.10"), AffinityTimeout: defaultAffinityTimeout,
-			Ports: []flows.ServicePort{{Name: "other", Protocol: flows.IPProtoTCP, Port: 80}}}},
+		want: []pipeline.ServiceState{{Namespace: "a", Name: "c", ClusterIP: addr("172.30.0.10"), AffinityTimeout: defaultAffinityTimeout,
+			Ports: []pipeline.ServicePort{{Name: "other", Protocol: openflow.IPProtoTCP, Port: 80}}}},
 	}, {
 		name: "headless, ExternalName, IPv6 and malformed are skipped",
 		services: []*corev1.Service{
@@ -88,7 +89,7 @@ func TestServiceStates(t *testing.T) {
 			testService("v6", func(s *corev1.Service) { s.Spec.ClusterIP = "fd00::10" }),
 			testService("bad", func(s *corev1.Service) { s.Spec.ClusterIP = "not-an-ip" }),
 		},
-		want: []flows.ServiceState{},
+		want: []pipeline.ServiceState{},
 	}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -8,7 +9,7 @@ import (
 	"sync"
 
 	"github.com/ofsdn/ofsdn/agent/nodenet"
-	"github.com/ofsdn/ofsdn/flows"
+	"github.com/ofsdn/ofsdn/flows/pipeline"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 )
@@ -30,13 +31,13 @@ func podKey(namespace, name string) string { return namespace + "/" + name }
 type nodeView struct {
 	mu          sync.Mutex
 	nodeName    string
-	mode        flows.Mode
+	mode        pipeline.Mode
 	clusterNets []netip.Prefix
 	nodeIP      netip.Addr
 	localSubnet netip.Prefix
-	remote      map[string]flows.RemoteNode // by node name
-	vnids       map[string]uint32           // namespace → VNID
-	pods        map[string]localPod         // by namespace/name
+	remote      map[string]pipeline.RemoteNode // by node name
+	vnids       map[string]uint32              // namespace → VNID
+	pods        map[string]localPod            // by namespace/name
 	// Services and EndpointSlices by namespace/name, as the informer cache holds them (read-only).
 	services  map[string]*corev1.Service
 	slices    map[string]*discoveryv1.EndpointSlice
@@ -48,7 +49,7 @@ type nodeView struct {
 }
 
 func newNodeView(nodeName string) *nodeView {
-	return &nodeView{nodeName: nodeName, mode: flows.ModeSubnet, remote: map[string]flows.RemoteNode{},
+	return &nodeView{nodeName: nodeName, mode: pipeline.ModeSubnet, remote: map[string]pipeline.RemoteNode{},
 		vnids: map[string]uint32{}, pods: map[string]localPod{}, services: map[string]*corev1.Service{},
 		slices: map[string]*discoveryv1.EndpointSlice{}, hostPorts: map[string]hostPortPod{}, converted: serviceCache{}}
 }
@@ -75,17 +76,20 @@ func (v *nodeView) peers() []netip.Addr {
 	return out
 }
 
+// errNotReady wraps the reasons a node cannot render yet.
+var errNotReady = errors.New("node not ready")
+
 // ready reports whether the node knows enough to render: its subnet, its IP and the cluster network.
 func (v *nodeView) ready() error {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	switch {
 	case len(v.clusterNets) == 0:
-		return fmt.Errorf("ClusterNetwork %q not known yet", "default")
+		return fmt.Errorf("%w: ClusterNetwork %q not known yet", errNotReady, "default")
 	case !v.localSubnet.IsValid():
-		return fmt.Errorf("no HostSubnet for node %s yet", v.nodeName)
+		return fmt.Errorf("%w: no HostSubnet for node %s yet", errNotReady, v.nodeName)
 	case !v.nodeIP.IsValid():
-		return fmt.Errorf("node %s has no InternalIP in its HostSubnet yet", v.nodeName)
+		return fmt.Errorf("%w: node %s has no InternalIP in its HostSubnet yet", errNotReady, v.nodeName)
 	}
 	return nil
 }
@@ -99,10 +103,10 @@ func (v *nodeView) resolvedHostPorts() ([]nodenet.HostPort, []hostPortConflict) 
 
 // snapshot returns the state to render. Pods whose namespace has no VNID yet are left out (they get
 // no connectivity rather than the wrong tenant's) and listed in pending.
-func (v *nodeView) snapshot() (st flows.NodeState, pending []string, generation uint64) {
+func (v *nodeView) snapshot() (st pipeline.NodeState, pending []string, generation uint64) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	st = flows.NodeState{Mode: v.mode, NodeName: v.nodeName, NodeIP: v.nodeIP, LocalSubnet: v.localSubnet,
+	st = pipeline.NodeState{Mode: v.mode, NodeName: v.nodeName, NodeIP: v.nodeIP, LocalSubnet: v.localSubnet,
 		ClusterNetworks: append([]netip.Prefix(nil), v.clusterNets...)}
 	for _, p := range v.pods {
 		vnid, ok := v.vnids[p.Namespace]
@@ -110,10 +114,10 @@ func (v *nodeView) snapshot() (st flows.NodeState, pending []string, generation 
 			pending = append(pending, podKey(p.Namespace, p.Name))
 			continue
 		}
-		if v.mode != flows.ModeMultitenant {
-			vnid = flows.GlobalVNID // flat modes: VNIDs are allocated but carry no isolation
+		if v.mode != pipeline.ModeMultitenant {
+			vnid = pipeline.GlobalVNID // flat modes: VNIDs are allocated but carry no isolation
 		}
-		st.Pods = append(st.Pods, flows.PodState{Namespace: p.Namespace, Name: p.Name, IP: p.IP, MAC: p.MAC, OFPort: p.OFPort, VNID: vnid})
+		st.Pods = append(st.Pods, pipeline.PodState{Namespace: p.Namespace, Name: p.Name, IP: p.IP, MAC: p.MAC, OFPort: p.OFPort, VNID: vnid})
 	}
 	for name, n := range v.remote {
 		if name != v.nodeName {
@@ -121,7 +125,7 @@ func (v *nodeView) snapshot() (st flows.NodeState, pending []string, generation 
 		}
 	}
 	st.Services = serviceStates(v.services, v.slices, v.nodeName, v.vnids, v.converted)
-	st.NodePortAddresses = []netip.Addr{flows.ServiceNodePortIP}
+	st.NodePortAddresses = []netip.Addr{pipeline.ServiceNodePortIP}
 	sort.Slice(st.Pods, func(i, j int) bool { return st.Pods[i].OFPort < st.Pods[j].OFPort })
 	sort.Slice(st.RemoteNodes, func(i, j int) bool { return st.RemoteNodes[i].Name < st.RemoteNodes[j].Name })
 	sort.Strings(pending)

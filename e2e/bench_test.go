@@ -21,7 +21,9 @@ import (
 	"github.com/containernetworking/cni/libcni"
 	"github.com/ofsdn/ofsdn/e2e/cluster"
 	"github.com/ofsdn/ofsdn/e2e/nodesim"
-	"github.com/ofsdn/ofsdn/flows"
+	"github.com/ofsdn/ofsdn/flows/openflow"
+	"github.com/ofsdn/ofsdn/flows/pipeline"
+	"github.com/ofsdn/ofsdn/flows/reconcile"
 	"github.com/ofsdn/ofsdn/ofswitch"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -236,11 +238,11 @@ func newFlowWatch(b *testing.B) *flowWatch {
 
 // until waits until ok holds for the owner's flows on every node and returns how long after start the last
 // node got there.
-func (w *flowWatch) until(ctx context.Context, start time.Time, owner flows.Owner, ok func(node int, fl []string) bool) (time.Duration, error) {
+func (w *flowWatch) until(ctx context.Context, start time.Time, owner reconcile.Owner, ok func(node int, fl []string) bool) (time.Duration, error) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	var last time.Duration
-	filter := ofswitch.FlowFilter{TableID: ofswitch.AllTables, Cookie: uint64(flows.MakeCookie(0, owner)), CookieMask: flows.CookieIdentityMask}
+	filter := ofswitch.FlowFilter{TableID: openflow.AllTables, Cookie: uint64(reconcile.MakeCookie(0, owner)), CookieMask: reconcile.CookieIdentityMask}
 	for i, s := range w.sessions {
 		for {
 			raw, err := s.DumpFlows(ctx, filter)
@@ -249,7 +251,7 @@ func (w *flowWatch) until(ctx context.Context, start time.Time, owner flows.Owne
 			}
 			var fl []string
 			for _, r := range raw {
-				if f, err := flows.DecodeFlowStats(r); err == nil {
+				if f, err := openflow.DecodeFlowStats(r); err == nil {
 					fl = append(fl, f.String())
 				}
 			}
@@ -303,7 +305,7 @@ func BenchmarkConvergence(b *testing.B) {
 				var worst time.Duration
 				for k, p := range pods {
 					one := &flowWatch{sessions: w.sessions[k : k+1]}
-					d, err := one.until(ctx, start, flows.PodOwner(p.Namespace, p.Name), func(_ int, fl []string) bool {
+					d, err := one.until(ctx, start, pipeline.PodOwner(p.Namespace, p.Name), func(_ int, fl []string) bool {
 						return slices.ContainsFunc(fl, func(s string) bool { return strings.Contains(s, load) })
 					})
 					if err != nil {
@@ -327,7 +329,7 @@ func BenchmarkConvergence(b *testing.B) {
 				if err := registerNode(ctx, name, ip); err != nil {
 					b.Fatal(err)
 				}
-				d, err := w.until(ctx, start, flows.NodeOwner(name), func(_ int, fl []string) bool {
+				d, err := w.until(ctx, start, pipeline.NodeOwner(name), func(_ int, fl []string) bool {
 					return slices.ContainsFunc(fl, func(s string) bool { return strings.Contains(s, "tun_src="+ip.String()) })
 				})
 				if err != nil {

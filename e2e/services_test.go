@@ -292,7 +292,7 @@ func TestServices(t *testing.T) {
 			}
 			time.Sleep(200 * time.Millisecond)
 		}
-		// Sticky from each client's first connection on (flows.affinityChoice), not only once br0 has
+		// Sticky from each client's first connection on (pipeline.affinityChoice), not only once br0 has
 		// learned the client.
 		for _, c := range clients {
 			counts, err := spreadFrom(ctx, c.NetNS, "tcp", clusterIP(sticky, 80), 30, 1)

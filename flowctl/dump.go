@@ -14,7 +14,9 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/ofsdn/ofsdn/flows"
+	"github.com/ofsdn/ofsdn/flows/openflow"
+	"github.com/ofsdn/ofsdn/flows/pipeline"
+	"github.com/ofsdn/ofsdn/flows/reconcile"
 )
 
 // FlowSource is what a dump reads: a bridge's flows and groups as raw OpenFlow stats entries.
@@ -25,12 +27,12 @@ type FlowSource interface {
 
 // DumpOptions select and format a dump.
 type DumpOptions struct {
-	Table       *flows.TableID
-	Category    *flows.Category
+	Table       *openflow.TableID
+	Category    *reconcile.Category
 	Cookie      uint64
 	CookieMask  uint64
 	Output      string // "text" or "json"
-	Owners      *flows.OwnerIndex
+	Owners      *reconcile.OwnerIndex
 	Bridge      string
 	ShowGroups  bool
 	ShowDefault bool
@@ -38,18 +40,18 @@ type DumpOptions struct {
 
 // DumpedFlow is one flow of a dump, with its cookie decoded.
 type DumpedFlow struct {
-	Table     flows.TableID `json:"table"`
-	TableName string        `json:"tableName"`
-	Priority  uint16        `json:"priority"`
-	Match     string        `json:"match"`
-	Actions   string        `json:"actions"`
-	Cookie    string        `json:"cookie"`
-	Round     uint16        `json:"round"`
-	Category  string        `json:"category"`
-	Owner     string        `json:"owner"`
-	Packets   uint64        `json:"packets"`
-	Bytes     uint64        `json:"bytes"`
-	Flow      string        `json:"flow"`
+	Table     openflow.TableID `json:"table"`
+	TableName string           `json:"tableName"`
+	Priority  uint16           `json:"priority"`
+	Match     string           `json:"match"`
+	Actions   string           `json:"actions"`
+	Cookie    string           `json:"cookie"`
+	Round     uint16           `json:"round"`
+	Category  string           `json:"category"`
+	Owner     string           `json:"owner"`
+	Packets   uint64           `json:"packets"`
+	Bytes     uint64           `json:"bytes"`
+	Flow      string           `json:"flow"`
 }
 
 // Dump is a bridge's flows and groups, decoded.
@@ -69,7 +71,7 @@ func ReadDump(ctx context.Context, src FlowSource, opts DumpOptions) (*Dump, err
 	}
 	d := &Dump{Bridge: opts.Bridge}
 	for _, b := range raw {
-		f, err := flows.DecodeFlowStats(b)
+		f, err := openflow.DecodeFlowStats(b)
 		if err != nil {
 			d.Undecodable++
 			continue
@@ -77,7 +79,7 @@ func ReadDump(ctx context.Context, src FlowSource, opts DumpOptions) (*Dump, err
 		if opts.Table != nil && f.Table != *opts.Table {
 			continue
 		}
-		if opts.Category != nil && f.Cookie.Category() != *opts.Category {
+		if opts.Category != nil && reconcile.Cookie(f.Cookie).Category() != *opts.Category {
 			continue
 		}
 		d.Flows = append(d.Flows, describe(f, opts.Owners))
@@ -98,7 +100,7 @@ func ReadDump(ctx context.Context, src FlowSource, opts DumpOptions) (*Dump, err
 			return nil, fmt.Errorf("dump groups of %s: %w", opts.Bridge, err)
 		}
 		for _, b := range rawGroups {
-			g, err := flows.DecodeGroupDesc(b)
+			g, err := openflow.DecodeGroupDesc(b)
 			if err != nil {
 				d.Undecodable++
 				continue
@@ -110,16 +112,17 @@ func ReadDump(ctx context.Context, src FlowSource, opts DumpOptions) (*Dump, err
 	return d, nil
 }
 
-func describe(f flows.Flow, owners *flows.OwnerIndex) DumpedFlow {
+func describe(f openflow.Flow, owners *reconcile.OwnerIndex) DumpedFlow {
+	cookie := reconcile.Cookie(f.Cookie)
 	owner := ""
-	if f.Cookie != 0 {
-		owner = owners.Name(f.Cookie)
+	if cookie != 0 {
+		owner = owners.Name(cookie)
 	}
 	actions := f.String()[strings.Index(f.String(), " actions=")+len(" actions="):]
 	return DumpedFlow{
-		Table: f.Table, TableName: flows.TableName(f.Table), Priority: f.Priority,
-		Match: f.Match.String(), Actions: actions, Cookie: f.Cookie.String(), Round: f.Cookie.Round(),
-		Category: f.Cookie.Category().String(), Owner: owner, Packets: f.Packets, Bytes: f.Bytes, Flow: f.String(),
+		Table: f.Table, TableName: pipeline.TableName(f.Table), Priority: f.Priority,
+		Match: f.Match.String(), Actions: actions, Cookie: cookie.String(), Round: cookie.Round(),
+		Category: cookie.Category().String(), Owner: owner, Packets: f.Packets, Bytes: f.Bytes, Flow: f.String(),
 	}
 }
 
@@ -130,7 +133,7 @@ func (d *Dump) WriteText(w io.Writer) error {
 	for _, f := range d.Flows {
 		if int(f.Table) != last {
 			last = int(f.Table)
-			if t, ok := flows.LookupTable(f.Table); ok {
+			if t, ok := pipeline.LookupTable(f.Table); ok {
 				fmt.Fprintf(w, "\ntable %d %s: %s\n", t.ID, t.Name, t.Purpose)
 			} else {
 				fmt.Fprintf(w, "\ntable %d (not in ofsdn's pipeline)\n", f.Table)
@@ -186,14 +189,14 @@ func RunDump(ctx context.Context, args []string, stdout, stderr io.Writer, dial 
 	}
 	opts := DumpOptions{Bridge: *bridge, Output: *output, ShowGroups: true}
 	if *table != "" {
-		t, err := flows.ParseTable(*table)
+		t, err := pipeline.ParseTable(*table)
 		if err != nil {
 			return err
 		}
 		opts.Table = &t
 	}
 	if *category != "" {
-		c, err := flows.ParseCategory(*category)
+		c, err := reconcile.ParseCategory(*category)
 		if err != nil {
 			return err
 		}
@@ -217,9 +220,13 @@ func RunDump(ctx context.Context, args []string, stdout, stderr io.Writer, dial 
 		}
 	}
 	if path != "" {
-		idx, err := flows.LoadOwnerIndex(path)
+		data, err := os.ReadFile(path)
 		if err != nil {
-			return err
+			return fmt.Errorf("owner index: %w", err)
+		}
+		idx, err := reconcile.ParseOwnerIndex(data)
+		if err != nil {
+			return fmt.Errorf("%s: %w", path, err)
 		}
 		opts.Owners = idx
 	}

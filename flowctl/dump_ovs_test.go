@@ -8,7 +8,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ofsdn/ofsdn/flows"
+	"github.com/ofsdn/ofsdn/flows/pipeline"
+	"github.com/ofsdn/ofsdn/flows/reconcile"
+	"github.com/ofsdn/ofsdn/internal/atomicfile"
 	"github.com/ofsdn/ofsdn/internal/ovstest"
 	"github.com/ofsdn/ofsdn/ofswitch"
 )
@@ -27,12 +29,17 @@ func TestDumpRealBridge(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sess.Close()
-	r := flows.NewReconciler(ofswitch.FlowsSwitch(sess), flows.ReconcilerConfig{
-		Round: 4, PipelineVersion: flows.PipelineVersion, OwnerIndexPath: filepath.Join(inst.Dir, "br0.owners.json")})
-	if err := r.SetDesired(flows.PipelineOwner, flows.RenderBase(), nil); err != nil {
+	r := reconcile.New(ofswitch.FlowsSwitch(sess), reconcile.Config{Round: 4, PipelineVersion: pipeline.PipelineVersion})
+	res, err := r.Apply(ctx, map[reconcile.Owner]*reconcile.OwnerState{pipeline.PipelineOwner: {Flows: pipeline.RenderBase()}})
+	if err != nil || len(res.Failed) > 0 {
+		t.Fatal(err, res.Failed)
+	}
+	// The agent saves the owner index where flowctl looks for it.
+	idx, err := json.Marshal(r.OwnerIndex())
+	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := r.SyncAll(ctx); err != nil {
+	if err := atomicfile.Write(filepath.Join(inst.Dir, "br0.owners.json"), idx, 0o644); err != nil {
 		t.Fatal(err)
 	}
 
@@ -53,8 +60,8 @@ func TestDumpRealBridge(t *testing.T) {
 	if err := json.Unmarshal(out.Bytes(), &d); err != nil {
 		t.Fatal(err)
 	}
-	if len(d.Flows) != len(flows.RenderBase()) {
-		t.Errorf("json dump has %d flows, want %d", len(d.Flows), len(flows.RenderBase()))
+	if len(d.Flows) != len(pipeline.RenderBase()) {
+		t.Errorf("json dump has %d flows, want %d", len(d.Flows), len(pipeline.RenderBase()))
 	}
 	if err := Main(ctx, []string{"dump", "--rundir", inst.Dir, "--bridge", "nosuch"}, &out, &out); err == nil ||
 		!strings.Contains(err.Error(), "no OpenFlow management socket") {

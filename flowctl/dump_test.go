@@ -10,7 +10,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ofsdn/ofsdn/flows"
+	"github.com/ofsdn/ofsdn/flows/openflow"
+	"github.com/ofsdn/ofsdn/flows/pipeline"
+	"github.com/ofsdn/ofsdn/flows/reconcile"
 )
 
 var update = flag.Bool("update", false, "rewrite golden files")
@@ -20,7 +22,7 @@ type fakeSource struct{ flows, groups [][]byte }
 func (s fakeSource) DumpFlows(_ context.Context, cookie, mask uint64) ([][]byte, error) {
 	var out [][]byte
 	for _, b := range s.flows {
-		f, err := flows.DecodeFlowStats(b)
+		f, err := openflow.DecodeFlowStats(b)
 		if err != nil || uint64(f.Cookie)&mask == cookie&mask {
 			out = append(out, b)
 		}
@@ -29,34 +31,34 @@ func (s fakeSource) DumpFlows(_ context.Context, cookie, mask uint64) ([][]byte,
 }
 func (s fakeSource) DumpGroups(context.Context) ([][]byte, error) { return s.groups, nil }
 
-func sampleSource(t *testing.T) (fakeSource, *flows.OwnerIndex) {
+func sampleSource(t *testing.T) (fakeSource, *reconcile.OwnerIndex) {
 	t.Helper()
-	pod := flows.PodOwner("tenant-a", "web-0")
-	node := flows.NodeOwner("node-2")
-	idx := flows.NewOwnerIndex()
-	idx.Add(flows.PipelineOwner)
+	pod := pipeline.PodOwner("tenant-a", "web-0")
+	node := pipeline.NodeOwner("node-2")
+	idx := reconcile.NewOwnerIndex()
+	idx.Add(pipeline.PipelineOwner)
 	idx.Add(pod)
 	idx.Add(node)
 	ip := netip.MustParseAddr("10.128.0.5")
-	all := []flows.Flow{
-		{Table: flows.TableClassifier, Priority: 0, Cookie: flows.MakeCookie(3, flows.PipelineOwner), Packets: 4, Bytes: 240},
-		{Table: flows.TablePodIngress, Priority: 100, Cookie: flows.MakeCookie(3, pod), Packets: 17, Bytes: 1666,
-			Match:   flows.M(append(flows.IP, flows.InPort(5), flows.IPSrc(ip))...),
-			Actions: []flows.Action{flows.LoadReg(flows.RegSrcVNID, 12), flows.Goto{Table: flows.TableConntrack}}},
-		{Table: flows.TableTunnelEgress, Priority: 100, Cookie: flows.MakeCookie(3, node),
-			Match:   flows.M(append(flows.IP, flows.IPDstNet(netip.MustParsePrefix("10.129.2.0/23")))...),
-			Actions: []flows.Action{flows.Move{Src: flows.Whole(flows.RegSrcVNID), Dst: flows.Bits(flows.FieldTunID, 0, 31)}, flows.SetTunDst(netip.MustParseAddr("192.0.2.12")), flows.Output{Port: 1}}},
+	all := []openflow.Flow{
+		{Table: pipeline.TableClassifier, Priority: 0, Cookie: uint64(reconcile.MakeCookie(3, pipeline.PipelineOwner)), Packets: 4, Bytes: 240},
+		{Table: pipeline.TablePodIngress, Priority: 100, Cookie: uint64(reconcile.MakeCookie(3, pod)), Packets: 17, Bytes: 1666,
+			Match:   openflow.M(append(openflow.IP, openflow.InPort(5), openflow.IPSrc(ip))...),
+			Actions: []openflow.Action{openflow.LoadReg(pipeline.RegSrcVNID, 12), openflow.Goto{Table: pipeline.TableConntrack}}},
+		{Table: pipeline.TableTunnelEgress, Priority: 100, Cookie: uint64(reconcile.MakeCookie(3, node)),
+			Match:   openflow.M(append(openflow.IP, openflow.IPDstNet(netip.MustParsePrefix("10.129.2.0/23")))...),
+			Actions: []openflow.Action{openflow.Move{Src: openflow.Whole(pipeline.RegSrcVNID), Dst: openflow.Bits(openflow.FieldTunID, 0, 31)}, openflow.SetTunDst(netip.MustParseAddr("192.0.2.12")), openflow.Output{Port: 1}}},
 		{Table: 200, Priority: 1, Cookie: 0},
 	}
 	var src fakeSource
 	for _, f := range all {
-		b, err := flows.EncodeFlowStats(f)
+		b, err := openflow.EncodeFlowStats(f)
 		if err != nil {
 			t.Fatal(err)
 		}
 		src.flows = append(src.flows, b)
 	}
-	g, err := flows.EncodeGroupDesc(flows.GroupEntry{ID: 3, Type: flows.GroupSelect, Buckets: []flows.Bucket{{Weight: 1, Actions: []flows.Action{flows.Output{Port: 5}}}}})
+	g, err := openflow.EncodeGroupDesc(openflow.GroupEntry{ID: 3, Type: openflow.GroupSelect, Buckets: []openflow.Bucket{{Weight: 1, Actions: []openflow.Action{openflow.Output{Port: 5}}}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,8 +68,8 @@ func sampleSource(t *testing.T) (fakeSource, *flows.OwnerIndex) {
 
 func TestDumpGolden(t *testing.T) {
 	src, idx := sampleSource(t)
-	podCat := flows.CategoryPod
-	tunnel := flows.TableTunnelEgress
+	podCat := reconcile.CategoryPod
+	tunnel := pipeline.TableTunnelEgress
 	cases := []struct {
 		name string
 		opts DumpOptions
@@ -113,7 +115,7 @@ func TestDumpGolden(t *testing.T) {
 
 func TestDumpCookieFilterAndErrors(t *testing.T) {
 	src, idx := sampleSource(t)
-	pod := flows.MakeCookie(3, flows.PodOwner("tenant-a", "web-0"))
+	pod := reconcile.MakeCookie(3, pipeline.PodOwner("tenant-a", "web-0"))
 	v, m, err := parseCookie(pod.String() + "/0xffffffff")
 	if err != nil {
 		t.Fatal(err)

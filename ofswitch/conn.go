@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/ofsdn/ofsdn/flows/openflow"
 )
 
 const (
@@ -87,24 +89,24 @@ func (c *conn) deathErr() error {
 func (c *conn) readLoop(r *bufio.Reader) {
 	log := c.s.log
 	for {
-		msg, err := readMsg(r)
+		msg, err := openflow.ReadMessage(r)
 		if err != nil {
 			c.kill(fmt.Errorf("read: %w", err))
 			return
 		}
 		c.lastRecv.Store(int64(time.Since(c.born)))
 		switch msg[1] {
-		case typeEchoRequest:
-			msg[1] = typeEchoReply
+		case openflow.TypeEchoRequest:
+			msg[1] = openflow.TypeEchoReply
 			select {
 			case c.pings <- msg:
 			default: // a flood of echoes: answering some is enough
 			}
-		case typeEchoReply:
+		case openflow.TypeEchoReply:
 			// keepalive: lastRecv is all it needs
-		case typeError, typeFeaturesReply, typeMultipartReply, typeBarrierReply, typeExperimenter:
-			if !c.deliver(msgXID(msg), msg) {
-				log.V(4).Info("dropping a reply nobody waits for", "type", msg[1], "xid", msgXID(msg))
+		case openflow.TypeError, openflow.TypeFeaturesReply, openflow.TypeMultipartReply, openflow.TypeBarrierReply, openflow.TypeExperimenter:
+			if !c.deliver(openflow.XID(msg), msg) {
+				log.V(4).Info("dropping a reply nobody waits for", "type", msg[1], "xid", openflow.XID(msg))
 			}
 		default:
 			log.V(4).Info("ignoring unsolicited message", "type", msg[1], "len", len(msg))
@@ -144,7 +146,7 @@ func (c *conn) keepalive() {
 			c.kill(fmt.Errorf("no message from the switch for %v (echo interval %v)", quiet.Round(time.Millisecond), interval))
 			return
 		case quiet >= interval:
-			c.tryWrite(headerOnly(typeEchoRequest, c.s.nextXID()))
+			c.tryWrite(openflow.HeaderOnly(openflow.TypeEchoRequest, c.s.nextXID()))
 		}
 	}
 }
@@ -321,9 +323,9 @@ func (c *conn) next(ctx context.Context, w *waiter) ([]byte, error) {
 }
 
 // roundTrip sends one message (its xid already set) and returns the reply of type replyType; an
-// OFPT_ERROR with the same xid becomes an *OFError.
+// OFPT_ERROR with the same xid becomes an *openflow.OFError.
 func (c *conn) roundTrip(ctx context.Context, msg []byte, replyType uint8) ([]byte, error) {
-	xid := msgXID(msg)
+	xid := openflow.XID(msg)
 	w := c.wait(xid, xid)
 	defer c.unwait(w)
 	if err := c.write(ctx, func(bw *bufio.Writer) error { _, err := bw.Write(msg); return err }); err != nil {
@@ -335,8 +337,8 @@ func (c *conn) roundTrip(ctx context.Context, msg []byte, replyType uint8) ([]by
 			return nil, err
 		}
 		switch reply[1] {
-		case typeError:
-			return nil, parseError(reply[headerLen:])
+		case openflow.TypeError:
+			return nil, openflow.ParseError(reply[openflow.HeaderLen:])
 		case replyType:
 			return reply, nil
 		}

@@ -3,12 +3,11 @@ package ofswitch
 import (
 	"bufio"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"net"
-	"strings"
 	"time"
+
+	"github.com/ofsdn/ofsdn/flows/openflow"
 
 	of "antrea.io/libOpenflow/openflow13"
 )
@@ -24,7 +23,7 @@ func (s *Session) Barrier(ctx context.Context) error {
 	if err != nil {
 		return s.errorf("barrier", err)
 	}
-	if _, err := c.roundTrip(ctx, headerOnly(typeBarrierReq, s.nextXID()), typeBarrierReply); err != nil {
+	if _, err := c.roundTrip(ctx, openflow.HeaderOnly(openflow.TypeBarrierRequest, s.nextXID()), openflow.TypeBarrierReply); err != nil {
 		return s.errorf("barrier", err)
 	}
 	return nil
@@ -36,7 +35,7 @@ func (s *Session) Barrier(ctx context.Context) error {
 //
 // Everything is written at once without a round trip per message: bundle open, one ONF bundle-add per
 // message (flags ATOMIC|ORDERED), a barrier; after the barrier's reply, commit (or discard when the
-// switch refused a message already). A message of more than MaxBundledMessageLen bytes is refused
+// switch refused a message already). A message of more than openflow.MaxBundledMessageLen bytes is refused
 // before anything is sent.
 //
 // When the switch rejects the bundle, Bundle returns a *BundleError naming the message it blamed (by
@@ -48,7 +47,7 @@ func (s *Session) Bundle(ctx context.Context, msgs [][]byte) error {
 		return nil
 	}
 	for i, m := range msgs {
-		if err := checkMessage(m, MaxBundledMessageLen); err != nil {
+		if err := openflow.CheckMessage(m, openflow.MaxBundledMessageLen); err != nil {
 			return fmt.Errorf("bridge %s: bundle message %d: %w", s.cfg.Bridge, i, err)
 		}
 	}
@@ -78,15 +77,15 @@ func (s *Session) bundle(ctx context.Context, c *conn, msgs [][]byte) error {
 	defer c.unwait(w)
 
 	err := c.write(ctx, func(bw *bufio.Writer) error {
-		var ctl [bundleControlLen]byte
-		if _, err := bw.Write(appendBundleControl(ctl[:0], id, of.OFPBCT_OPEN_REQUEST, openX)); err != nil {
+		var ctl [openflow.BundleControlLen]byte
+		if _, err := bw.Write(openflow.AppendBundleControl(ctl[:0], id, of.OFPBCT_OPEN_REQUEST, openX)); err != nil {
 			return err
 		}
-		var hdr [bundleAddLen]byte
+		var hdr [openflow.BundleAddLen]byte
 		for i, m := range msgs {
 			xid := openX + 1 + uint32(i)
-			binary.BigEndian.PutUint32(m[4:], xid) // the inner message carries its bundle-add's xid
-			putBundleAdd(&hdr, id, len(m), xid)
+			openflow.SetXID(m, xid) // the inner message carries its bundle-add's xid
+			openflow.PutBundleAdd(&hdr, id, len(m), xid)
 			if _, err := bw.Write(hdr[:]); err != nil {
 				return err
 			}
@@ -94,8 +93,8 @@ func (s *Session) bundle(ctx context.Context, c *conn, msgs [][]byte) error {
 				return err
 			}
 		}
-		var bar [headerLen]byte
-		putHeader(bar[:], typeBarrierReq, headerLen, barrierX)
+		var bar [openflow.HeaderLen]byte
+		openflow.PutHeader(bar[:], openflow.TypeBarrierRequest, openflow.HeaderLen, barrierX)
 		_, err := bw.Write(bar[:])
 		return err
 	})
@@ -114,17 +113,17 @@ func (s *Session) bundle(ctx context.Context, c *conn, msgs [][]byte) error {
 			}
 			return fmt.Errorf("before commit, bundle discarded: %w", err)
 		}
-		xid := msgXID(msg)
+		xid := openflow.XID(msg)
 		switch {
-		case msg[1] == typeError:
-			e := parseError(msg[headerLen:])
+		case msg[1] == openflow.TypeError:
+			e := openflow.ParseError(msg[openflow.HeaderLen:])
 			if xid == openX {
 				openFailed = true
 			}
 			be = blame(be, e, xid-openX-1, n, openFailed)
-		case xid == openX && bundleReply(msg, of.OFPBCT_OPEN_REPLY):
+		case xid == openX && openflow.IsBundleReply(msg, of.OFPBCT_OPEN_REPLY):
 			opened = true
-		case xid == barrierX && msg[1] == typeBarrierReply:
+		case xid == barrierX && msg[1] == openflow.TypeBarrierReply:
 			done = true
 		}
 	}
@@ -139,8 +138,8 @@ func (s *Session) bundle(ctx context.Context, c *conn, msgs [][]byte) error {
 	}
 
 	if err := c.write(ctx, func(bw *bufio.Writer) error {
-		var ctl [bundleControlLen]byte
-		_, err := bw.Write(appendBundleControl(ctl[:0], id, of.OFPBCT_COMMIT_REQUEST, endX))
+		var ctl [openflow.BundleControlLen]byte
+		_, err := bw.Write(openflow.AppendBundleControl(ctl[:0], id, of.OFPBCT_COMMIT_REQUEST, endX))
 		return err
 	}); err != nil {
 		if c.isDead() {
@@ -154,14 +153,14 @@ func (s *Session) bundle(ctx context.Context, c *conn, msgs [][]byte) error {
 		if err != nil {
 			return fmt.Errorf("commit sent, outcome unknown: %w", err)
 		}
-		xid := msgXID(msg)
+		xid := openflow.XID(msg)
 		switch {
-		case msg[1] == typeError:
-			be = blame(be, parseError(msg[headerLen:]), xid-openX-1, n, false)
+		case msg[1] == openflow.TypeError:
+			be = blame(be, openflow.ParseError(msg[openflow.HeaderLen:]), xid-openX-1, n, false)
 			if xid == endX {
 				return be // the commit failed: OVS applied nothing and removed the bundle
 			}
-		case xid == endX && bundleReply(msg, of.OFPBCT_COMMIT_REPLY):
+		case xid == endX && openflow.IsBundleReply(msg, of.OFPBCT_COMMIT_REPLY):
 			if be != nil { // cannot happen with ATOMIC; never report success over an error
 				return be
 			}
@@ -173,7 +172,7 @@ func (s *Session) bundle(ctx context.Context, c *conn, msgs [][]byte) error {
 // blame adds an error to a bundle's (or a Send's) failure. idx is the error's xid minus the first
 // message's xid: it names a message when below n. A message is blamed rather than the bundle as a
 // whole, unless the bundle never opened (then every add fails for that reason).
-func blame(be *BundleError, e *OFError, idx, n uint32, bundleFailed bool) *BundleError {
+func blame(be *BundleError, e *openflow.OFError, idx, n uint32, bundleFailed bool) *BundleError {
 	index := -1
 	if idx < n && !bundleFailed {
 		index = int(idx)
@@ -183,7 +182,7 @@ func blame(be *BundleError, e *OFError, idx, n uint32, bundleFailed bool) *Bundl
 	}
 	if be.Index < 0 && index >= 0 {
 		nb := newBundleError(index, e)
-		nb.Other = append([]*OFError{be.Cause}, be.Other...)
+		nb.Other = append([]*openflow.OFError{be.Cause}, be.Other...)
 		return nb
 	}
 	if len(be.Other) < maxOtherErrors {
@@ -196,8 +195,8 @@ func blame(be *BundleError, e *OFError, idx, n uint32, bundleFailed bool) *Bundl
 // failed discard leaves an uncommitted bundle that OVS drops with the connection or on its timeout.
 func (s *Session) discard(ctx context.Context, c *conn, w *waiter, id, xid uint32) {
 	err := c.write(ctx, func(bw *bufio.Writer) error {
-		var ctl [bundleControlLen]byte
-		_, err := bw.Write(appendBundleControl(ctl[:0], id, of.OFPBCT_DISCARD_REQUEST, xid))
+		var ctl [openflow.BundleControlLen]byte
+		_, err := bw.Write(openflow.AppendBundleControl(ctl[:0], id, of.OFPBCT_DISCARD_REQUEST, xid))
 		return err
 	})
 	for err == nil {
@@ -206,12 +205,12 @@ func (s *Session) discard(ctx context.Context, c *conn, w *waiter, id, xid uint3
 		if err != nil {
 			break
 		}
-		if msgXID(msg) != xid {
+		if openflow.XID(msg) != xid {
 			continue
 		}
-		if msg[1] == typeError {
-			err = parseError(msg[headerLen:])
-		} else if bundleReply(msg, of.OFPBCT_DISCARD_REPLY) {
+		if msg[1] == openflow.TypeError {
+			err = openflow.ParseError(msg[openflow.HeaderLen:])
+		} else if openflow.IsBundleReply(msg, of.OFPBCT_DISCARD_REPLY) {
 			return
 		}
 	}
@@ -225,8 +224,8 @@ func (s *Session) discardLater(c *conn, id, xid uint32) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	_ = c.write(ctx, func(bw *bufio.Writer) error {
-		var ctl [bundleControlLen]byte
-		_, err := bw.Write(appendBundleControl(ctl[:0], id, of.OFPBCT_DISCARD_REQUEST, xid))
+		var ctl [openflow.BundleControlLen]byte
+		_, err := bw.Write(openflow.AppendBundleControl(ctl[:0], id, of.OFPBCT_DISCARD_REQUEST, xid))
 		return err
 	})
 }
@@ -239,7 +238,7 @@ func (s *Session) Send(ctx context.Context, msgs [][]byte) error {
 		return nil
 	}
 	for i, m := range msgs {
-		if err := checkMessage(m, MaxMessageLen); err != nil {
+		if err := openflow.CheckMessage(m, openflow.MaxMessageLen); err != nil {
 			return fmt.Errorf("bridge %s: message %d: %w", s.cfg.Bridge, i, err)
 		}
 	}
@@ -256,13 +255,13 @@ func (s *Session) Send(ctx context.Context, msgs [][]byte) error {
 	defer c.unwait(w)
 	err = c.write(ctx, func(bw *bufio.Writer) error {
 		for i, m := range msgs {
-			binary.BigEndian.PutUint32(m[4:], first+uint32(i))
+			openflow.SetXID(m, first+uint32(i))
 			if _, err := bw.Write(m); err != nil {
 				return err
 			}
 		}
-		var bar [headerLen]byte
-		putHeader(bar[:], typeBarrierReq, headerLen, barrierX)
+		var bar [openflow.HeaderLen]byte
+		openflow.PutHeader(bar[:], openflow.TypeBarrierRequest, openflow.HeaderLen, barrierX)
 		_, err := bw.Write(bar[:])
 		return err
 	})
@@ -275,11 +274,11 @@ func (s *Session) Send(ctx context.Context, msgs [][]byte) error {
 		if err != nil {
 			return s.errorf(fmt.Sprintf("send %d messages", len(msgs)), err)
 		}
-		xid := msgXID(msg)
+		xid := openflow.XID(msg)
 		switch {
-		case msg[1] == typeError:
-			be = blame(be, parseError(msg[headerLen:]), xid-first, n, false)
-		case xid == barrierX && msg[1] == typeBarrierReply:
+		case msg[1] == openflow.TypeError:
+			be = blame(be, openflow.ParseError(msg[openflow.HeaderLen:]), xid-first, n, false)
+		case xid == barrierX && msg[1] == openflow.TypeBarrierReply:
 			if be != nil {
 				return be
 			}
@@ -290,33 +289,16 @@ func (s *Session) Send(ctx context.Context, msgs [][]byte) error {
 
 // FlowFilter selects the flows of a dump.
 type FlowFilter struct {
-	TableID    uint8 // 0xff: all tables
+	TableID    openflow.TableID // openflow.AllTables: every table
 	Cookie     uint64
 	CookieMask uint64 // 0: any cookie
 }
 
-// AllTables is the FlowFilter.TableID of a dump over every table.
-const AllTables = 0xff
-
-// Minimum entry lengths: fixed part plus the smallest match (OpenFlow 1.3 §7.3.5).
-const (
-	minFlowStats  = 56
-	minGroupDesc  = 8
-	minGroupStats = 40
-)
-
 // DumpFlows returns every ofp_flow_stats entry that matches the filter, from every reply chunk, each
 // as its own unparsed slice (entries of one chunk share its memory).
 func (s *Session) DumpFlows(ctx context.Context, f FlowFilter) ([][]byte, error) {
-	body := make([]byte, 40)
-	body[0] = f.TableID
-	binary.BigEndian.PutUint32(body[4:], of.P_ANY)    // out_port
-	binary.BigEndian.PutUint32(body[8:], of.OFPG_ANY) // out_group
-	binary.BigEndian.PutUint64(body[16:], f.Cookie)
-	binary.BigEndian.PutUint64(body[24:], f.CookieMask)
-	binary.BigEndian.PutUint16(body[32:], 1) // an empty OXM match
-	binary.BigEndian.PutUint16(body[34:], 4)
-	entries, err := s.multipart(ctx, of.MultipartType_Flow, body, lengthPrefixed(minFlowStats))
+	body := openflow.FlowStatsRequest(f.TableID, f.Cookie, f.CookieMask)
+	entries, err := s.multipart(ctx, openflow.MultipartFlow, body, lengthPrefixed(openflow.MinFlowStats))
 	if err != nil {
 		return nil, s.errorf("dump flows", err)
 	}
@@ -325,7 +307,7 @@ func (s *Session) DumpFlows(ctx context.Context, f FlowFilter) ([][]byte, error)
 
 // DumpGroups returns every ofp_group_desc entry, from every reply chunk, unparsed.
 func (s *Session) DumpGroups(ctx context.Context) ([][]byte, error) {
-	entries, err := s.multipart(ctx, of.MultipartType_GroupDesc, nil, lengthPrefixed(minGroupDesc))
+	entries, err := s.multipart(ctx, openflow.MultipartGroupDesc, nil, lengthPrefixed(openflow.MinGroupDesc))
 	if err != nil {
 		return nil, s.errorf("dump groups", err)
 	}
@@ -334,55 +316,36 @@ func (s *Session) DumpGroups(ctx context.Context) ([][]byte, error) {
 
 // DumpGroupStats returns every group's ofp_group_stats entry (counters per group and bucket), unparsed.
 func (s *Session) DumpGroupStats(ctx context.Context) ([][]byte, error) {
-	body := make([]byte, 8)
-	binary.BigEndian.PutUint32(body, of.OFPG_ALL)
-	entries, err := s.multipart(ctx, of.MultipartType_Group, body, lengthPrefixed(minGroupStats))
+	entries, err := s.multipart(ctx, openflow.MultipartGroup, openflow.GroupStatsRequest(), lengthPrefixed(openflow.MinGroupStats))
 	if err != nil {
 		return nil, s.errorf("dump group stats", err)
 	}
 	return entries, nil
 }
 
-// Port is one ofp_port of a port description.
-type Port struct {
-	No     uint32 // OpenFlow port number (OFPP_LOCAL 0xfffffffe for the bridge's own port)
-	Name   string
-	HWAddr net.HardwareAddr
-	Config uint32 // OFPPC_* bits
-	State  uint32 // OFPPS_* bits
-}
-
 // PortDesc describes every port of the bridge (OFPMP_PORT_DESC).
-func (s *Session) PortDesc(ctx context.Context) ([]Port, error) {
-	entries, err := s.multipart(ctx, of.MultipartType_PortDesc, nil, fixedSize(portDescLen))
+func (s *Session) PortDesc(ctx context.Context) ([]openflow.Port, error) {
+	entries, err := s.multipart(ctx, openflow.MultipartPortDesc, nil, fixedSize(openflow.PortDescLen))
 	if err != nil {
 		return nil, s.errorf("port description", err)
 	}
-	ports := make([]Port, 0, len(entries))
+	ports := make([]openflow.Port, 0, len(entries))
 	for _, e := range entries {
-		ports = append(ports, parsePort(e))
+		p, err := openflow.ParsePort(e)
+		if err != nil {
+			return nil, s.errorf("port description", err)
+		}
+		ports = append(ports, p)
 	}
 	return ports, nil
-}
-
-func parsePort(e []byte) Port {
-	name := e[16:32]
-	if i := strings.IndexByte(string(name), 0); i >= 0 {
-		name = name[:i]
-	}
-	return Port{
-		No:     binary.BigEndian.Uint32(e),
-		HWAddr: net.HardwareAddr(append([]byte(nil), e[8:14]...)),
-		Name:   string(name),
-		Config: binary.BigEndian.Uint32(e[32:]),
-		State:  binary.BigEndian.Uint32(e[36:]),
-	}
 }
 
 type splitter func(body []byte, entries [][]byte) ([][]byte, error)
 
 func lengthPrefixed(minLen int) splitter {
-	return func(body []byte, entries [][]byte) ([][]byte, error) { return splitEntries(body, minLen, entries) }
+	return func(body []byte, entries [][]byte) ([][]byte, error) {
+		return openflow.SplitEntries(body, minLen, entries)
+	}
 }
 
 func fixedSize(size int) splitter {
@@ -405,8 +368,8 @@ func (s *Session) multipart(ctx context.Context, typ uint16, body []byte, split 
 	if err != nil {
 		return nil, err
 	}
-	req := multipartRequest(typ, body, s.nextXID())
-	w := c.wait(msgXID(req), msgXID(req))
+	req := openflow.MultipartRequest(typ, body, s.nextXID())
+	w := c.wait(openflow.XID(req), openflow.XID(req))
 	defer c.unwait(w)
 	if err := c.write(ctx, func(bw *bufio.Writer) error { _, err := bw.Write(req); return err }); err != nil {
 		return nil, err
@@ -418,13 +381,13 @@ func (s *Session) multipart(ctx context.Context, typ uint16, body []byte, split 
 			return nil, err
 		}
 		switch msg[1] {
-		case typeError:
-			return nil, parseError(msg[headerLen:])
-		case typeMultipartReply:
+		case openflow.TypeError:
+			return nil, openflow.ParseError(msg[openflow.HeaderLen:])
+		case openflow.TypeMultipartReply:
 		default:
 			continue
 		}
-		chunk, more, err := multipartChunk(msg, typ)
+		chunk, more, err := openflow.MultipartChunk(msg, typ)
 		if err != nil {
 			return nil, err
 		}

@@ -3,13 +3,14 @@ package ofswitch
 import (
 	"bufio"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/ofsdn/ofsdn/flows/openflow"
 
 	"k8s.io/klog/v2"
 )
@@ -83,7 +84,7 @@ type replayKey struct{}
 
 // Dial connects to the bridge and starts the session. It retries a missing or refusing socket with
 // backoff until ctx (or RequestTimeout, when ctx has no deadline) ends, but fails at once when the
-// bridge does not speak OpenFlow 1.3 (an error wrapping ErrVersion). Later losses of the connection are
+// bridge does not speak OpenFlow 1.3 (an error wrapping openflow.ErrVersion). Later losses of the connection are
 // repaired in the background.
 func Dial(ctx context.Context, cfg Config) (*Session, error) {
 	if cfg.Socket == "" {
@@ -274,10 +275,10 @@ func (s *Session) dial(ctx context.Context, failFast bool) (*conn, uint64, error
 		if err == nil {
 			return c, dpid, nil
 		}
-		if failFast && errors.Is(err, ErrVersion) {
+		if failFast && errors.Is(err, openflow.ErrVersion) {
 			return nil, 0, err
 		}
-		if errors.Is(err, ErrVersion) {
+		if errors.Is(err, openflow.ErrVersion) {
 			s.log.Error(err, "reconnect refused", "retryIn", backoff)
 		} else {
 			s.log.V(2).Info("connect failed", "err", err, "retryIn", backoff)
@@ -312,51 +313,51 @@ func (s *Session) connect(ctx context.Context) (*conn, uint64, error) {
 	stop := context.AfterFunc(ctx, func() { _ = nc.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
 
-	if _, err := nc.Write(hello13(s.nextXID())); err != nil {
+	if _, err := nc.Write(openflow.Hello13(s.nextXID())); err != nil {
 		return nil, 0, fmt.Errorf("hello: %w", err)
 	}
 	r := bufio.NewReaderSize(nc, readBufSize)
-	msg, err := readMsg(r)
+	msg, err := openflow.ReadMessage(r)
 	if err != nil {
 		return nil, 0, fmt.Errorf("hello: %w", err)
 	}
 	switch msg[1] {
-	case typeHello:
-		if err := checkHello(msg); err != nil {
+	case openflow.TypeHello:
+		if err := openflow.CheckHello(msg); err != nil {
 			return nil, 0, err
 		}
-	case typeError:
-		return nil, 0, fmt.Errorf("%w: hello refused: %w", ErrVersion, parseError(msg[headerLen:]))
+	case openflow.TypeError:
+		return nil, 0, fmt.Errorf("%w: hello refused: %w", openflow.ErrVersion, openflow.ParseError(msg[openflow.HeaderLen:]))
 	default:
 		return nil, 0, fmt.Errorf("hello: the switch sent message type %d first", msg[1])
 	}
 	fxid := s.nextXID()
-	if _, err := nc.Write(headerOnly(typeFeaturesReq, fxid)); err != nil {
+	if _, err := nc.Write(openflow.HeaderOnly(openflow.TypeFeaturesRequest, fxid)); err != nil {
 		return nil, 0, fmt.Errorf("features request: %w", err)
 	}
 	var dpid uint64
 	for dpid == 0 {
-		msg, err = readMsg(r)
+		msg, err = openflow.ReadMessage(r)
 		if err != nil {
 			return nil, 0, fmt.Errorf("features reply: %w", err)
 		}
 		switch {
-		case msg[1] == typeError:
-			e := parseError(msg[headerLen:])
+		case msg[1] == openflow.TypeError:
+			e := openflow.ParseError(msg[openflow.HeaderLen:])
 			if e.Type == 0 { // OFPET_HELLO_FAILED: the switch did not accept our hello
-				return nil, 0, fmt.Errorf("%w: hello refused: %w", ErrVersion, e)
+				return nil, 0, fmt.Errorf("%w: hello refused: %w", openflow.ErrVersion, e)
 			}
 			return nil, 0, fmt.Errorf("features request: %w", e)
-		case msg[1] == typeFeaturesReply && msgXID(msg) == fxid:
+		case msg[1] == openflow.TypeFeaturesReply && openflow.XID(msg) == fxid:
 			if len(msg) < 16 {
 				return nil, 0, fmt.Errorf("features reply of %d bytes has no datapath ID", len(msg))
 			}
-			dpid = binary.BigEndian.Uint64(msg[8:])
+			dpid, _ = openflow.FeaturesDatapathID(msg)
 			if dpid == 0 {
 				return nil, 0, errors.New("features reply with datapath ID 0")
 			}
-		case msg[1] == typeEchoRequest:
-			msg[1] = typeEchoReply
+		case msg[1] == openflow.TypeEchoRequest:
+			msg[1] = openflow.TypeEchoReply
 			if _, err := nc.Write(msg); err != nil {
 				return nil, 0, fmt.Errorf("echo reply: %w", err)
 			}

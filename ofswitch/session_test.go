@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ofsdn/ofsdn/flows/openflow"
+
 	"github.com/ofsdn/ofsdn/internal/ovstest"
 )
 
@@ -56,8 +58,8 @@ func TestHelloWrongVersion(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err := Dial(ctxTimeout(t, 20*time.Second), Config{Socket: inst.MgmtSocket("br0"), Bridge: "br0"})
-	if !errors.Is(err, ErrVersion) {
-		t.Fatalf("Dial to a 1.0/1.5 bridge: %v, want ErrVersion", err)
+	if !errors.Is(err, openflow.ErrVersion) {
+		t.Fatalf("Dial to a 1.0/1.5 bridge: %v, want openflow.ErrVersion", err)
 	}
 	if !strings.Contains(err.Error(), "OpenFlow 1.3") {
 		t.Fatalf("error does not say what is wrong: %v", err)
@@ -83,7 +85,7 @@ func TestBundleInstallAndDump(t *testing.T) {
 			if err := b.sess.Bundle(ctx, msgs); err != nil {
 				t.Fatalf("bundle: %v", err)
 			}
-			entries, err := b.sess.DumpFlows(ctx, FlowFilter{TableID: AllTables})
+			entries, err := b.sess.DumpFlows(ctx, FlowFilter{TableID: openflow.AllTables})
 			if err != nil {
 				t.Fatalf("dump: %v", err)
 			}
@@ -103,7 +105,7 @@ func TestBundleInstallAndDump(t *testing.T) {
 			if len(seen) != tc.n {
 				t.Fatalf("%d distinct flows, want %d", len(seen), tc.n)
 			}
-			if tc.multi && total <= MaxMessageLen {
+			if tc.multi && total <= openflow.MaxMessageLen {
 				t.Fatalf("%d bytes of entries fit one chunk; the test proves nothing about chunks", total)
 			}
 			lines := b.ofctlFlows(t)
@@ -131,11 +133,11 @@ func TestDumpFilter(t *testing.T) {
 		filter FlowFilter
 		want   func(i int) bool
 	}{
-		{"all", FlowFilter{TableID: AllTables}, func(int) bool { return true }},
+		{"all", FlowFilter{TableID: openflow.AllTables}, func(int) bool { return true }},
 		{"table 20", FlowFilter{TableID: 20}, func(int) bool { return true }},
 		{"table 21", FlowFilter{TableID: 21}, func(int) bool { return false }},
-		{"round 2", FlowFilter{TableID: AllTables, Cookie: 2 << 48, CookieMask: 0xffff << 48}, func(i int) bool { return i%2 == 1 }},
-		{"owner 3", FlowFilter{TableID: AllTables, Cookie: 3, CookieMask: 0xffffffff}, func(i int) bool { return i%5 == 3 }},
+		{"round 2", FlowFilter{TableID: openflow.AllTables, Cookie: 2 << 48, CookieMask: 0xffff << 48}, func(i int) bool { return i%2 == 1 }},
+		{"owner 3", FlowFilter{TableID: openflow.AllTables, Cookie: 3, CookieMask: 0xffffffff}, func(i int) bool { return i%5 == 3 }},
 		{"exact", FlowFilter{TableID: 20, Cookie: 1<<48 | 4, CookieMask: ^uint64(0)}, func(i int) bool { return i%2 == 0 && i%5 == 4 }},
 	}
 	for _, tc := range tests {
@@ -244,7 +246,7 @@ func TestMessageChecks(t *testing.T) {
 	ctx := ctxTimeout(t, 30*time.Second)
 	big := func(n int) []byte {
 		m := make([]byte, n)
-		putHeader(m, 14, min(n, 0xffff), 0)
+		openflow.PutHeader(m, 14, min(n, 0xffff), 0)
 		return m
 	}
 	good := podFlow(t, 1, 1, 0)
@@ -257,7 +259,7 @@ func TestMessageChecks(t *testing.T) {
 		msg  []byte
 		want string
 	}{
-		{"too big for a bundle-add", big(MaxBundledMessageLen + 1), "exceed"},
+		{"too big for a bundle-add", big(openflow.MaxBundledMessageLen + 1), "exceed"},
 		{"over 64 KiB", big(70000), "exceed"},
 		{"length field", wrongLen, "length field"},
 		{"short", []byte{4, 14, 0}, "shorter"},
@@ -332,7 +334,7 @@ func TestReconnect(t *testing.T) {
 			// While disconnected: a request waits for the connection.
 			waiting := make(chan error, 1)
 			go func() {
-				_, err := b.sess.DumpFlows(ctx, FlowFilter{TableID: AllTables})
+				_, err := b.sess.DumpFlows(ctx, FlowFilter{TableID: openflow.AllTables})
 				waiting <- err
 			}()
 			if err := b.inst.StartVswitchd(); err != nil {
@@ -350,7 +352,7 @@ func TestReconnect(t *testing.T) {
 			if after := b.ofctlFlows(t); strings.Join(after, "\n") != strings.Join(before, "\n") {
 				t.Fatalf("flows after replay differ:\n%s\nbefore:\n%s", strings.Join(after, "\n"), strings.Join(before, "\n"))
 			}
-			entries, err := b.sess.DumpFlows(ctx, FlowFilter{TableID: AllTables})
+			entries, err := b.sess.DumpFlows(ctx, FlowFilter{TableID: openflow.AllTables})
 			if err != nil || len(entries) != 50 {
 				t.Fatalf("dump after reconnect: %d flows, %v", len(entries), err)
 			}

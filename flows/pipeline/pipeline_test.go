@@ -1,0 +1,224 @@
+package pipeline
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/ofsdn/ofsdn/internal/ofbridge"
+
+	"github.com/ofsdn/ofsdn/internal/fakeswitch"
+
+	. "github.com/ofsdn/ofsdn/flows/openflow"
+	"github.com/ofsdn/ofsdn/flows/reconcile"
+)
+
+var updateGolden = flag.Bool("update", false, "rewrite golden files (the pipeline golden only after a PipelineVersion bump)")
+
+const pipelineGolden = "testdata/pipeline.golden"
+
+// TestPipelineGolden guards the pipeline's shape the way openshift-sdn's TestRuleVersion did: everything
+// Render produces for a sample node — the base pipeline, pods in two tenants and the global VNID,
+// remote nodes, and services (plain with a NodePort, sessionAffinity with its learn flows, UDP split
+// over several groups, one without endpoints) with their groups — is pinned in a golden file headed
+// by the version it belongs to, for each mode. A change to rendering that keeps the same
+// PipelineVersion fails here, because agents would diff an old bridge against flows of a different
+// shape instead of rebuilding it.
+func TestPipelineGolden(t *testing.T) {
+	var b strings.Builder
+	fmt.Fprintf(&b, "version %d\n", PipelineVersion)
+	for _, mode := range []Mode{ModeMultitenant, ModeSubnet, ModeNetworkPolicy} {
+		st := sampleNodeState()
+		st.Mode = mode
+		owners, err := Render(st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(&b, "\n# mode %s\n", mode)
+		for _, o := range reconcile.SortedOwnerKeys(owners) {
+			fmt.Fprintf(&b, "## %s\n", o)
+			rendered := owners[o].Flows
+			sort.SliceStable(rendered, func(i, j int) bool {
+				if rendered[i].Table != rendered[j].Table {
+					return rendered[i].Table < rendered[j].Table
+				}
+				return rendered[i].Priority > rendered[j].Priority
+			})
+			for _, f := range rendered {
+				b.WriteString(f.String() + "\n")
+			}
+			groups := owners[o].Groups
+			sort.Slice(groups, func(i, j int) bool { return groups[i].ID < groups[j].ID })
+			for _, g := range groups {
+				// One bucket a line: a diff then shows which bucket changed.
+				b.WriteString(strings.ReplaceAll(g.String(), ",bucket=", "\n  bucket=") + "\n")
+			}
+		}
+	}
+	got := b.String()
+	want, err := os.ReadFile(pipelineGolden)
+	if err != nil && !*updateGolden {
+		t.Fatalf("%v (run go test ./flows/pipeline -run TestPipelineGolden -update)", err)
+	}
+	if err := checkGolden(got, string(want), PipelineVersion, *updateGolden); err != nil {
+		t.Fatal(err)
+	}
+	if *updateGolden && got != string(want) {
+		if err := os.WriteFile(pipelineGolden, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// checkGolden compares a render with the golden file: equal passes; different under the golden's
+// own version fails whatever -update says (the version must be bumped first); different under an
+// older version passes only with -update.
+func checkGolden(got, want string, version uint32, update bool) error {
+	if got == want {
+		return nil
+	}
+	goldenVersion := -1
+	if first, _, ok := strings.Cut(want, "\n"); ok {
+		if v, err := strconv.Atoi(strings.TrimPrefix(first, "version ")); err == nil {
+			goldenVersion = v
+		}
+	}
+	if goldenVersion == int(version) {
+		return fmt.Errorf("rendered flows changed but PipelineVersion is still %d: bump it in flows/pipeline/render_base.go, then run with -update; diff:\n%s",
+			version, strings.Join(ofbridge.DiffLines(strings.Split(want, "\n"), strings.Split(got, "\n")), "\n"))
+	}
+	if !update {
+		return fmt.Errorf("pipeline golden is for version %d, code is version %d: run with -update", goldenVersion, version)
+	}
+	return nil
+}
+
+func TestCheckGoldenDemandsAVersionBump(t *testing.T) {
+	golden := "version 3\n## pod/a/web\ntable=20, priority=100 actions=drop\n"
+	changed := "version 3\n## pod/a/web\ntable=20, priority=101 actions=drop\n"
+	for _, tc := range []struct {
+		name    string
+		got     string
+		version uint32
+		update  bool
+		wantErr bool
+	}{
+		{"unchanged", golden, 3, false, false},
+		{"changed without a bump", changed, 3, false, true},
+		{"changed without a bump, -update", changed, 3, true, true},
+		{"changed with a bump", strings.Replace(changed, "version 3", "version 4", 1), 4, false, true},
+		{"changed with a bump, -update", strings.Replace(changed, "version 3", "version 4", 1), 4, true, false},
+	} {
+		if err := checkGolden(tc.got, golden, tc.version, tc.update); (err != nil) != tc.wantErr {
+			t.Errorf("%s: err %v, want error %v", tc.name, err, tc.wantErr)
+		}
+	}
+}
+
+func TestEveryTableHasOneDefault(t *testing.T) {
+	defaults := map[TableID]int{}
+	for _, f := range RenderBase() {
+		if f.Priority == 0 && len(f.Match.Fields()) == 0 {
+			defaults[f.Table]++
+		}
+	}
+	for _, tbl := range Tables {
+		if defaults[tbl.ID] != 1 {
+			t.Errorf("table %d %s has %d default flows, want 1", tbl.ID, tbl.Name, defaults[tbl.ID])
+		}
+	}
+}
+
+// sampleNodeState is a node with pods in two tenants and the global VNID, two remote nodes, and a
+// service of every shape the renderer knows.
+func sampleNodeState() NodeState {
+	mac := func(last byte) net.HardwareAddr { return net.HardwareAddr{0x0a, 0x58, 10, 128, 0, last} }
+	ep := func(ip string, port uint16, local bool) Endpoint {
+		return Endpoint{IP: netip.MustParseAddr(ip), Port: port, Ready: true, Serving: true, Local: local}
+	}
+	web := []Endpoint{ep("10.128.0.2", 8080, true), ep("10.128.2.7", 8080, false)}
+	dns := []Endpoint{ep("10.128.0.4", 5353, true), ep("10.128.2.9", 5353, false), ep("10.128.4.3", 5353, false)}
+	return NodeState{
+		NodeName:          "node-1",
+		NodeIP:            netip.MustParseAddr("192.0.2.11"),
+		LocalSubnet:       netip.MustParsePrefix("10.128.0.0/23"),
+		ClusterNetworks:   []netip.Prefix{netip.MustParsePrefix("10.128.0.0/14")},
+		NodePortAddresses: []netip.Addr{ServiceNodePortIP},
+		Pods: []PodState{
+			{Namespace: "a", Name: "web", IP: netip.MustParseAddr("10.128.0.2"), MAC: mac(2), OFPort: 3, VNID: 11},
+			{Namespace: "b", Name: "db", IP: netip.MustParseAddr("10.128.0.3"), MAC: mac(3), OFPort: 4, VNID: 12},
+			{Namespace: "default", Name: "dns", IP: netip.MustParseAddr("10.128.0.4"), MAC: mac(4), OFPort: 5, VNID: 0},
+		},
+		RemoteNodes: []RemoteNode{
+			{Name: "node-2", NodeIP: netip.MustParseAddr("192.0.2.12"), Subnet: netip.MustParsePrefix("10.128.2.0/23")},
+			{Name: "node-3", NodeIP: netip.MustParseAddr("192.0.2.13"), Subnet: netip.MustParsePrefix("10.128.4.0/23")},
+		},
+		Services: []ServiceState{
+			{Namespace: "a", Name: "web", ClusterIP: netip.MustParseAddr("172.30.0.10"),
+				Ports: []ServicePort{{Name: "http", Protocol: IPProtoTCP, Port: 80, NodePort: 30080, Endpoints: web}}},
+			{Namespace: "a", Name: "sticky", ClusterIP: netip.MustParseAddr("172.30.0.11"), AffinityTimeout: 600,
+				Ports: []ServicePort{{Name: "http", Protocol: IPProtoTCP, Port: 80, Endpoints: web}}},
+			{Namespace: "default", Name: "dns", ClusterIP: netip.MustParseAddr("172.30.0.53"),
+				Ports: []ServicePort{{Name: "dns", Protocol: IPProtoUDP, Port: 53, Endpoints: dns}}},
+			{Namespace: "b", Name: "empty", ClusterIP: netip.MustParseAddr("172.30.0.12"),
+				Ports: []ServicePort{{Protocol: IPProtoSCTP, Port: 9999}}},
+		},
+	}
+}
+
+func TestRenderRejectsIncompleteNode(t *testing.T) {
+	if _, err := Render(NodeState{NodeName: "n"}); err == nil {
+		t.Fatal("a node without subnet must not render")
+	}
+}
+
+func TestRenderCompiles(t *testing.T) {
+	owners, err := Render(sampleNodeState())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := install(context.Background(), newReconciler(fakeswitch.New(), 1), owners); err != nil {
+		t.Fatalf("rendered flows do not compile, collide, or are refused: %v", err)
+	}
+}
+
+// Pipeline-internal owners are in category pipeline, which no API object has: a Node (or a pod, or a
+// namespace) named after one of them gets an owner of its own, and its flows never replace the
+// node's own.
+func TestNoObjectNameCollidesWithPipelineOwners(t *testing.T) {
+	st := sampleNodeState()
+	for _, name := range []string{"local", "local-subnet", "base", "services"} {
+		st.RemoteNodes = append(st.RemoteNodes, RemoteNode{Name: name, NodeIP: netip.AddrFrom4([4]byte{192, 0, 2, byte(20 + len(st.RemoteNodes))}),
+			Subnet: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 129, byte(len(st.RemoteNodes) * 2), 0}), 23)})
+	}
+	st.Pods = append(st.Pods, PodState{Namespace: "base", Name: "services", IP: netip.MustParseAddr("10.128.0.9"),
+		MAC: net.HardwareAddr{0x0a, 0x58, 10, 128, 0, 9}, OFPort: 9, VNID: 0})
+	owners, err := Render(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, internal := range []reconcile.Owner{PipelineOwner, LocalOwner, ServicesOwner} {
+		if internal.Category != reconcile.CategoryPipeline {
+			t.Errorf("%s is not in category pipeline", internal)
+		}
+		if len(owners[internal].Flows) == 0 {
+			t.Errorf("%s rendered nothing", internal)
+		}
+	}
+	for _, name := range []string{"local", "local-subnet", "base", "services"} {
+		if len(owners[NodeOwner(name)].Flows) == 0 {
+			t.Errorf("node %q has no flows of its own", name)
+		}
+	}
+	res, err := install(context.Background(), newReconciler(fakeswitch.New(), 1), owners)
+	if err != nil {
+		t.Fatalf("owners collide: %v (%v)", err, res.Failed)
+	}
+}

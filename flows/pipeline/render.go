@@ -1,0 +1,190 @@
+package pipeline
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+
+	. "github.com/ofsdn/ofsdn/flows/openflow"
+	"github.com/ofsdn/ofsdn/flows/reconcile"
+)
+
+// Mode is the cluster's plugin mode (ClusterNetwork.pluginMode).
+type Mode string
+
+const (
+	ModeSubnet        Mode = "subnet"        // one flat network
+	ModeMultitenant   Mode = "multitenant"   // VNID isolation; VNID 0 is global
+	ModeNetworkPolicy Mode = "networkpolicy" // flat until NetworkPolicy rendering lands
+)
+
+// GlobalVNID reaches and is reached by every tenant.
+const GlobalVNID uint32 = 0
+
+// NodeState is everything a node's flows depend on: plain data the agent assembles from its informers
+// and OVSDB, and Render turns into flows. Nothing here does I/O.
+type NodeState struct {
+	Mode            Mode
+	NodeName        string
+	NodeIP          netip.Addr   // this node's underlay address (VXLAN source)
+	LocalSubnet     netip.Prefix // this node's HostSubnet
+	ClusterNetworks []netip.Prefix
+	Pods            []PodState
+	RemoteNodes     []RemoteNode
+	// Services with a ClusterIP, and the addresses NodePorts are served at in br0 (the host DNATs
+	// node IP:nodePort to ServiceNodePortIP:nodePort; see services.go).
+	Services          []ServiceState
+	NodePortAddresses []netip.Addr
+}
+
+// PodState is one local pod's network identity.
+type PodState struct {
+	Namespace, Name string
+	IP              netip.Addr
+	MAC             net.HardwareAddr
+	OFPort          uint32
+	VNID            uint32
+}
+
+// RemoteNode is another node's subnet and where to tunnel to reach it.
+type RemoteNode struct {
+	Name   string
+	NodeIP netip.Addr
+	Subnet netip.Prefix
+}
+
+// Gateway is the node subnet's first address: tun0's address, the pods' default gateway.
+func Gateway(subnet netip.Prefix) netip.Addr { return subnet.Masked().Addr().Next() }
+
+// LocalOwner owns the flows of the node's own subnet and gateway. It is the pipeline's (category
+// pipeline), so no Node, whatever its name, can own the same flows.
+var LocalOwner = reconcile.Owner{Category: reconcile.CategoryPipeline, Name: "local-subnet"}
+
+// Render turns a node's state into every owner's desired flows. Owners with nothing to render are
+// absent; the agent deletes owners it rendered before and no longer gets. It is strict: any owner
+// that fails to render is an error (the agent's Renderer isolates such owners instead).
+func Render(s NodeState) (map[reconcile.Owner]reconcile.OwnerState, error) {
+	owners, failed, err := (&Renderer{}).Render(s)
+	if err != nil {
+		return nil, err
+	}
+	var errs []error
+	for _, o := range reconcile.SortedOwnerKeys(failed) {
+		errs = append(errs, fmt.Errorf("render %s: %w", o, failed[o]))
+	}
+	return owners, errors.Join(errs...)
+}
+
+// Renderer renders like Render and remembers each service port's output: a port whose inputs did not
+// change is not rendered again and keeps its very slices, so comparing it with the last render is
+// cheap. With 1,000 services, one endpoint change re-renders one owner instead of all. The zero value
+// is ready; a Renderer is not safe for concurrent use.
+type Renderer struct {
+	services map[reconcile.Owner]serviceMemo
+}
+
+// Render renders s, reusing what it can from the previous call. An owner that cannot be rendered (a
+// service whose group IDs are exhausted, say) is left out of owners and named in failed, so it keeps
+// its last good flows while every other owner syncs. The error is for a node that cannot render at
+// all (no subnet or node IP yet).
+func (r *Renderer) Render(s NodeState) (owners map[reconcile.Owner]reconcile.OwnerState, failed map[reconcile.Owner]error, err error) {
+	if !s.LocalSubnet.IsValid() || !s.NodeIP.IsValid() {
+		return nil, nil, fmt.Errorf("render: node %q has no subnet or node IP yet", s.NodeName)
+	}
+	out := map[reconcile.Owner]reconcile.OwnerState{
+		PipelineOwner: {Flows: renderPipeline(s.Mode)},
+		LocalOwner:    {Flows: renderLocal(s)},
+	}
+	failed = map[reconcile.Owner]error{}
+	vnids := map[uint32]bool{}
+	for _, p := range s.Pods {
+		out[PodOwner(p.Namespace, p.Name)] = reconcile.OwnerState{Flows: RenderPod(p)}
+		vnids[p.VNID] = true
+	}
+	if s.Mode == ModeMultitenant {
+		for v := range vnids {
+			if v != GlobalVNID {
+				out[TenantOwner(v)] = reconcile.OwnerState{Flows: RenderTenant(v)}
+			}
+		}
+	}
+	for _, n := range s.RemoteNodes {
+		if !n.Subnet.IsValid() || !n.NodeIP.IsValid() {
+			continue
+		}
+		out[NodeOwner(n.Name)] = reconcile.OwnerState{Flows: RenderRemoteNode(n)}
+	}
+	r.renderServices(s, out, failed)
+	return out, failed, nil
+}
+
+// renderPipeline renders the fixed plumbing of the tables and their defaults.
+func renderPipeline(mode Mode) []Flow {
+	out := RenderBase()
+	if mode != ModeMultitenant {
+		// Flat modes: no tenant isolation; every packet that got this far is delivered.
+		out = append(out, F(TableIngressIsolation, 50, M(), Goto{Table: TableOutput}))
+	} else {
+		// VNID 0 is global: it reaches every tenant and every tenant reaches it.
+		out = append(out,
+			F(TableIngressIsolation, 200, M(Reg(RegSrcVNID, GlobalVNID)), Goto{Table: TableOutput}),
+			F(TableIngressIsolation, 200, M(Reg(RegDstVNID, GlobalVNID)), Goto{Table: TableOutput}))
+	}
+	return out
+}
+
+// renderLocal renders what the node's own subnet needs: the gateway (tun0) for ARP and IP, the way
+// out of the cluster through the host, and drops for cluster addresses nobody hosts.
+func renderLocal(s NodeState) []Flow {
+	gw := Gateway(s.LocalSubnet)
+	out := []Flow{
+		// ARP for the gateway goes to the host, which answers with tun0's MAC.
+		F(TableARP, 300, M(append(ARP, ARPTPA(gw))...), Output{Port: PortTun0}),
+		// IP for the gateway, and anything outside the cluster network, leaves through the host
+		// (which routes it and SNATs it to the node's IP).
+		F(TableRouting, 300, M(append(IP, IPDst(gw))...), LoadReg(RegDstVNID, GlobalVNID), LoadReg(RegOutPort, PortTun0), Goto{Table: TableIngressIsolation}),
+		F(TableRouting, 10, M(IP...), LoadReg(RegDstVNID, GlobalVNID), LoadReg(RegOutPort, PortTun0), Goto{Table: TableIngressIsolation}),
+	}
+	for _, cn := range s.ClusterNetworks {
+		// A cluster address on no node: drop rather than leak it to the host's default route.
+		out = append(out, F(TableRouting, 50, M(append(IP, IPDstNet(cn))...)))
+	}
+	return out
+}
+
+// RenderPod renders a local pod: anti-spoofing and its VNID on the way in (IP and ARP), and its
+// address as a destination for routing and ARP.
+func RenderPod(p PodState) []Flow {
+	return []Flow{
+		F(TablePodIngress, 100, M(append(IP, InPort(p.OFPort), EthSrc(p.MAC), IPSrc(p.IP))...),
+			LoadReg(RegSrcVNID, p.VNID), Goto{Table: TableConntrack}),
+		F(TablePodIngress, 100, M(append(ARP, InPort(p.OFPort), EthSrc(p.MAC), ARPSPA(p.IP), ARPSHA(p.MAC))...),
+			LoadReg(RegSrcVNID, p.VNID), Goto{Table: TableARP}),
+		F(TableRouting, 200, M(append(IP, IPDst(p.IP))...),
+			LoadReg(RegDstVNID, p.VNID), LoadReg(RegOutPort, p.OFPort), Goto{Table: TableIngressIsolation}),
+		F(TableARP, 200, M(append(ARP, ARPTPA(p.IP))...), Output{Port: p.OFPort}),
+	}
+}
+
+// RenderTenant lets one VNID's pods reach each other (multitenant mode).
+func RenderTenant(vnid uint32) []Flow {
+	return []Flow{F(TableIngressIsolation, 100, M(Reg(RegSrcVNID, vnid), Reg(RegDstVNID, vnid)), Goto{Table: TableOutput})}
+}
+
+// RenderRemoteNode renders another node: accept its tunnel traffic (tun_id carries the source VNID),
+// and send IP and ARP for its subnet through the tunnel to it.
+func RenderRemoteNode(n RemoteNode) []Flow {
+	toTunnel := func() []Action {
+		return []Action{Move{Src: Whole(RegSrcVNID), Dst: Bits(FieldTunID, 0, 31)}, SetTunDst(n.NodeIP), Output{Port: PortVXLAN}}
+	}
+	fromTunnel := Move{Src: Bits(FieldTunID, 0, 31), Dst: Whole(RegSrcVNID)}
+	return []Flow{
+		F(TableTunnelIngress, 100, M(append(IP, TunSrc(n.NodeIP))...), fromTunnel, Goto{Table: TableConntrack}),
+		F(TableTunnelIngress, 100, M(append(ARP, TunSrc(n.NodeIP))...), fromTunnel, Goto{Table: TableARP}),
+		F(TableRouting, 100, M(append(IP, IPDstNet(n.Subnet))...), Goto{Table: TableTunnelEgress}),
+		F(TableARP, 100, M(append(ARP, ARPTPANet(n.Subnet))...), Goto{Table: TableTunnelEgress}),
+		F(TableTunnelEgress, 100, M(append(IP, IPDstNet(n.Subnet))...), toTunnel()...),
+		F(TableTunnelEgress, 100, M(append(ARP, ARPTPANet(n.Subnet))...), toTunnel()...),
+	}
+}

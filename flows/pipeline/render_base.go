@@ -1,0 +1,52 @@
+package pipeline
+
+import (
+	. "github.com/ofsdn/ofsdn/flows/openflow"
+)
+
+// PipelineVersion identifies the shape of the flows ofsdn renders. It is stamped into table 253; an
+// agent that finds another version on its bridge rebuilds the bridge in one bundle instead of
+// diffing against flows it no longer understands. TestPipelineGolden fails when rendering changes
+// without a bump.
+const PipelineVersion uint32 = 3
+
+// Fixed OpenFlow port numbers of the node's own ports (requested through OVSDB's ofport_request).
+const (
+	PortVXLAN uint32 = 1
+	PortTun0  uint32 = 2
+)
+
+// RenderBase renders the flows every node has whatever its pods: the classifier's dispatch by ingress
+// port, every table's default flow, and the version note.
+func RenderBase() []Flow {
+	out := []Flow{
+		F(TableClassifier, 200, M(InPort(PortVXLAN)), Goto{Table: TableTunnelIngress}),
+		F(TableClassifier, 200, M(InPort(PortTun0)), Goto{Table: TableHostIngress}),
+		// Host traffic is global (VNID 0: registers start zeroed, so reg0 needs no load). Its ARP
+		// goes straight to the ARP table; the rest takes the table's default on to conntrack.
+		F(TableHostIngress, 200, M(ARP...), Goto{Table: TableARP}),
+		// Never send a packet that came from the tunnel back into it.
+		F(TableTunnelEgress, 300, M(InPort(PortVXLAN))),
+		// Deliver: the routing and ARP stages leave the output port in reg2.
+		F(TableOutput, 100, M(), OutputReg{Src: Whole(RegOutPort)}),
+	}
+	out = append(out, DefaultFlows()...)
+	return append(out, VersionFlow(PipelineVersion))
+}
+
+// VersionOf reads the pipeline version from the version note (reconcile.Config.VersionOf).
+func VersionOf(f Flow) (uint32, bool) {
+	if f.Table != TableVersion || len(f.Actions) != 1 {
+		return 0, false
+	}
+	n, ok := f.Actions[0].(Note)
+	if !ok || len(n.Data) > 4 {
+		return 0, false
+	}
+	var v uint32
+	for _, b := range n.Data {
+		v = v<<8 | uint32(b)
+	}
+	// OVS trims a note's trailing zero bytes: restore the 4-byte big-endian value.
+	return v << (8 * uint(4-len(n.Data))), true
+}

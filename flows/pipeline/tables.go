@@ -1,0 +1,179 @@
+// Package pipeline is ofsdn's flow pipeline: the tables and registers of br0, and Render, which turns a
+// node's state (NodeState: pods, remote nodes, tenants, services) into every owner's desired flows and
+// groups. It is pure: no I/O, no logging, deterministic. The agent hands Render's output to
+// flows/reconcile, which installs it; the words of the flows are flows/openflow's.
+//
+// Where each flow comes from: render_base.go (dispatch, table defaults, version note), render.go
+// (the local subnet, pods, tenants, remote nodes), services.go (services, their groups and learned
+// affinity), owners.go (who owns what).
+//
+// The pipeline (table numbers are fixed so dumps stay comparable across versions):
+//
+//	  0 classifier        in_port: vxlan0 → 10, tun0 → 25, any other port → 20 (pods)
+//	 10 tunnel-ingress    tun_src must be a known node; tun_id → reg0 (source VNID); else drop
+//	 20 pod-ingress       anti-spoofing: in_port + MAC + IP (and ARP sha/spa) must be the pod's; reg0 = pod VNID
+//	 25 host-ingress      from tun0 (host, hostNetwork pods): reg0 = 0 (global)
+//	 30 conntrack         ct(nat) in ofsdn's zones so replies are un-NATed before routing: replies to the
+//	                      hairpin address first through the hairpin zone (un-SNAT), then every IP packet
+//	                      through the service zone (un-DNAT; an established connection's DNAT re-applied)
+//	 40 services          established/related connections bypass selection (→ 45); ClusterIP and NodePort
+//	                      addresses: reg6 = the service port's load-balancer ID, → 42 (affinity first
+//	                      resubmits 41); a service without endpoints is rejected (DNAT to the host's reject ports)
+//	 41 service-affinity  learned flows only (sessionAffinity ClientIP): reg6 + client IP → reg4/reg5 endpoint
+//	 42 service-lb        reg6 + reg4/reg5 (an endpoint) → ct(commit, DNAT to it) → 45; reg6 alone → select
+//	                      group, whose buckets load reg4/reg5 and resubmit 42 (big services: several groups);
+//	                      with sessionAffinity, reg6 + low bits of nw_src load the endpoint instead
+//	 45 service-l2        a DNATed packet towards a pod gets the pod's MAC (0a:58 + its IP)
+//	 50 egress-policy     NetworkPolicy egress (networkpolicy mode); default continue to 60
+//	 60 routing           local pod → reg1 = its VNID, reg2 = its port; remote subnet → 90; else → tun0
+//	 70 arp               ARP for local pods, the gateway, and remote subnets (through the tunnel)
+//	 80 ingress-isolation reg0 vs reg1: same VNID, or either is 0, passes to 100; else drop
+//	 90 tunnel-egress     reg0 → tun_id, remote node IP → tun_dst, output vxlan0
+//	100 output            output:reg2; a packet leaving by the port it came in by (hairpin: a pod reaching
+//	                      itself through a service, the host through tun0) is SNATed to the hairpin
+//	                      address in the hairpin zone and goes to 105
+//	105 hairpin-output    swap MACs and send back out of the ingress port
+//	253 version           a note carrying the pipeline version; never matched by traffic
+//
+// Every table ends in an explicit default (miss) flow, so drop counters in `flowctl dump` show where
+// packets die. Registers: reg0 = source VNID, reg1 = destination VNID, reg2 = output port (openshift-sdn's
+// convention), reg4/reg5/reg6 = the chosen endpoint's IP and port and the service's load-balancer ID;
+// see the Reg* names below.
+package pipeline
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	. "github.com/ofsdn/ofsdn/flows/openflow"
+)
+
+// The pipeline's tables. Numbers never change once shipped: flowctl output and drop counters depend on them.
+const (
+	TableClassifier       TableID = 0
+	TableTunnelIngress    TableID = 10
+	TablePodIngress       TableID = 20
+	TableHostIngress      TableID = 25
+	TableConntrack        TableID = 30
+	TableServices         TableID = 40
+	TableServiceAffinity  TableID = 41
+	TableServiceLB        TableID = 42
+	TableServiceL2        TableID = 45
+	TableEgressPolicy     TableID = 50
+	TableRouting          TableID = 60
+	TableARP              TableID = 70
+	TableIngressIsolation TableID = 80
+	TableTunnelEgress     TableID = 90
+	TableOutput           TableID = 100
+	TableHairpinOutput    TableID = 105
+	TableVersion          TableID = 253
+)
+
+// Named registers, so a reader never has to remember which number carries what.
+const (
+	RegSrcVNID = FieldReg0 // VNID of the packet's source (0 = global)
+	RegDstVNID = FieldReg1 // VNID of the destination pod
+	RegOutPort = FieldReg2 // OpenFlow port the packet leaves by
+	RegFlags   = FieldReg3 // per-packet flags (bit 0: came through a service DNAT)
+	// Services: the endpoint a packet is DNATed to, and which service port's load balancer chose it.
+	RegEndpointIP   = FieldReg4
+	RegEndpointPort = FieldReg5
+	RegServiceLB    = FieldReg6
+)
+
+// Table documents one table: its name, what it is for, and what happens to a packet that matches
+// nothing else in it.
+type Table struct {
+	ID      TableID
+	Name    string
+	Purpose string
+	// Next is where the default flow sends a packet; NoTable means the default is drop.
+	Next TableID
+}
+
+// Tables is the registry of the pipeline, in packet order.
+var Tables = []Table{
+	{TableClassifier, "classifier", "dispatch by ingress port: tunnel, host (tun0), else a pod", TablePodIngress},
+	{TableTunnelIngress, "tunnel-ingress", "accept VXLAN only from known nodes; tun_id becomes the source VNID", NoTable},
+	{TablePodIngress, "pod-ingress", "anti-spoofing: a pod sends only from its own port, MAC and IP; load its VNID", NoTable},
+	{TableHostIngress, "host-ingress", "traffic from the host through tun0 is global (VNID 0)", TableConntrack},
+	{TableConntrack, "conntrack", "send IP through conntrack so replies of NATed connections are un-NATed", TableServices},
+	{TableServices, "services", "service VIPs and NodePorts: established traffic bypasses; new picks a load balancer or is rejected", TableEgressPolicy},
+	{TableServiceAffinity, "service-affinity", "learned sessionAffinity: client IP → endpoint (resubmitted; a miss does nothing)", NoTable},
+	{TableServiceLB, "service-lb", "select an endpoint (select group, or client-address slot with affinity) and DNAT to it in conntrack", NoTable},
+	{TableServiceL2, "service-l2", "after DNAT: address the endpoint pod's MAC", TableEgressPolicy},
+	{TableEgressPolicy, "egress-policy", "NetworkPolicy egress rules", TableRouting},
+	{TableRouting, "routing", "find the destination: local pod, remote node subnet, or the host", NoTable},
+	{TableARP, "arp", "answer and deliver ARP for pods, the gateway and remote subnets", NoTable},
+	{TableIngressIsolation, "ingress-isolation", "tenant isolation and NetworkPolicy ingress: reg0 vs reg1", NoTable},
+	{TableTunnelEgress, "tunnel-egress", "encapsulate towards the node that hosts the destination subnet", NoTable},
+	{TableOutput, "output", "deliver to the port in reg2; hairpin back out of the ingress port via 105", NoTable},
+	{TableHairpinOutput, "hairpin-output", "send a hairpinned packet back out of its ingress port", NoTable},
+	{TableVersion, "version", "records the pipeline version; never matched by traffic", NoTable},
+}
+
+var tableByID = func() map[TableID]Table {
+	m := make(map[TableID]Table, len(Tables))
+	for _, t := range Tables {
+		m[t.ID] = t
+	}
+	return m
+}()
+
+// LookupTable returns the registry entry of a table number.
+func LookupTable(id TableID) (Table, bool) {
+	t, ok := tableByID[id]
+	return t, ok
+}
+
+// TableName returns a table's name, or its number when it is not in the registry.
+func TableName(id TableID) string {
+	if t, ok := tableByID[id]; ok {
+		return t.Name
+	}
+	return strconv.Itoa(int(id))
+}
+
+// ParseTable accepts a table name or number.
+func ParseTable(s string) (TableID, error) {
+	for _, t := range Tables {
+		if t.Name == s {
+			return t.ID, nil
+		}
+	}
+	n, err := strconv.ParseUint(s, 10, 8)
+	if err != nil {
+		names := make([]string, len(Tables))
+		for i, t := range Tables {
+			names[i] = t.Name
+		}
+		return 0, fmt.Errorf("unknown table %q (a number, or one of %s)", s, strings.Join(names, ", "))
+	}
+	return TableID(n), nil
+}
+
+// DefaultFlows are the miss flows of every table: priority 0, drop or continue to the next table.
+func DefaultFlows() []Flow {
+	out := make([]Flow, 0, len(Tables))
+	for _, t := range Tables {
+		if t.ID == TableVersion {
+			continue
+		}
+		f := Flow{Table: t.ID, Priority: 0}
+		if t.Next != NoTable {
+			f.Actions = []Action{Goto{Table: t.Next}}
+		}
+		out = append(out, f)
+	}
+	return out
+}
+
+// VersionFlow stamps the pipeline version into table 253, where a restarted agent can read it back.
+func VersionFlow(version uint32) Flow {
+	return Flow{
+		Table:    TableVersion,
+		Priority: 0,
+		Actions:  []Action{Note{Data: []byte{byte(version >> 24), byte(version >> 16), byte(version >> 8), byte(version)}}},
+	}
+}
