@@ -129,6 +129,22 @@ func (a Note) String() string {
 	return "note:" + strings.Join(parts, ".")
 }
 
+// Uint32Note carries a 32-bit value in a note (big-endian), e.g. a pipeline version.
+func Uint32Note(v uint32) Note { return Note{Data: []byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)}} }
+
+// Uint32 reads back a value Uint32Note wrote, as a switch returns it: OVS pads a note with zeros and
+// decoding trims them, so the trailing zero bytes are restored here.
+func (a Note) Uint32() (uint32, bool) {
+	if len(a.Data) > 4 {
+		return 0, false
+	}
+	var v uint32
+	for _, b := range a.Data {
+		v = v<<8 | uint32(b)
+	}
+	return v << (8 * uint(4-len(a.Data))), true
+}
+
 // noteLen is how many note bytes fit once the 10-byte NX header is padded to a multiple of 8.
 func noteLen(n int) int { return (10+n+7)/8*8 - 10 }
 

@@ -40,13 +40,8 @@ func VersionOf(f Flow) (uint32, bool) {
 		return 0, false
 	}
 	n, ok := f.Actions[0].(Note)
-	if !ok || len(n.Data) > 4 {
+	if !ok {
 		return 0, false
 	}
-	var v uint32
-	for _, b := range n.Data {
-		v = v<<8 | uint32(b)
-	}
-	// OVS trims a note's trailing zero bytes: restore the 4-byte big-endian value.
-	return v << (8 * uint(4-len(n.Data))), true
+	return n.Uint32()
 }

@@ -174,6 +174,6 @@ func VersionFlow(version uint32) Flow {
 	return Flow{
 		Table:    TableVersion,
 		Priority: 0,
-		Actions:  []Action{Note{Data: []byte{byte(version >> 24), byte(version >> 16), byte(version >> 8), byte(version)}}},
+		Actions:  []Action{Uint32Note(version)},
 	}
 }

@@ -11,6 +11,7 @@ import (
 
 	. "github.com/ofsdn/ofsdn/flows/openflow"
 	"github.com/ofsdn/ofsdn/internal/fakeswitch"
+	"github.com/ofsdn/ofsdn/internal/ofbridge"
 )
 
 // The reconciler's own tests use synthetic owners and flows (tables by number), not the pipeline's
@@ -34,25 +35,17 @@ func ownerFlows(i int, vnid uint32) []Flow {
 
 // versionNote is a synthetic pipeline: a default per table plus the version note the Config reads.
 func versionNote(version uint32) []Flow {
-	return []Flow{
-		F(0, 0, M(), Goto{Table: 20}), F(20, 0, M()), F(60, 0, M()), F(70, 0, M()),
-		F(253, 0, M(), Note{Data: []byte{byte(version >> 24), byte(version >> 16), byte(version >> 8), byte(version)}}),
-	}
+	return []Flow{F(0, 0, M(), Goto{Table: 20}), F(20, 0, M()), F(60, 0, M()), F(70, 0, M()), F(253, 0, M(), Uint32Note(version))}
 }
 
 func versionOf(f Flow) (uint32, bool) {
 	if f.Table != 253 || len(f.Actions) != 1 {
 		return 0, false
 	}
-	n, ok := f.Actions[0].(Note)
-	if !ok || len(n.Data) > 4 {
-		return 0, false
+	if n, ok := f.Actions[0].(Note); ok {
+		return n.Uint32()
 	}
-	var v uint32
-	for _, b := range n.Data {
-		v = v<<8 | uint32(b)
-	}
-	return v << (8 * uint(4-len(n.Data))), true // OVS trims trailing zero bytes of a note
+	return 0, false
 }
 
 var base = testOwner("base")
@@ -108,7 +101,7 @@ func TestApplyIdempotentAndScoped(t *testing.T) {
 	if st.FlowModifies != 3 || st.Messages != 3 || sw.Bundles != 2 {
 		t.Fatalf("changing one owner: %s (bundles %d); want 3 modifies", st, sw.Bundles)
 	}
-	for _, l := range diffLines(before, sw.FlowStrings()) {
+	for _, l := range ofbridge.DiffLines(before, sw.FlowStrings()) {
 		if !strings.Contains(l, "10.128.0.7") {
 			t.Errorf("a flow of another owner changed: %s", l)
 		}
@@ -124,23 +117,6 @@ func TestApplyIdempotentAndScoped(t *testing.T) {
 	if got := len(r.Owners()); got != 20 {
 		t.Fatalf("owners left: %d, want 20 (a deleted owner is forgotten)", got)
 	}
-}
-
-func diffLines(a, b []string) []string {
-	in := map[string]int{}
-	for _, l := range a {
-		in[l]++
-	}
-	for _, l := range b {
-		in[l]--
-	}
-	var out []string
-	for l, n := range in {
-		if n != 0 {
-			out = append(out, l)
-		}
-	}
-	return out
 }
 
 // A flow may move between owners within one Apply (a deleted pod's address given to a new pod):
@@ -257,7 +233,7 @@ func TestApplyUnattributedFailureChangesNothing(t *testing.T) {
 	if _, err := r2.Apply(ctx, map[Owner]*OwnerState{testOwner("x"): set(ownerFlows(1, 5))}); !errors.Is(err, boom) {
 		t.Fatalf("err %v; want the switch's", err)
 	}
-	if d := diffLines(before, sw.FlowStrings()); len(d) != 0 {
+	if d := ofbridge.DiffLines(before, sw.FlowStrings()); len(d) != 0 {
 		t.Fatalf("a failed bundle changed the switch: %v", d)
 	}
 	// A refusal that names a message blames its owner instead: x fails, nothing else is affected.
@@ -352,7 +328,7 @@ func TestRestartRounds(t *testing.T) {
 		}
 		return out
 	}
-	if d := diffLines(strip(before), strip(after)); len(d) != 0 {
+	if d := ofbridge.DiffLines(strip(before), strip(after)); len(d) != 0 {
 		t.Fatalf("flows after the restart differ from before (but for the round and the vanished owner): %v", d)
 	}
 	for _, l := range after {
@@ -437,7 +413,7 @@ func TestResyncRepairsDrift(t *testing.T) {
 	if st := res.Stats; st.FlowAdds != 1 || st.FlowModifies != 1 || st.FlowDeletes != 1 {
 		t.Fatalf("drift repair: %s; want 1 add, 1 modify, 1 delete", st)
 	}
-	if d := diffLines(want, sw.FlowStrings()); len(d) != 0 {
+	if d := ofbridge.DiffLines(want, sw.FlowStrings()); len(d) != 0 {
 		t.Fatalf("after repair the switch differs: %v", d)
 	}
 	if res := must(t)(r.Resync(ctx)); res.Stats.Messages != 0 {
