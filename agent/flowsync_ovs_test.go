@@ -30,7 +30,9 @@ func TestRefusedOwnerDoesNotStopTheNode(t *testing.T) {
 	fs := newFlowSync(v, reconcile.New(b.Switch, reconcile.Config{Round: 1, PipelineVersion: pipeline.PipelineVersion, VersionOf: pipeline.VersionOf}), klog.Background())
 	fs.metrics = NewMetrics(nil)
 	var reported []string
-	fs.onFailure = func(o reconcile.Owner, fail *ownerFailure) { reported = append(reported, fmt.Sprintf("%s#%d", o, fail.attempts)) }
+	fs.onFailure = func(o reconcile.Owner, fail *ownerFailure) {
+		reported = append(reported, fmt.Sprintf("%s#%d", o, fail.attempts))
+	}
 	bad := reconcile.Owner{Category: reconcile.CategoryTest, Name: "refused"}
 	fs.injected = map[reconcile.Owner]reconcile.OwnerState{bad: {Flows: []openflow.Flow{
 		openflow.F(pipeline.TableServices, 100, openflow.M(append(openflow.TCP, openflow.IPDst(netip.MustParseAddr("172.30.0.9")), openflow.TCPDst(80))...),

@@ -130,7 +130,9 @@ func (a Note) String() string {
 }
 
 // Uint32Note carries a 32-bit value in a note (big-endian), e.g. a pipeline version.
-func Uint32Note(v uint32) Note { return Note{Data: []byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)}} }
+func Uint32Note(v uint32) Note {
+	return Note{Data: []byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)}}
+}
 
 // Uint32 reads back a value Uint32Note wrote, as a switch returns it: OVS pads a note with zeros and
 // decoding trims them, so the trailing zero bytes are restored here.
