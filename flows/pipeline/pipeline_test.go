@@ -37,6 +37,10 @@ func TestPipelineGolden(t *testing.T) {
 	for _, mode := range []Mode{ModeMultitenant, ModeSubnet, ModeNetworkPolicy} {
 		st := sampleNodeState()
 		st.Mode = mode
+		if mode == ModeNetworkPolicy {
+			st.Pods[0].IngressIsolated = true
+			st.Pods[1].IngressIsolated, st.Pods[1].EgressIsolated = true, true
+		}
 		owners, err := Render(st)
 		if err != nil {
 			t.Fatal(err)
@@ -169,6 +173,25 @@ func sampleNodeState() NodeState {
 				Ports: []ServicePort{{Name: "dns", Protocol: IPProtoUDP, Port: 53, Endpoints: dns}}},
 			{Namespace: "b", Name: "empty", ClusterIP: netip.MustParseAddr("172.30.0.12"),
 				Ports: []ServicePort{{Protocol: IPProtoSCTP, Port: 9999}}},
+		},
+		// Rendered in networkpolicy mode only.
+		Policies: []PolicyState{
+			{Namespace: "a", Name: "web-from-b", Ingress: true,
+				Pods: []PolicyPod{{OFPort: 3, NamedPorts: []NamedPort{{Name: "http", Protocol: IPProtoTCP, Port: 8080}}}},
+				IngressRules: []PolicyRule{
+					{Peers: []PolicyPeer{{Net: netip.MustParsePrefix("10.128.0.3/32")}, {Net: netip.MustParsePrefix("10.128.2.7/32")}},
+						Ports: []PolicyPort{{Protocol: IPProtoTCP, Name: "http"}, {Protocol: IPProtoTCP, Port: 9000, EndPort: 9010}}},
+					{Peers: []PolicyPeer{{Net: netip.MustParsePrefix("192.0.2.0/24"), Except: []netip.Prefix{netip.MustParsePrefix("192.0.2.128/26")}}}},
+				}},
+			{Namespace: "b", Name: "db-egress", Egress: true,
+				Pods: []PolicyPod{{OFPort: 4}},
+				EgressRules: []PolicyRule{
+					{AllPeers: true, Ports: []PolicyPort{{Protocol: IPProtoUDP, Port: 53}}},
+					{Peers: []PolicyPeer{{Net: netip.MustParsePrefix("10.128.0.2/32"),
+						NamedPorts: []NamedPort{{Name: "http", Protocol: IPProtoTCP, Port: 8080}}}},
+						Ports: []PolicyPort{{Protocol: IPProtoTCP, Name: "http"}}},
+				}},
+			{Namespace: "b", Name: "deny-all", Ingress: true, Egress: true, Pods: []PolicyPod{{OFPort: 4}}},
 		},
 	}
 }

@@ -16,7 +16,7 @@ type Mode string
 const (
 	ModeSubnet        Mode = "subnet"        // one flat network
 	ModeMultitenant   Mode = "multitenant"   // VNID isolation; VNID 0 is global
-	ModeNetworkPolicy Mode = "networkpolicy" // flat until NetworkPolicy rendering lands
+	ModeNetworkPolicy Mode = "networkpolicy" // flat, with NetworkPolicy enforced (netpol.go)
 )
 
 // GlobalVNID reaches and is reached by every tenant.
@@ -36,6 +36,8 @@ type NodeState struct {
 	// node IP:nodePort to ServiceNodePortIP:nodePort; see services.go).
 	Services          []ServiceState
 	NodePortAddresses []netip.Addr
+	// Policies are the NetworkPolicies this node enforces (networkpolicy mode; see netpol.go).
+	Policies []PolicyState
 }
 
 // PodState is one local pod's network identity.
@@ -45,6 +47,9 @@ type PodState struct {
 	MAC             net.HardwareAddr
 	OFPort          uint32
 	VNID            uint32
+	// IngressIsolated and EgressIsolated: some NetworkPolicy selects the pod for that direction, so
+	// what no rule allows is dropped (networkpolicy mode).
+	IngressIsolated, EgressIsolated bool
 }
 
 // RemoteNode is another node's subnet and where to tunnel to reach it.
@@ -82,6 +87,7 @@ func Render(s NodeState) (map[reconcile.Owner]reconcile.OwnerState, error) {
 // is ready; a Renderer is not safe for concurrent use.
 type Renderer struct {
 	services map[reconcile.Owner]serviceMemo
+	policies map[reconcile.Owner]policyMemo
 }
 
 // Render renders s, reusing what it can from the previous call. An owner that cannot be rendered (a
@@ -93,13 +99,17 @@ func (r *Renderer) Render(s NodeState) (owners map[reconcile.Owner]reconcile.Own
 		return nil, nil, fmt.Errorf("render: node %q has no subnet or node IP yet", s.NodeName)
 	}
 	out := map[reconcile.Owner]reconcile.OwnerState{
-		PipelineOwner: {Flows: renderPipeline(s.Mode)},
+		PipelineOwner: {Flows: renderPipeline(s)},
 		LocalOwner:    {Flows: renderLocal(s)},
 	}
 	failed = map[reconcile.Owner]error{}
 	vnids := map[uint32]bool{}
 	for _, p := range s.Pods {
-		out[PodOwner(p.Namespace, p.Name)] = reconcile.OwnerState{Flows: RenderPod(p)}
+		flows := RenderPod(p)
+		if s.Mode == ModeNetworkPolicy {
+			flows = append(flows, isolationFlows(p)...)
+		}
+		out[PodOwner(p.Namespace, p.Name)] = reconcile.OwnerState{Flows: flows}
 		vnids[p.VNID] = true
 	}
 	if s.Mode == ModeMultitenant {
@@ -113,19 +123,27 @@ func (r *Renderer) Render(s NodeState) (owners map[reconcile.Owner]reconcile.Own
 		if !n.Subnet.IsValid() || !n.NodeIP.IsValid() {
 			continue
 		}
-		out[NodeOwner(n.Name)] = reconcile.OwnerState{Flows: RenderRemoteNode(n)}
+		out[NodeOwner(n.Name)] = reconcile.OwnerState{Flows: RenderRemoteNode(n, s.Mode == ModeNetworkPolicy)}
 	}
 	r.renderServices(s, out, failed)
+	r.renderPolicies(s, out, failed)
 	return out, failed, nil
 }
 
 // renderPipeline renders the fixed plumbing of the tables and their defaults.
-func renderPipeline(mode Mode) []Flow {
+func renderPipeline(s NodeState) []Flow {
 	out := RenderBase()
-	if mode != ModeMultitenant {
-		// Flat modes: no tenant isolation; every packet that got this far is delivered.
+	switch s.Mode {
+	case ModeNetworkPolicy:
+		// Flat, with policy: what no isolation dropped is delivered, its connection committed so that
+		// replies pass the policy tables (netpol.go).
+		out = append(out, renderPolicyBase(Gateway(s.LocalSubnet))...)
+		// (Only IP reaches table 80: ARP is answered and delivered in table 70.)
+		out = append(out, F(TableIngressIsolation, 50, M(IP...), ingressDir.allow...))
+	case ModeSubnet:
+		// Flat: no tenant isolation; every packet that got this far is delivered.
 		out = append(out, F(TableIngressIsolation, 50, M(), Goto{Table: TableOutput}))
-	} else {
+	default:
 		// VNID 0 is global: it reaches every tenant and every tenant reaches it.
 		out = append(out,
 			F(TableIngressIsolation, 200, M(Reg(RegSrcVNID, GlobalVNID)), Goto{Table: TableOutput}),
@@ -173,8 +191,14 @@ func RenderTenant(vnid uint32) []Flow {
 }
 
 // RenderRemoteNode renders another node: accept its tunnel traffic (tun_id carries the source VNID),
-// and send IP and ARP for its subnet through the tunnel to it.
-func RenderRemoteNode(n RemoteNode) []Flow {
+// and send IP and ARP for its subnet through the tunnel to it. With commit (networkpolicy mode), a
+// connection routed there is committed to conntrack first: its egress was allowed by then, and its
+// replies must pass the policy tables.
+func RenderRemoteNode(n RemoteNode, commit bool) []Flow {
+	route := []Action{Goto{Table: TableTunnelEgress}}
+	if commit {
+		route = []Action{commitService, Goto{Table: TableTunnelEgress}}
+	}
 	toTunnel := func() []Action {
 		return []Action{Move{Src: Whole(RegSrcVNID), Dst: Bits(FieldTunID, 0, 31)}, SetTunDst(n.NodeIP), Output{Port: PortVXLAN}}
 	}
@@ -182,7 +206,7 @@ func RenderRemoteNode(n RemoteNode) []Flow {
 	return []Flow{
 		F(TableTunnelIngress, 100, M(append(IP, TunSrc(n.NodeIP))...), fromTunnel, Goto{Table: TableConntrack}),
 		F(TableTunnelIngress, 100, M(append(ARP, TunSrc(n.NodeIP))...), fromTunnel, Goto{Table: TableARP}),
-		F(TableRouting, 100, M(append(IP, IPDstNet(n.Subnet))...), Goto{Table: TableTunnelEgress}),
+		F(TableRouting, 100, M(append(IP, IPDstNet(n.Subnet))...), route...),
 		F(TableARP, 100, M(append(ARP, ARPTPANet(n.Subnet))...), Goto{Table: TableTunnelEgress}),
 		F(TableTunnelEgress, 100, M(append(IP, IPDstNet(n.Subnet))...), toTunnel()...),
 		F(TableTunnelEgress, 100, M(append(ARP, ARPTPANet(n.Subnet))...), toTunnel()...),

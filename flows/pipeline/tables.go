@@ -24,10 +24,16 @@
 //	                      group, whose buckets load reg4/reg5 and resubmit 42 (big services: several groups);
 //	                      with sessionAffinity, reg6 + low bits of nw_src load the endpoint instead
 //	 45 service-l2        a DNATed packet towards a pod gets the pod's MAC (0a:58 + its IP)
-//	 50 egress-policy     NetworkPolicy egress (networkpolicy mode); default continue to 60
-//	 60 routing           local pod → reg1 = its VNID, reg2 = its port; remote subnet → 90; else → tun0
+//	 50 egress-policy     NetworkPolicy egress (networkpolicy mode, netpol.go): replies/related pass; a
+//	                      policy's rules are conjunctions (pods × ports × peers) at its own priority; an
+//	                      egress-isolated pod's default deny; everything else continues to 60
+//	 60 routing           local pod → reg1 = its VNID, reg2 = its port; remote subnet → 90 (networkpolicy
+//	                      mode: committing the connection to conntrack first); else → tun0
 //	 70 arp               ARP for local pods, the gateway, and remote subnets (through the tunnel)
-//	 80 ingress-isolation reg0 vs reg1: same VNID, or either is 0, passes to 100; else drop
+//	 80 ingress-isolation multitenant: reg0 vs reg1, same VNID or either 0 passes to 100, else drop.
+//	                      networkpolicy: replies/related pass; the node (tun0, gateway address) passes;
+//	                      policies' rules as conjunctions (pods by reg2 × ports × peers by nw_src); an
+//	                      ingress-isolated pod's default deny; what passes is committed to conntrack
 //	 90 tunnel-egress     reg0 → tun_id, remote node IP → tun_dst, output vxlan0
 //	100 output            output:reg2; a packet leaving by the port it came in by (hairpin: a pod reaching
 //	                      itself through a service, the host through tun0) is SNATed to the hairpin
@@ -103,10 +109,10 @@ var Tables = []Table{
 	{TableServiceAffinity, "service-affinity", "learned sessionAffinity: client IP → endpoint (resubmitted; a miss does nothing)", NoTable},
 	{TableServiceLB, "service-lb", "select an endpoint (select group, or client-address slot with affinity) and DNAT to it in conntrack", NoTable},
 	{TableServiceL2, "service-l2", "after DNAT: address the endpoint pod's MAC", TableEgressPolicy},
-	{TableEgressPolicy, "egress-policy", "NetworkPolicy egress rules", TableRouting},
+	{TableEgressPolicy, "egress-policy", "NetworkPolicy egress: the source pod's policies allow the connection, or its isolation drops it", TableRouting},
 	{TableRouting, "routing", "find the destination: local pod, remote node subnet, or the host", NoTable},
 	{TableARP, "arp", "answer and deliver ARP for pods, the gateway and remote subnets", NoTable},
-	{TableIngressIsolation, "ingress-isolation", "tenant isolation and NetworkPolicy ingress: reg0 vs reg1", NoTable},
+	{TableIngressIsolation, "ingress-isolation", "tenant isolation (reg0 vs reg1) or NetworkPolicy ingress (the destination pod's policies); commits allowed connections", NoTable},
 	{TableTunnelEgress, "tunnel-egress", "encapsulate towards the node that hosts the destination subnet", NoTable},
 	{TableOutput, "output", "deliver to the port in reg2; hairpin back out of the ingress port via 105", NoTable},
 	{TableHairpinOutput, "hairpin-output", "send a hairpinned packet back out of its ingress port", NoTable},

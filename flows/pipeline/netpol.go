@@ -1,0 +1,550 @@
+package pipeline
+
+// NetworkPolicy (networkpolicy mode) in br0, in OpenFlow conjunctions: O(N+M) flows per rule, not N×M.
+//
+// Egress is enforced at the source node in table 50 (egress-policy), after service DNAT, so a client
+// is checked against the endpoint it really talks to; ingress at the destination node in table 80
+// (ingress-isolation), for local and tunnelled traffic alike, against the client's real address.
+//
+// Every policy is one owner (netpol/<ns>/<name>) and gets a priority of its own in each table it
+// renders into (policyBand): all of its flows sit at that priority, so no flow is ever shared with
+// another policy and cookie ownership and diffs stay exact. Within the policy, each rule is a
+// conjunction (conj_id stable per rule, see policyRuleKey):
+//
+//	clause "pods"  the selected local pods: in_port=<pod port> (egress) or reg2=<pod port> (ingress)
+//	clause "ports" tcp/udp/sctp with tp_dst (a port, or an endPort range as masked prefixes), or ip
+//	               when the rule allows every port
+//	clause "peers" nw_dst (egress) / nw_src (ingress): each peer pod's address, and each ipBlock cut
+//	               into the prefixes its excepts leave (absent when the rule allows everyone)
+//
+// and a flow conj_id=<id> that allows the packet — one per rule, so its counters show the rule's hits.
+// Two rules of one policy that need the same clause flow share it: one flow, several conjunction()
+// actions. Named ports split a rule into one conjunction per port number the name resolves to (per
+// selected pod for ingress, per peer pod for egress), still O(N+M). OVS evaluates overlapping
+// conjunctions at one priority and falls through to lower priorities when none completes (checked on
+// OVS 3.1), so policies are additive: any rule of any policy allows.
+//
+// A pod some policy isolates gets a default-deny flow of its own (owner pod/<ns>/<name>, priority
+// isolationPriority, below every policy band), so drop counters say whose isolation dropped a packet.
+// Above every band: replies and related traffic of a tracked connection (ct_state +rpl / +rel) always
+// pass, and the node itself (kubelet probes through tun0, from the gateway address) always reaches its
+// pods. Original-direction packets are checked against the current policies on every packet, not only
+// the first: a policy change that no longer allows an established connection cuts it at its next
+// packet, and one that still allows it leaves it alone.
+//
+// Connections are committed to conntrack (zone ZoneService) only once they are allowed: in table 80
+// when a packet is delivered locally, and in table 60 when it is routed to another node (its egress
+// checked by then), so a denied packet never creates the entry whose replies would pass.
+
+import (
+	"cmp"
+	"fmt"
+	"hash/fnv"
+	"net/netip"
+	"slices"
+	"strconv"
+
+	. "github.com/ofsdn/ofsdn/flows/openflow"
+	"github.com/ofsdn/ofsdn/flows/reconcile"
+)
+
+// PolicyState is one NetworkPolicy as this node enforces it: the local pods it selects and its rules,
+// with every selector already resolved to addresses and ports (the agent does that, agent/netpol.go).
+type PolicyState struct {
+	Namespace, Name string
+	// Ingress and Egress say the policy isolates its selected pods in that direction (its policyTypes,
+	// defaulted as the API defines them).
+	Ingress, Egress bool
+	// Pods are the local pods the policy selects.
+	Pods         []PolicyPod
+	IngressRules []PolicyRule
+	EgressRules  []PolicyRule
+}
+
+// PolicyPod is a selected local pod: its port on br0 and its named container ports.
+type PolicyPod struct {
+	OFPort     uint32
+	NamedPorts []NamedPort
+}
+
+// NamedPort is a container port with a name.
+type NamedPort struct {
+	Name     string
+	Protocol uint8
+	Port     uint16
+}
+
+// PolicyRule is one ingress or egress rule.
+type PolicyRule struct {
+	// AllPeers: the rule names no peers (empty from/to), so every source or destination matches.
+	AllPeers bool
+	Peers    []PolicyPeer
+	// Ports are the rule's ports; none means every port of every protocol.
+	Ports []PolicyPort
+}
+
+// PolicyPeer is one address range a rule allows: a pod's address (/32), with its named ports for
+// egress rules that name ports, or an ipBlock and its excepts.
+type PolicyPeer struct {
+	Net        netip.Prefix
+	Except     []netip.Prefix
+	NamedPorts []NamedPort
+}
+
+// PolicyPort is one port of a rule: a protocol and a port, a range (EndPort), every port of the
+// protocol (Port 0), or a named port (Name, resolved against the pods).
+type PolicyPort struct {
+	Protocol      uint8
+	Port, EndPort uint16
+	Name          string
+}
+
+// Priorities in the policy tables (50 and 80).
+const (
+	// policyPassPriority: replies and related traffic of tracked connections.
+	policyPassPriority uint16 = 65000
+	// policyNodePriority: the local node reaches its pods.
+	policyNodePriority uint16 = 64000
+	// Policies' bands: each policy gets one priority in [policyMinPriority, policyMaxPriority).
+	policyMinPriority uint16 = 1000
+	policyMaxPriority uint16 = 60000
+	// isolationPriority: a selected pod's default deny, below every band.
+	isolationPriority uint16 = 500
+)
+
+// NetPolOwner owns one NetworkPolicy's flows.
+func NetPolOwner(namespace, name string) reconcile.Owner {
+	return reconcile.Owner{Category: reconcile.CategoryNetPol, Name: namespace + "/" + name}
+}
+
+// policyDirection is what differs between ingress and egress rendering.
+type policyDirection struct {
+	name  string
+	table TableID
+	pod   func(port uint32) MatchField      // the selected pod
+	peer  func(p netip.Prefix) MatchField   // the other end
+	allow []Action                          // what an allowed packet does
+	rules func(p *PolicyState) []PolicyRule // the policy's rules of this direction
+	on    func(p *PolicyState) bool         // the policy isolates in this direction
+}
+
+var (
+	commitService = CT{Commit: true, Table: NoTable, Zone: ZoneService}
+	ingressDir    = policyDirection{name: "ingress", table: TableIngressIsolation,
+		pod:   func(port uint32) MatchField { return Reg(RegOutPort, port) },
+		peer:  IPSrcNet,
+		allow: []Action{commitService, Goto{Table: TableOutput}},
+		rules: func(p *PolicyState) []PolicyRule { return p.IngressRules },
+		on:    func(p *PolicyState) bool { return p.Ingress }}
+	egressDir = policyDirection{name: "egress", table: TableEgressPolicy,
+		pod:   InPort,
+		peer:  IPDstNet,
+		allow: []Action{Goto{Table: TableRouting}},
+		rules: func(p *PolicyState) []PolicyRule { return p.EgressRules },
+		on:    func(p *PolicyState) bool { return p.Egress }}
+)
+
+// renderPolicyBase renders the policy plumbing of networkpolicy mode (owner pipeline/base): replies
+// and related traffic pass both policy tables, and the node reaches its pods.
+func renderPolicyBase(gateway netip.Addr) []Flow {
+	var out []Flow
+	for _, dir := range []struct {
+		table TableID
+		pass  []Action
+	}{{TableEgressPolicy, []Action{Goto{Table: TableRouting}}}, {TableIngressIsolation, []Action{Goto{Table: TableOutput}}}} {
+		out = append(out,
+			F(dir.table, policyPassPriority, M(append(IP, CtState(CtRpl|CtTrk, 0))...), dir.pass...),
+			F(dir.table, policyPassPriority, M(append(IP, CtState(CtRel|CtTrk, 0))...), dir.pass...))
+	}
+	return append(out, F(TableIngressIsolation, policyNodePriority, M(append(IP, InPort(PortTun0), IPSrc(gateway))...), ingressDir.allow...))
+}
+
+// isolationFlows are a pod's default-deny flows for the directions some policy isolates it in.
+func isolationFlows(p PodState) []Flow {
+	var out []Flow
+	if p.EgressIsolated {
+		out = append(out, F(TableEgressPolicy, isolationPriority, M(append(IP, InPort(p.OFPort))...)))
+	}
+	if p.IngressIsolated {
+		out = append(out, F(TableIngressIsolation, isolationPriority, M(append(IP, Reg(RegOutPort, p.OFPort))...)))
+	}
+	return out
+}
+
+// policyMemo is one policy's last render: its input, the priority and IDs it was given, its output.
+type policyMemo struct {
+	st       PolicyState
+	priority uint16
+	ids      []idGrant
+	out      reconcile.OwnerState
+}
+
+// renderPolicies adds every policy's owner to out (networkpolicy mode). A policy that cannot be
+// rendered is recorded in failed and the others render.
+func (r *Renderer) renderPolicies(s NodeState, out map[reconcile.Owner]reconcile.OwnerState, failed map[reconcile.Owner]error) {
+	if s.Mode != ModeNetworkPolicy {
+		r.policies = nil
+		return
+	}
+	type item struct {
+		owner reconcile.Owner
+		key   string
+		st    *PolicyState
+	}
+	items := make([]item, 0, len(s.Policies))
+	for i := range s.Policies {
+		p := &s.Policies[i]
+		o := NetPolOwner(p.Namespace, p.Name)
+		items = append(items, item{o, o.String(), p})
+	}
+	slices.SortFunc(items, func(a, b item) int { return cmp.Compare(a.key, b.key) })
+	bands := newBandAllocator()
+	ids := newIDAllocator()
+	memos := make(map[reconcile.Owner]policyMemo, len(items))
+	for _, it := range items {
+		if _, dup := memos[it.owner]; dup {
+			failed[it.owner] = fmt.Errorf("policy %s given twice", it.key)
+			continue
+		}
+		prio, err := bands.get(it.key)
+		if err != nil {
+			failed[it.owner] = err
+			continue
+		}
+		if m, ok := r.policies[it.owner]; ok && m.priority == prio && policyEqual(&m.st, it.st) && m.regrant(ids) {
+			out[it.owner] = m.out
+			memos[it.owner] = m
+			continue
+		}
+		ids.record = ids.record[:0]
+		st, err := renderPolicy(it.st, prio, ids)
+		if err != nil {
+			failed[it.owner] = err
+			continue
+		}
+		if len(st.Flows) > 0 {
+			out[it.owner] = st
+		}
+		memos[it.owner] = policyMemo{st: clonePolicy(it.st), priority: prio, ids: slices.Clone(ids.record), out: st}
+	}
+	r.policies = memos
+}
+
+// regrant asks the allocator for the memo's conjunction IDs again, in order; false when one moved.
+func (m *policyMemo) regrant(ids *idAllocator) bool {
+	for _, g := range m.ids {
+		if id, err := ids.peek(g.key); err != nil || id != g.id {
+			return false
+		}
+	}
+	for _, g := range m.ids {
+		_, _ = ids.get(g.key)
+	}
+	return true
+}
+
+// renderPolicy renders one policy at its priority.
+func renderPolicy(p *PolicyState, prio uint16, ids *idAllocator) (reconcile.OwnerState, error) {
+	// Clause flows by match: two rules needing one match share the flow.
+	type clauseFlow struct {
+		match Match
+		table TableID
+		conj  []Conjunction
+	}
+	clauses := map[string]*clauseFlow{}
+	var order []string
+	var allows []Flow
+	addClause := func(table TableID, m Match, c Conjunction) {
+		k := strconv.Itoa(int(table)) + "|" + m.String()
+		cf := clauses[k]
+		if cf == nil {
+			cf = &clauseFlow{match: m, table: table}
+			clauses[k] = cf
+			order = append(order, k)
+		}
+		for _, have := range cf.conj {
+			if have == c {
+				return
+			}
+		}
+		cf.conj = append(cf.conj, c)
+	}
+	for _, dir := range []policyDirection{ingressDir, egressDir} {
+		if !dir.on(p) {
+			continue
+		}
+		for i, rule := range dir.rules(p) {
+			for _, sub := range expandRule(p, rule, dir.name == "egress") {
+				if len(sub.pods) == 0 || (sub.peers != nil && len(sub.peers) == 0) {
+					continue // matches nothing on this node
+				}
+				id, err := ids.get(policyRuleKey(p, dir.name, i, sub.key))
+				if err != nil {
+					return reconcile.OwnerState{}, err
+				}
+				n := uint8(2)
+				if sub.peers != nil {
+					n = 3
+				}
+				for _, port := range sub.pods {
+					addClause(dir.table, M(append(IP, dir.pod(port))...), Conjunction{ID: id, Clause: 1, NClauses: n})
+				}
+				if len(sub.ports) == 0 {
+					addClause(dir.table, M(IP...), Conjunction{ID: id, Clause: 2, NClauses: n})
+				}
+				for _, pm := range sub.ports {
+					addClause(dir.table, pm, Conjunction{ID: id, Clause: 2, NClauses: n})
+				}
+				for _, peer := range sub.peers {
+					addClause(dir.table, M(append(IP, dir.peer(peer))...), Conjunction{ID: id, Clause: 3, NClauses: n})
+				}
+				allows = append(allows, F(dir.table, prio, M(append(IP, ConjID(id))...), dir.allow...))
+			}
+		}
+	}
+	out := make([]Flow, 0, len(order)+len(allows))
+	for _, k := range order {
+		cf := clauses[k]
+		slices.SortFunc(cf.conj, func(a, b Conjunction) int { return cmp.Or(cmp.Compare(a.ID, b.ID), cmp.Compare(a.Clause, b.Clause)) })
+		acts := make([]Action, len(cf.conj))
+		for i, c := range cf.conj {
+			acts[i] = c
+		}
+		out = append(out, F(cf.table, prio, cf.match, acts...))
+	}
+	return reconcile.OwnerState{Flows: append(out, allows...)}, nil
+}
+
+// subRule is one conjunction of a rule: the pods, peers (nil: everyone) and port matches (none:
+// every port) it combines, and a key that names it within the rule.
+type subRule struct {
+	key   string
+	pods  []uint32
+	peers []netip.Prefix
+	ports []Match
+}
+
+// expandRule splits a rule into its conjunctions: one for its numbered ports (or for all ports), and
+// one per number each of its named ports resolves to — against the selected pods for ingress, against
+// the peer pods for egress.
+func expandRule(p *PolicyState, rule PolicyRule, egress bool) []subRule {
+	allPods := make([]uint32, 0, len(p.Pods))
+	for _, pod := range p.Pods {
+		allPods = append(allPods, pod.OFPort)
+	}
+	allPeers := peerPrefixes(rule)
+	var numbered []Match
+	var named []PolicyPort
+	for _, port := range rule.Ports {
+		if port.Name != "" {
+			named = append(named, port)
+			continue
+		}
+		numbered = append(numbered, portMatches(port)...)
+	}
+	var out []subRule
+	if len(rule.Ports) == 0 || len(numbered) > 0 {
+		out = append(out, subRule{key: "ports", pods: allPods, peers: allPeers, ports: numbered})
+	}
+	for _, np := range named {
+		// Group by the number the name resolves to: the pods (ingress) or peers (egress) that have it.
+		groups := map[uint16]*subRule{}
+		var numbers []uint16
+		group := func(num uint16) *subRule {
+			g := groups[num]
+			if g == nil {
+				g = &subRule{key: fmt.Sprintf("named:%s/%s=%d", np.Name, ProtoName(np.Protocol), num),
+					ports: portMatches(PolicyPort{Protocol: np.Protocol, Port: num})}
+				groups[num] = g
+				numbers = append(numbers, num)
+			}
+			return g
+		}
+		if egress {
+			for _, peer := range rule.Peers {
+				if num, ok := resolveNamed(peer.NamedPorts, np); ok {
+					g := group(num)
+					g.pods = allPods
+					g.peers = append(g.peers, peer.Net)
+				}
+			}
+		} else {
+			for _, pod := range p.Pods {
+				if num, ok := resolveNamed(pod.NamedPorts, np); ok {
+					g := group(num)
+					g.pods = append(g.pods, pod.OFPort)
+					g.peers = allPeers
+				}
+			}
+		}
+		slices.Sort(numbers)
+		for _, num := range numbers {
+			out = append(out, *groups[num])
+		}
+	}
+	return out
+}
+
+// resolveNamed finds a named port among a pod's container ports.
+func resolveNamed(ports []NamedPort, want PolicyPort) (uint16, bool) {
+	for _, np := range ports {
+		if np.Name == want.Name && np.Protocol == want.Protocol {
+			return np.Port, true
+		}
+	}
+	return 0, false
+}
+
+// peerPrefixes lists a rule's peers as prefixes, ipBlock excepts cut out; nil when every peer matches.
+func peerPrefixes(rule PolicyRule) []netip.Prefix {
+	if rule.AllPeers {
+		return nil
+	}
+	out := []netip.Prefix{}
+	seen := map[netip.Prefix]bool{}
+	for _, peer := range rule.Peers {
+		for _, p := range cidrMinus(peer.Net.Masked(), peer.Except) {
+			if !seen[p] {
+				seen[p] = true
+				out = append(out, p)
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b netip.Prefix) int {
+		return cmp.Or(a.Addr().Compare(b.Addr()), cmp.Compare(a.Bits(), b.Bits()))
+	})
+	return out
+}
+
+// cidrMinus returns the prefixes that cover p but none of except: each except that falls inside p
+// splits it along the except's path into at most (except bits - p bits) prefixes.
+func cidrMinus(p netip.Prefix, except []netip.Prefix) []netip.Prefix {
+	if !p.IsValid() {
+		return nil
+	}
+	rest := []netip.Prefix{p}
+	for _, e := range except {
+		e = e.Masked()
+		var next []netip.Prefix
+		for _, r := range rest {
+			switch {
+			case !r.Overlaps(e):
+				next = append(next, r)
+			case e.Bits() <= r.Bits():
+				// e covers r entirely: nothing of r is left.
+			default:
+				next = append(next, splitAround(r, e)...)
+			}
+		}
+		rest = next
+	}
+	return rest
+}
+
+// splitAround returns r without e (e strictly inside r): at each bit from r's length to e's, the half
+// that does not hold e.
+func splitAround(r, e netip.Prefix) []netip.Prefix {
+	var out []netip.Prefix
+	for bits := r.Bits() + 1; bits <= e.Bits(); bits++ {
+		onPath := netip.PrefixFrom(e.Addr(), bits).Masked()
+		sibling := netip.PrefixFrom(flipBit(onPath.Addr(), bits-1), bits).Masked()
+		out = append(out, sibling)
+	}
+	return out
+}
+
+// flipBit flips bit i (0 = most significant) of an address.
+func flipBit(a netip.Addr, i int) netip.Addr {
+	b := a.AsSlice()
+	b[i/8] ^= 0x80 >> (i % 8)
+	out, _ := netip.AddrFromSlice(b)
+	return out
+}
+
+// portMatches are the matches of one numbered port: the protocol alone (every port), one port, or an
+// endPort range as the fewest masked tp_dst prefixes that cover it exactly.
+func portMatches(p PolicyPort) []Match {
+	dst, _, ok := l4Fields(p.Protocol)
+	if !ok {
+		return nil
+	}
+	proto := Proto(p.Protocol)
+	if p.Port == 0 {
+		return []Match{M(proto...)}
+	}
+	end := max(p.EndPort, p.Port)
+	var out []Match
+	for _, r := range portPrefixes(p.Port, end) {
+		if r.mask == 0xffff {
+			out = append(out, M(append(proto, Exact(dst, uint64(r.value)))...))
+		} else {
+			out = append(out, M(append(proto, Masked(dst, uint64(r.value), uint64(r.mask)))...))
+		}
+	}
+	return out
+}
+
+type portPrefix struct{ value, mask uint16 }
+
+// portPrefixes covers lo..hi with aligned power-of-two blocks (value/mask), largest first.
+func portPrefixes(lo, hi uint16) []portPrefix {
+	var out []portPrefix
+	for v := uint32(lo); v <= uint32(hi); {
+		size := uint32(1)
+		for v%(size*2) == 0 && v+size*2-1 <= uint32(hi) && size < 1<<16 {
+			size *= 2
+		}
+		out = append(out, portPrefix{value: uint16(v), mask: uint16(^(size - 1))})
+		v += size
+	}
+	return out
+}
+
+// policyRuleKey names one conjunction for the ID allocator: stable across renders and restarts.
+func policyRuleKey(p *PolicyState, dir string, rule int, sub string) string {
+	return "netpol/" + p.Namespace + "/" + p.Name + "/" + dir + "/" + strconv.Itoa(rule) + "/" + sub
+}
+
+// bandAllocator gives each policy a priority of its own, derived from its key (so it survives
+// restarts and other policies coming and going); a collision moves the later key (in sorted order) to
+// the next free priority.
+type bandAllocator struct{ used map[uint16]bool }
+
+func newBandAllocator() *bandAllocator { return &bandAllocator{used: map[uint16]bool{}} }
+
+func (b *bandAllocator) get(key string) (uint16, error) {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(key))
+	span := uint32(policyMaxPriority - policyMinPriority)
+	start := h.Sum32() % span
+	for i := uint32(0); i < span; i++ {
+		p := uint16((start+i)%span) + policyMinPriority
+		if !b.used[p] {
+			b.used[p] = true
+			return p, nil
+		}
+	}
+	return 0, fmt.Errorf("no free policy priority for %s: more than %d policies", key, span)
+}
+
+func policyEqual(a, b *PolicyState) bool {
+	return a.Namespace == b.Namespace && a.Name == b.Name && a.Ingress == b.Ingress && a.Egress == b.Egress &&
+		slices.EqualFunc(a.Pods, b.Pods, func(x, y PolicyPod) bool { return x.OFPort == y.OFPort && slices.Equal(x.NamedPorts, y.NamedPorts) }) &&
+		slices.EqualFunc(a.IngressRules, b.IngressRules, ruleEqual) && slices.EqualFunc(a.EgressRules, b.EgressRules, ruleEqual)
+}
+
+func ruleEqual(a, b PolicyRule) bool {
+	return a.AllPeers == b.AllPeers && slices.Equal(a.Ports, b.Ports) &&
+		slices.EqualFunc(a.Peers, b.Peers, func(x, y PolicyPeer) bool {
+			return x.Net == y.Net && slices.Equal(x.Except, y.Except) && slices.Equal(x.NamedPorts, y.NamedPorts)
+		})
+}
+
+// clonePolicy copies a policy deep enough that the memo does not share slices the agent may reuse.
+func clonePolicy(p *PolicyState) PolicyState {
+	c := *p
+	c.Pods = slices.Clone(p.Pods)
+	c.IngressRules = slices.Clone(p.IngressRules)
+	c.EgressRules = slices.Clone(p.EgressRules)
+	return c
+}

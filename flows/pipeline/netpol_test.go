@@ -1,0 +1,248 @@
+package pipeline
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+
+	. "github.com/ofsdn/ofsdn/flows/openflow"
+	"github.com/ofsdn/ofsdn/flows/reconcile"
+	"github.com/ofsdn/ofsdn/internal/fakeswitch"
+)
+
+// TestCIDRMinusCoversExactly checks every address of small prefixes against the definition of an
+// ipBlock with excepts: in the CIDR and in no except.
+func TestCIDRMinusCoversExactly(t *testing.T) {
+	for _, tc := range []struct {
+		cidr   string
+		except []string
+	}{
+		{"10.0.0.0/24", nil},
+		{"10.0.0.0/24", []string{"10.0.0.64/26"}},
+		{"10.0.0.0/24", []string{"10.0.0.7/32", "10.0.0.128/25", "10.0.0.6/31"}},
+		{"10.0.0.0/24", []string{"10.0.0.0/16"}},                                 // except covers all
+		{"10.0.0.0/24", []string{"10.0.1.0/24"}},                                 // except outside
+		{"10.0.0.0/22", []string{"10.0.1.0/24", "10.0.1.0/25", "10.0.3.255/32"}}, // nested excepts
+	} {
+		p := netip.MustParsePrefix(tc.cidr)
+		var ex []netip.Prefix
+		for _, e := range tc.except {
+			ex = append(ex, netip.MustParsePrefix(e))
+		}
+		got := cidrMinus(p, ex)
+		for a := p.Addr(); p.Contains(a); a = a.Next() {
+			want := true
+			for _, e := range ex {
+				if e.Contains(a) {
+					want = false
+				}
+			}
+			n := 0
+			for _, g := range got {
+				if g.Contains(a) {
+					n++
+				}
+			}
+			if (n > 0) != want || n > 1 {
+				t.Fatalf("%s except %v: %s covered %d times, want in=%v (got %v)", tc.cidr, tc.except, a, n, want, got)
+			}
+		}
+		for _, g := range got {
+			if !p.Contains(g.Addr()) || g.Bits() < p.Bits() {
+				t.Fatalf("%s except %v: %s lies outside", tc.cidr, tc.except, g)
+			}
+		}
+	}
+}
+
+// TestPortPrefixesCoverRangesExactly: every port of random ranges is matched by exactly one masked
+// prefix, and no port outside is.
+func TestPortPrefixesCoverRangesExactly(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	ranges := [][2]uint16{{1, 65535}, {80, 80}, {9000, 9010}, {1024, 2047}, {0x7fff, 0x8000}, {65535, 65535}}
+	for i := 0; i < 40; i++ {
+		a, b := uint16(r.IntN(65535)+1), uint16(r.IntN(65535)+1)
+		ranges = append(ranges, [2]uint16{min(a, b), max(a, b)})
+	}
+	for _, rg := range ranges {
+		ps := portPrefixes(rg[0], rg[1])
+		if len(ps) > 32 {
+			t.Errorf("range %v needs %d prefixes, at most 2×16 expected", rg, len(ps))
+		}
+		for port := 0; port <= 65535; port++ {
+			n := 0
+			for _, p := range ps {
+				if uint16(port)&p.mask == p.value {
+					n++
+				}
+			}
+			in := port >= int(rg[0]) && port <= int(rg[1])
+			if (in && n != 1) || (!in && n != 0) {
+				t.Fatalf("range %v: port %d matched %d prefixes (%v)", rg, port, n, ps)
+			}
+		}
+	}
+}
+
+func addrN(base string, i int) netip.Addr {
+	a := netip.MustParseAddr(base).As4()
+	a[2] += byte(i >> 8)
+	a[3] += byte(i)
+	return netip.AddrFrom4(a)
+}
+
+// One rule between 200 selected pods and 200 peer pods costs about N+M flows, not N×M.
+func TestPolicyFlowsAreNPlusM(t *testing.T) {
+	p := PolicyState{Namespace: "ns", Name: "big", Ingress: true}
+	rule := PolicyRule{Ports: []PolicyPort{{Protocol: IPProtoTCP, Port: 80}}}
+	for i := 0; i < 200; i++ {
+		p.Pods = append(p.Pods, PolicyPod{OFPort: uint32(10 + i)})
+		rule.Peers = append(rule.Peers, PolicyPeer{Net: netip.PrefixFrom(addrN("10.129.0.0", i), 32)})
+	}
+	p.IngressRules = []PolicyRule{rule}
+	st, err := renderPolicy(&p, 5000, newIDAllocator())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, limit := len(st.Flows), int(1.1*400); n > limit {
+		t.Fatalf("%d flows for 200×200, want ≤ %d", n, limit)
+	}
+	t.Logf("200 selected pods × 200 peers: %d flows (N×M would be 40,000)", len(st.Flows))
+}
+
+// Named ports split a rule by the number the name resolves to: per selected pod for ingress, per peer
+// pod for egress; a pod without the name gets no conjunction for it.
+func TestNamedPortsResolvePerPod(t *testing.T) {
+	http := func(port uint16) []NamedPort { return []NamedPort{{Name: "http", Protocol: IPProtoTCP, Port: port}} }
+	p := PolicyState{Namespace: "ns", Name: "named", Ingress: true, Egress: true,
+		Pods:         []PolicyPod{{OFPort: 10, NamedPorts: http(8080)}, {OFPort: 11, NamedPorts: http(9090)}, {OFPort: 12}},
+		IngressRules: []PolicyRule{{AllPeers: true, Ports: []PolicyPort{{Protocol: IPProtoTCP, Name: "http"}}}},
+		EgressRules: []PolicyRule{{Peers: []PolicyPeer{
+			{Net: netip.MustParsePrefix("10.129.0.1/32"), NamedPorts: http(8080)},
+			{Net: netip.MustParsePrefix("10.129.0.2/32"), NamedPorts: http(7070)},
+			{Net: netip.MustParsePrefix("10.129.0.3/32")},
+		}, Ports: []PolicyPort{{Protocol: IPProtoTCP, Name: "http"}}}},
+	}
+	st, err := renderPolicy(&p, 5000, newIDAllocator())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := conjunctionsOf(st.Flows)
+	// Ingress: pod 10 with 8080, pod 11 with 9090, pod 12 nowhere. Egress: peer .1 with 8080, .2 with
+	// 7070, .3 nowhere; every selected pod takes part.
+	want := []string{
+		"50: ip,in_port=10 & ip,in_port=11 & ip,in_port=12 & tcp,tp_dst=7070 & ip,nw_dst=10.129.0.2",
+		"50: ip,in_port=10 & ip,in_port=11 & ip,in_port=12 & tcp,tp_dst=8080 & ip,nw_dst=10.129.0.1",
+		"80: ip,reg2=0xa & tcp,tp_dst=8080",
+		"80: ip,reg2=0xb & tcp,tp_dst=9090",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("conjunctions:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// conjunctionsOf lists each conjunction as "table: match & match ...", clauses in order, sorted.
+func conjunctionsOf(flows []Flow) []string {
+	type clause struct {
+		n       uint8
+		matches []string
+	}
+	conj := map[uint32]map[uint8]*clause{}
+	table := map[uint32]TableID{}
+	for _, f := range flows {
+		for _, a := range f.Actions {
+			c, ok := a.(Conjunction)
+			if !ok {
+				continue
+			}
+			if conj[c.ID] == nil {
+				conj[c.ID] = map[uint8]*clause{}
+			}
+			cl := conj[c.ID][c.Clause]
+			if cl == nil {
+				cl = &clause{n: c.Clause}
+				conj[c.ID][c.Clause] = cl
+			}
+			cl.matches = append(cl.matches, f.Match.String())
+			table[c.ID] = f.Table
+		}
+	}
+	var out []string
+	for id, cls := range conj {
+		var parts []string
+		for k := uint8(1); k <= 3; k++ {
+			if cl := cls[k]; cl != nil {
+				parts = append(parts, strings.Join(cl.matches, " & "))
+			}
+		}
+		out = append(out, fmt.Sprintf("%d: %s", table[id], strings.Join(parts, " & ")))
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Each policy has a priority of its own: no flow is shared between policies (exact ownership), even
+// when two policies select the same pod and peer; a policy's priority survives others coming and going.
+func TestPoliciesNeverShareAFlow(t *testing.T) {
+	st := sampleNodeState()
+	st.Mode = ModeNetworkPolicy
+	same := PolicyState{Ingress: true, Pods: []PolicyPod{{OFPort: 3}},
+		IngressRules: []PolicyRule{{Peers: []PolicyPeer{{Net: netip.MustParsePrefix("10.128.0.3/32")}}}}}
+	var prios []uint16
+	for i := 0; i < 50; i++ {
+		p := same
+		p.Namespace, p.Name = "a", fmt.Sprint("dup-", i)
+		st.Policies = append(st.Policies, p)
+	}
+	owners, err := Render(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 50; i++ {
+		fl := owners[NetPolOwner("a", fmt.Sprint("dup-", i))].Flows
+		if len(fl) == 0 {
+			t.Fatalf("dup-%d rendered nothing", i)
+		}
+		prios = append(prios, fl[0].Priority)
+	}
+	// A reconciler refuses two owners of one flow: installing the render proves no sharing.
+	if _, err := install(t.Context(), newReconciler(fakeswitch.New(), 1), owners); err != nil {
+		t.Fatal(err)
+	}
+	st.Policies = st.Policies[len(st.Policies)-10:] // 40 policies go
+	owners, err = Render(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 40; i < 50; i++ {
+		if got := owners[NetPolOwner("a", fmt.Sprint("dup-", i))].Flows[0].Priority; got != prios[i] {
+			t.Errorf("dup-%d moved from priority %d to %d when other policies went", i, prios[i], got)
+		}
+	}
+}
+
+// In other modes policies render nothing, and isolation flows are not rendered.
+func TestPoliciesOnlyInNetworkPolicyMode(t *testing.T) {
+	for _, mode := range []Mode{ModeSubnet, ModeMultitenant} {
+		st := sampleNodeState()
+		st.Mode = mode
+		st.Pods[0].IngressIsolated = true
+		owners, err := Render(st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for o, os := range owners {
+			if o.Category == reconcile.CategoryNetPol {
+				t.Errorf("%s mode renders %s", mode, o)
+			}
+			for _, f := range os.Flows {
+				if f.Priority == isolationPriority && (f.Table == TableIngressIsolation || f.Table == TableEgressPolicy) {
+					t.Errorf("%s mode renders isolation flow %s", mode, f)
+				}
+			}
+		}
+	}
+}
