@@ -1,21 +1,10 @@
-// Command flowctl inspects an ofsdn bridge and administers pod networks. See flowctl/.
+// Command flowctl inspects an ofsdn bridge and administers pod networks. See flowctl/ and internal/cli.
 package main
 
 import (
-	"context"
-	"fmt"
 	"os"
-	"os/signal"
-	"syscall"
 
-	"github.com/ofsdn/ofsdn/flowctl"
+	"github.com/ofsdn/ofsdn/internal/cli"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := flowctl.Main(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
-		fmt.Fprintln(os.Stderr, "flowctl:", err)
-		os.Exit(1)
-	}
-}
+func main() { os.Exit(cli.Flowctl(os.Args[1:])) }

@@ -1,103 +1,11 @@
 // Command ofsdn-controller is ofsdn's control plane (a Deployment of two replicas; one leads). See
-// controller/.
+// controller/ and internal/cli.
 package main
 
 import (
-	"context"
-	"errors"
-	"flag"
-	"fmt"
-	"net"
-	"net/http"
 	"os"
-	"os/signal"
-	"strings"
-	"syscall"
-	"time"
 
-	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
-	networkclient "github.com/ofsdn/ofsdn/client/clientset/versioned"
-	"github.com/ofsdn/ofsdn/controller"
-	"github.com/ofsdn/ofsdn/internal/kubeconfig"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/klog/v2"
+	"github.com/ofsdn/ofsdn/internal/cli"
 )
 
-func main() {
-	klog.InitFlags(nil)
-	var (
-		kubeconfigPath = flag.String("kubeconfig", "", "kubeconfig; empty for in-cluster configuration")
-		cidrs          = flag.String("cluster-cidrs", "10.128.0.0/14", "comma-separated cluster CIDRs (used to create ClusterNetwork default when absent)")
-		hostBits       = flag.Int("host-subnet-length", 9, "host bits of each node's subnet (9 = a /23 per node)")
-		svcNet         = flag.String("service-network", "172.30.0.0/16", "service ClusterIP range")
-		mode           = flag.String("plugin-mode", "multitenant", "subnet, multitenant or networkpolicy")
-		vxlanPort      = flag.Int("vxlan-port", int(networkv1.DefaultVXLANPort), "VXLAN UDP port")
-		mtu            = flag.Int("mtu", 1450, "pod MTU (underlay MTU less 50)")
-		globals        = flag.String("global-namespaces", "kube-system", "comma-separated namespaces with VNID 0 besides default")
-		leaseNS        = flag.String("leader-elect-namespace", "ofsdn", "namespace of the leader election Lease")
-		leaseName      = flag.String("leader-elect-name", "ofsdn-controller", "name of the leader election Lease")
-		leaseDur       = flag.Duration("leader-elect-lease-duration", 15*time.Second, "how long a dead leader blocks the others")
-		metricsAddr    = flag.String("metrics-address", ":9102", "address of /metrics, /healthz and /readyz")
-		workers        = flag.Int("workers", 4, "concurrent syncs per node and namespace queue (change-network requests always run one at a time)")
-	)
-	flag.Parse()
-	log := klog.Background().WithName("ofsdn-controller")
-	if err := run(log, *kubeconfigPath, *cidrs, *hostBits, *svcNet, *mode, *vxlanPort, *mtu, *globals, *leaseNS, *leaseName, *leaseDur, *metricsAddr, *workers); err != nil {
-		log.Error(err, "exiting")
-		klog.Flush()
-		os.Exit(1)
-	}
-	klog.Flush()
-}
-
-func run(log klog.Logger, kubeconfigPath, cidrs string, hostBits int, svcNet, mode string, vxlanPort, mtu int, globals, leaseNS, leaseName string,
-	leaseDur time.Duration, metricsAddr string, workers int) error {
-	cfg, err := kubeconfig.Load(kubeconfigPath)
-	if err != nil {
-		return err
-	}
-	cfg.QPS, cfg.Burst = 200, 400 // allocation bursts (a thousand namespaces at once) are the job
-	kube, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return err
-	}
-	netc, err := networkclient.NewForConfig(cfg)
-	if err != nil {
-		return err
-	}
-	spec := networkv1.ClusterNetworkSpec{HostSubnetLength: int32(hostBits), ServiceNetwork: networkv1.CIDR(svcNet),
-		PluginMode: networkv1.PluginMode(mode), VXLANPort: int32(vxlanPort), MTU: int32(mtu)}
-	for _, c := range strings.Split(cidrs, ",") {
-		spec.ClusterCIDRs = append(spec.ClusterCIDRs, networkv1.CIDR(strings.TrimSpace(c)))
-	}
-	if err := controller.ValidateSpec(spec); err != nil {
-		return fmt.Errorf("flags: %w", err)
-	}
-	var globalNS []string
-	for _, g := range strings.Split(globals, ",") {
-		if g = strings.TrimSpace(g); g != "" {
-			globalNS = append(globalNS, g)
-		}
-	}
-	metrics := controller.NewMetrics(nil)
-	c := controller.New(kube, netc, controller.Config{Network: spec, GlobalNamespaces: globalNS, Logger: log, Workers: workers}, metrics)
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-
-	ln, err := net.Listen("tcp", metricsAddr)
-	if err != nil {
-		return fmt.Errorf("metrics: %w", err)
-	}
-	srv := &http.Server{Handler: metrics.Handler(func() bool { return true }), ReadHeaderTimeout: 5 * time.Second}
-	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error(err, "metrics server")
-		}
-	}()
-	defer srv.Close()
-	log.Info("metrics, health and readiness", "address", ln.Addr().String())
-
-	id, _ := os.Hostname()
-	id = fmt.Sprintf("%s_%d", id, os.Getpid())
-	return controller.RunLeader(ctx, kube, controller.LeaderConfig{Namespace: leaseNS, Name: leaseName, Identity: id, LeaseDuration: leaseDur}, c)
-}
+func main() { os.Exit(cli.Controller(os.Args[1:])) }

@@ -1,0 +1,68 @@
+package cli
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+
+	"github.com/ofsdn/ofsdn/agent"
+	"github.com/ofsdn/ofsdn/internal/kubeconfig"
+	"github.com/ofsdn/ofsdn/internal/version"
+	"k8s.io/klog/v2"
+)
+
+// Agent is ofsdn-agent's command line: the node agent (a DaemonSet pod with hostNetwork). See agent/.
+func Agent(args []string) int {
+	fs := flag.NewFlagSet("ofsdn-agent", flag.ExitOnError)
+	klog.InitFlags(fs)
+	var cfg agent.Config
+	var kubeconfigPath string
+	var showVersion bool
+	fs.StringVar(&cfg.NodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME)")
+	fs.StringVar(&kubeconfigPath, "kubeconfig", "", "kubeconfig; empty for in-cluster configuration")
+	fs.StringVar(&cfg.OVSRunDir, "ovs-rundir", "/var/run/openvswitch", "Open vSwitch run directory (db.sock, <bridge>.mgmt)")
+	fs.StringVar(&cfg.OVSDBEndpoint, "ovsdb", "", "OVSDB endpoint (default unix:<ovs-rundir>/db.sock)")
+	fs.StringVar(&cfg.Bridge, "bridge", "br0", "integration bridge")
+	fs.StringVar(&cfg.DatapathType, "datapath-type", "system", "system (kernel) or netdev (userspace)")
+	fs.StringVar(&cfg.HostNetNS, "host-netns", "", "network namespace of the node (default: the agent's own)")
+	fs.StringVar(&cfg.StateDir, "state-dir", "/var/lib/ofsdn", "node-local state (pod address store)")
+	fs.StringVar(&cfg.CNISocket, "cni-socket", "/var/run/ofsdn/cni-server.sock", "socket the CNI plugin talks to")
+	fs.StringVar(&cfg.CNIConfDir, "cni-conf-dir", "/etc/cni/net.d", "where to install the conflist")
+	fs.StringVar(&cfg.CNIBinDir, "cni-bin-dir", "/opt/cni/bin", "where to install the plugin binary")
+	fs.StringVar(&cfg.PluginBinary, "cni-plugin", defaultPlugin(), "plugin binary to install")
+	fs.BoolVar(&showVersion, "version", false, "print the version and exit")
+	_ = fs.Parse(args) // ExitOnError
+	if showVersion {
+		fmt.Println("ofsdn-agent", version.String())
+		return 0
+	}
+	defer klog.Flush()
+
+	var err error
+	cfg.RestConfig, err = kubeconfig.Load(kubeconfigPath)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "ofsdn-agent:", err)
+		return 1
+	}
+	klog.InfoS("ofsdn-agent starting", "version", version.String())
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := agent.Run(ctx, cfg); err != nil {
+		klog.ErrorS(err, "ofsdn-agent failed")
+		return 1
+	}
+	return 0
+}
+
+// defaultPlugin is the ofsdn plugin binary shipped next to the agent's.
+func defaultPlugin() string {
+	exe, err := os.Executable()
+	if err != nil {
+		return ""
+	}
+	return filepath.Join(filepath.Dir(exe), "ofsdn")
+}
