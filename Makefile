@@ -10,7 +10,7 @@ GOTEST   := $(GO) test -count=1
 # Real-OVS and real-apiserver tests run as root in network namespaces the tests make themselves.
 export OFSDN_REPO := $(CURDIR)
 
-.PHONY: all build test unit integration e2e bench demo demo-down lint clean deps k8s-bins sweep
+.PHONY: all build image test unit integration e2e bench demo demo-down lint clean deps k8s-bins sweep
 
 all: build
 
@@ -26,6 +26,12 @@ k8s-bins:
 build:
 	@mkdir -p $(BIN)
 	$(GO) build -o $(BIN)/ ./cmd/... ./e2e/cmd/...
+
+## image: the OCI image (no docker needed) into $(OUT)/image: an OCI layout (oci/) and ofsdn-image.tar for
+## docker load / ctr import; prints its name, digest and size. IMAGE names it (the tag is the git version).
+IMAGE    ?= ofsdn/ofsdn
+image:
+	$(GO) run ./internal/cmd/mkimage --out $(OUT)/image --name $(IMAGE)
 
 ## test: every tier that exists: unit, then integration (real OVS, real API server), then e2e.
 test: deps k8s-bins unit integration e2e

@@ -1,0 +1,44 @@
+// Command mkimage builds ofsdn's container image without a container runtime: `make image`. See
+// internal/image.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/ofsdn/ofsdn/internal/image"
+)
+
+func main() {
+	var opts image.Options
+	flag.StringVar(&opts.OutDir, "out", "_output/image", "directory for the OCI layout (oci/) and the tarball")
+	flag.StringVar(&opts.Name, "name", image.DefaultName, "image name, without tag (the tag is the version)")
+	flag.StringVar(&opts.Source, "source", image.DefaultSource, "org.opencontainers.image.source label")
+	flag.StringVar(&opts.Arch, "arch", "", "GOARCH to build for (default: this machine's)")
+	flag.StringVar(&opts.Version, "version", "", "version label and tag (default: git describe --tags --always --dirty)")
+	flag.Parse()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, opts); err != nil {
+		fmt.Fprintln(os.Stderr, "mkimage:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, opts image.Options) error {
+	root, err := image.RepoRoot(ctx)
+	if err != nil {
+		return err
+	}
+	opts.RepoRoot, opts.Log = root, os.Stderr
+	res, err := image.Build(ctx, opts)
+	if err != nil {
+		return err
+	}
+	fmt.Print(res.Summary())
+	return nil
+}
