@@ -3,13 +3,18 @@
 package deploy
 
 import (
+	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/ofsdn/ofsdn/e2e/kubelab"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
 )
 
@@ -34,6 +39,184 @@ func TestServerSideDryRun(t *testing.T) {
 			t.Errorf("dry run did not apply %s:\n%s", want, out)
 		}
 	}
+}
+
+// overlay writes a user's kustomization on top of deploy/, as README's Deploying section shows: the
+// image from a registry of their own by digest, and the API server's address.
+func overlay(t *testing.T, image, digest, apiHost string) string {
+	t.Helper()
+	deployDir, err := filepath.Abs(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	rel, err := filepath.Rel(dir, deployDir) // kustomize takes relative paths only
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+  - %s
+images:
+  - name: ofsdn/ofsdn
+    newName: %s
+    digest: %s
+patches:
+  - target: {kind: ConfigMap, name: ofsdn-apiserver}
+    patch: |-
+      - {op: replace, path: /data/host, value: %q}
+`, rel, image, digest, apiHost)
+	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// TestApplyForReal applies deploy/ through a user's overlay with server-side apply, for real, on a
+// real API server: every object of every manifest under deploy/ exists afterwards, the agent's
+// DaemonSet and the controller's Deployment run the overlay's image (by digest), as root and as
+// nonroot. Applying a new digest over it is an upgrade: one new generation of each workload, with the
+// rolling strategies deploy/ promises, and nothing else refused.
+func TestApplyForReal(t *testing.T) {
+	c := kubelab.Start(t, kubelab.Options{})
+	const image = "registry.example/ofsdn/ofsdn"
+	v1 := "sha256:" + strings.Repeat("1", 64)
+	out, err := c.Kubectl("apply", "--server-side", "-k", overlay(t, image, v1, "192.0.2.10"))
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+
+	// What must exist comes from the manifests themselves, not from kubectl's report.
+	want := manifestObjects(t)
+	if len(want) < 12 {
+		t.Fatalf("only %d objects found under deploy/", len(want))
+	}
+	for _, o := range want {
+		args := []string{"get", o.resource(), "-o", "name"}
+		if o.Namespace != "" {
+			args = append(args, "-n", o.Namespace)
+		}
+		if got, err := c.Kubectl(args...); err != nil {
+			t.Errorf("%s not created: %v\n%s", o, err, got)
+		}
+	}
+
+	kube, err := kubernetes.NewForConfig(c.AdminConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm, err := kube.CoreV1().ConfigMaps("ofsdn").Get(t.Context(), "ofsdn-apiserver", metav1.GetOptions{})
+	if err != nil || cm.Data["host"] != "192.0.2.10" {
+		t.Errorf("ofsdn-apiserver: %v %v", cm.Data, err)
+	}
+	ds, dep := workloads(t, kube)
+	checkImage(t, "DaemonSet ofsdn-agent", ds.Spec.Template.Spec, image+"@"+v1)
+	checkImage(t, "Deployment ofsdn-controller", dep.Spec.Template.Spec, image+"@"+v1)
+	if sc := ds.Spec.Template.Spec.Containers[0].SecurityContext; sc == nil || sc.Privileged == nil || !*sc.Privileged ||
+		sc.RunAsUser == nil || *sc.RunAsUser != 0 {
+		t.Errorf("the agent must run privileged as root (the image's default user is nonroot): %+v", sc)
+	}
+	if sc := dep.Spec.Template.Spec.SecurityContext; sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot ||
+		sc.RunAsUser == nil || *sc.RunAsUser != 65532 {
+		t.Errorf("the controller must run as the image's nonroot user: %+v", sc)
+	}
+	if ds.Spec.UpdateStrategy.Type != appsv1.RollingUpdateDaemonSetStrategyType ||
+		dep.Spec.Strategy.RollingUpdate == nil || dep.Spec.Strategy.RollingUpdate.MaxUnavailable.IntValue() != 0 {
+		t.Errorf("update strategies: DaemonSet %+v, Deployment %+v", ds.Spec.UpdateStrategy, dep.Spec.Strategy)
+	}
+
+	// Upgrade: the same overlay with the next image.
+	v2 := "sha256:" + strings.Repeat("2", 64)
+	if out, err := c.Kubectl("apply", "--server-side", "-k", overlay(t, image, v2, "192.0.2.10")); err != nil {
+		t.Fatalf("upgrade: %v\n%s", err, out)
+	}
+	ds2, dep2 := workloads(t, kube)
+	checkImage(t, "upgraded DaemonSet ofsdn-agent", ds2.Spec.Template.Spec, image+"@"+v2)
+	checkImage(t, "upgraded Deployment ofsdn-controller", dep2.Spec.Template.Spec, image+"@"+v2)
+	if ds2.Generation != ds.Generation+1 || dep2.Generation != dep.Generation+1 {
+		t.Errorf("upgrade: generations %d→%d and %d→%d, want one step each", ds.Generation, ds2.Generation, dep.Generation, dep2.Generation)
+	}
+}
+
+func workloads(t *testing.T, kube kubernetes.Interface) (*appsv1.DaemonSet, *appsv1.Deployment) {
+	t.Helper()
+	ds, err := kube.AppsV1().DaemonSets("ofsdn").Get(t.Context(), "ofsdn-agent", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dep, err := kube.AppsV1().Deployments("ofsdn").Get(t.Context(), "ofsdn-controller", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ds, dep
+}
+
+func checkImage(t *testing.T, what string, spec corev1.PodSpec, want string) {
+	t.Helper()
+	for _, c := range append(spec.InitContainers, spec.Containers...) {
+		if c.Image != want {
+			t.Errorf("%s: container %s runs %q, want %q", what, c.Name, c.Image, want)
+		}
+		if c.ImagePullPolicy != corev1.PullIfNotPresent {
+			t.Errorf("%s: container %s pulls %s; IfNotPresent lets nodes run an imported image", what, c.Name, c.ImagePullPolicy)
+		}
+	}
+}
+
+// object is one manifest document's identity.
+type object struct {
+	APIVersion string `json:"apiVersion"`
+	Kind       string `json:"kind"`
+	Metadata   struct {
+		Name      string `json:"name"`
+		Namespace string `json:"namespace"`
+	} `json:"metadata"`
+	Namespace string `json:"-"`
+}
+
+func (o object) resource() string {
+	group, _, found := strings.Cut(o.APIVersion, "/")
+	if !found {
+		group = ""
+	}
+	if group == "" {
+		return strings.ToLower(o.Kind) + "/" + o.Metadata.Name
+	}
+	return strings.ToLower(o.Kind) + "." + group + "/" + o.Metadata.Name
+}
+
+func (o object) String() string { return o.resource() + " in " + o.Namespace }
+
+// manifestObjects reads every document of every manifest under deploy/ (kustomizations aside).
+func manifestObjects(t *testing.T) []object {
+	t.Helper()
+	var objs []object
+	err := filepath.WalkDir(".", func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(path, ".yaml") || filepath.Base(path) == "kustomization.yaml" {
+			return err
+		}
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for _, doc := range strings.Split(string(data), "\n---") {
+			var o object
+			if err := yaml.Unmarshal([]byte(doc), &o); err != nil {
+				return fmt.Errorf("%s: %w", path, err)
+			}
+			if o.Kind == "" {
+				continue
+			}
+			o.Namespace = o.Metadata.Namespace
+			objs = append(objs, o)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return objs
 }
 
 // TestComponentsReachTheAPIServerDirectly: ofsdn replaces kube-proxy, so the agent and the controller
