@@ -193,6 +193,9 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.RestConfig == nil {
 		return errors.New("agent: API server configuration required")
 	}
+	if err := checkPrerequisites(ctx, cfg, cfg.Logger.WithName("agent").WithValues("node", cfg.NodeName)); err != nil {
+		return err
+	}
 	kube, err := kubernetes.NewForConfig(cfg.RestConfig)
 	if err != nil {
 		return fmt.Errorf("agent: %w", err)

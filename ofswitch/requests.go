@@ -43,6 +43,21 @@ func (s *Session) Barrier(ctx context.Context) error {
 // ended) leave the bundle discarded, except once the commit was sent: then the outcome is unknown
 // and the error says so.
 func (s *Session) Bundle(ctx context.Context, msgs [][]byte) error {
+	return s.runBundle(ctx, msgs, true)
+}
+
+// Validate has the switch check messages without applying any: it opens a bundle, adds every message
+// as Bundle does, and discards the bundle once the switch has answered them all. Open vSwitch decodes
+// each bundle-add as it arrives and builds the flow it would install, which is where it checks the
+// matches and actions against what its datapath supports (conntrack, NAT, ...): a refused message
+// comes back as a *BundleError naming it, and a switch without bundles refuses the open (Index -1).
+// Nothing reaches the flow tables. What OVS checks only at commit (that the groups, meters and ports
+// a flow names exist) is not checked.
+func (s *Session) Validate(ctx context.Context, msgs [][]byte) error {
+	return s.runBundle(ctx, msgs, false)
+}
+
+func (s *Session) runBundle(ctx context.Context, msgs [][]byte, commit bool) error {
 	if len(msgs) == 0 {
 		return nil
 	}
@@ -57,7 +72,7 @@ func (s *Session) Bundle(ctx context.Context, msgs [][]byte) error {
 	if err != nil {
 		return s.errorf(fmt.Sprintf("bundle of %d messages", len(msgs)), err)
 	}
-	if err := s.bundle(ctx, c, msgs); err != nil {
+	if err := s.bundle(ctx, c, msgs, commit); err != nil {
 		var be *BundleError
 		if errors.As(err, &be) {
 			return err
@@ -67,7 +82,7 @@ func (s *Session) Bundle(ctx context.Context, msgs [][]byte) error {
 	return nil
 }
 
-func (s *Session) bundle(ctx context.Context, c *conn, msgs [][]byte) error {
+func (s *Session) bundle(ctx context.Context, c *conn, msgs [][]byte, commit bool) error {
 	n := uint32(len(msgs))
 	id := s.bundleID.Add(1)
 	// xids: open, one per message, barrier, then commit or discard; one range waiter catches them all.
@@ -135,6 +150,10 @@ func (s *Session) bundle(ctx context.Context, c *conn, msgs [][]byte) error {
 	}
 	if !opened {
 		return errors.New("the switch answered the barrier but not the bundle open")
+	}
+	if !commit {
+		s.discard(ctx, c, w, id, endX)
+		return nil
 	}
 
 	if err := c.write(ctx, func(bw *bufio.Writer) error {

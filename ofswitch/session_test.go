@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -491,5 +492,43 @@ func waitUntil(t testing.TB, what string, cond func() bool) {
 			t.Fatalf("timed out waiting until %s", what)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestValidateAppliesNothing: Validate reports what the switch refuses at add time, naming the
+// message, and leaves the tables as they were either way; the session goes on working.
+func TestValidateAppliesNothing(t *testing.T) {
+	b := newBridge(t)
+	ctx := ctxTimeout(t, 30*time.Second)
+	installed := podFlows(t, 3, func(int) uint64 { return 0x1 })
+	if err := b.sess.Bundle(ctx, installed); err != nil {
+		t.Fatal(err)
+	}
+	before := b.ofctlFlows(t)
+
+	probe := podFlows(t, 10, func(int) uint64 { return 0x2 })
+	if err := b.sess.Validate(ctx, probe); err != nil {
+		t.Fatalf("valid flows: %v", err)
+	}
+	if after := b.ofctlFlows(t); !slices.Equal(after, before) {
+		t.Fatalf("Validate changed the flows:\nbefore %q\nafter  %q", before, after)
+	}
+
+	probe[4] = badPrereqFlow(t, 4)
+	err := b.sess.Validate(ctx, probe)
+	var be *BundleError
+	if !errors.As(err, &be) || be.Index != 4 || be.Msg != "OFPBMC_BAD_PREREQ" {
+		t.Fatalf("Validate with a bad message 4: %v, want a BundleError on it", err)
+	}
+	// A missing group is checked only at commit, which Validate never does.
+	probe[4] = podFlow(t, 4, 0x2, 99)
+	if err := b.sess.Validate(ctx, probe); err != nil {
+		t.Fatalf("a flow naming a missing group: %v (OVS checks groups at commit only)", err)
+	}
+	if after := b.ofctlFlows(t); !slices.Equal(after, before) {
+		t.Fatalf("Validate changed the flows:\nbefore %q\nafter  %q", before, after)
+	}
+	if err := b.sess.Bundle(ctx, podFlows(t, 5, func(int) uint64 { return 0x3 })); err != nil {
+		t.Fatalf("bundle after Validate: %v", err)
 	}
 }
