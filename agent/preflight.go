@@ -50,8 +50,8 @@ type featureProbe struct {
 	flow    of.Flow
 }
 
-const fixConntrack = "Open vSwitch 2.8 or later; with --datapath-type=system, a kernel whose openvswitch module has conntrack and NAT " +
-	"(nf_conntrack, nf_nat; every distribution kernel since 4.6)"
+const fixConntrack = "an Open vSwitch release with conntrack NAT (3.1 is tested); with --datapath-type=system, a kernel whose openvswitch " +
+	"module has conntrack and NAT (nf_conntrack, nf_nat)"
 
 // featureProbes are one flow per feature, shaped as the pipeline uses it (flows/pipeline: services.go
 // and netpol.go). The agent never installs them: Session.Validate has the switch check them in a
@@ -74,10 +74,10 @@ func featureProbes() []featureProbe {
 			of.F(pipeline.TableOutput, 1, of.M(of.IP...),
 				of.CT{Commit: true, Table: pipeline.TableHairpinOutput, Zone: pipeline.ZoneHairpin,
 					NAT: &of.NAT{Kind: of.NATSrc, AddrMin: pipeline.ServiceHairpinIP}})},
-		{"conjunctive matches (conjunction)", "Open vSwitch 2.4 or later",
+		{"conjunctive matches (conjunction)", "an Open vSwitch release with conjunctive matches (3.1 is tested)",
 			of.F(pipeline.TableIngressIsolation, 1, of.M(append(of.IP, of.IPDst(probeIP))...),
 				of.Conjunction{ID: 1, Clause: 1, NClauses: 2})},
-		{"learned flows (learn(..,delete_learned))", "Open vSwitch 2.11 or later",
+		{"learned flows (learn(..,delete_learned))", "an Open vSwitch release whose learn action has delete_learned (3.1 is tested)",
 			of.F(pipeline.TableServiceLB, 2, of.M(append(of.TCP, of.Reg(pipeline.RegServiceLB, 1))...),
 				of.Learn{Table: pipeline.TableServiceAffinity, Priority: 100, IdleTimeout: 10800, DeleteLearned: true,
 					Specs: []of.LearnSpec{
@@ -178,7 +178,7 @@ func checkPrerequisites(ctx context.Context, cfg Config, log klog.Logger) error 
 		return &PrerequisiteError{Missing: fmt.Sprintf("%s on bridge %s", p.feature, cfg.Bridge), Err: err, Fix: p.fix}
 	case errors.As(err, &be):
 		return &PrerequisiteError{Missing: fmt.Sprintf("OpenFlow bundles (the ONF extension of OpenFlow 1.3) on bridge %s", cfg.Bridge), Err: err,
-			Fix: "Open vSwitch 2.8 or later"}
+			Fix: "an Open vSwitch release with OpenFlow 1.3 bundles (3.1 is tested)"}
 	case err != nil:
 		return fmt.Errorf("agent: prerequisites: %w", err)
 	}
