@@ -4,12 +4,16 @@ import (
 	"context"
 	"crypto/sha256"
 	"debug/elf"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
+
+	"github.com/ofsdn/ofsdn/internal/ovstest"
 )
 
 // TestBuildIsReproducible builds the real image twice from this checkout, the second time with
@@ -99,6 +103,22 @@ func TestBuildIsReproducible(t *testing.T) {
 	if out := run(t, ctx, []string{"CNI_COMMAND=VERSION"}, filepath.Join(bin, "ofsdn")); !strings.Contains(out, `"supportedVersions"`) {
 		t.Errorf("the CNI plugin's VERSION: %q", out)
 	}
+
+	// A node imports the tarball with ctr: same name, same digest, and the layers unpack to the same
+	// files (hard links included).
+	listing, snap := importIntoContainerd(t, ctx, second.Tarball, filepath.Join(BinDir, "ofsdn-agent"))
+	if want := "docker.io/" + second.Ref; !strings.Contains(listing, want) || !strings.Contains(listing, second.Digest.String()) {
+		t.Errorf("ctr images ls does not show %s at %s:\n%s", want, second.Digest, listing)
+	}
+	if snap == "" {
+		t.Fatal("containerd unpacked no snapshot holding the agent")
+	}
+	checkRootFS(t, snap)
+	for _, name := range []string{"ofsdn-multicall", "ofsdn"} {
+		if a, b := fileSum(t, filepath.Join(snap, BinDir, name)), fileSum(t, filepath.Join(bin, name)); a != b {
+			t.Errorf("%s as containerd unpacked it differs from the image's", name)
+		}
+	}
 }
 
 func run(t *testing.T, ctx context.Context, env []string, bin string, args ...string) string {
@@ -119,4 +139,90 @@ func fileSum(t *testing.T, path string) [32]byte {
 		t.Fatal(err)
 	}
 	return sha256.Sum256(data)
+}
+
+// importIntoContainerd starts a private containerd (its own root, state and sockets under a temporary
+// directory, the native snapshotter, no CRI) and imports the tarball with ctr, as a node's operator
+// would; it returns what `ctr images ls` lists and the root of the unpacked snapshot that holds path.
+func importIntoContainerd(t *testing.T, ctx context.Context, tarball, path string) (listing, snapshot string) {
+	t.Helper()
+	for _, bin := range []string{"containerd", "ctr"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			t.Fatalf("%s not found: run `make deps` (installs containerd)", bin)
+		}
+	}
+	// Named as ovstest names its directories, so that make sweep clears what a killed run leaves.
+	dir, err := os.MkdirTemp("", fmt.Sprintf("%s%d-containerd-", ovstest.Prefix, os.Getpid()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	sock := filepath.Join(dir, "containerd.sock")
+	config := fmt.Sprintf(`version = 2
+root = %[1]q
+state = %[2]q
+disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs"]
+[grpc]
+  address = %[3]q
+[ttrpc]
+  address = %[4]q
+[plugins."io.containerd.internal.v1.opt"]
+  path = %[5]q
+`, filepath.Join(dir, "root"), filepath.Join(dir, "state"), sock, sock+".ttrpc", filepath.Join(dir, "opt"))
+	if err := os.WriteFile(filepath.Join(dir, "config.toml"), []byte(config), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	logf, err := os.Create(filepath.Join(dir, "containerd.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close()
+	daemon := exec.Command("containerd", "--config", filepath.Join(dir, "config.toml"))
+	daemon.Stdout, daemon.Stderr = logf, logf
+	daemon.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := daemon.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = daemon.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { _ = daemon.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			_ = daemon.Process.Kill()
+			<-done
+		}
+	})
+	ctr := func(args ...string) string {
+		t.Helper()
+		out, err := exec.CommandContext(ctx, "ctr", append([]string{"--address", sock, "--namespace", "ofsdn-test"}, args...)...).CombinedOutput()
+		if err != nil {
+			log, _ := os.ReadFile(logf.Name())
+			t.Fatalf("ctr %s: %v\n%s\ncontainerd:\n%s", strings.Join(args, " "), err, out, log)
+		}
+		return string(out)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if _, err := os.Stat(sock); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			log, _ := os.ReadFile(logf.Name())
+			t.Fatalf("containerd did not start:\n%s", log)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	ctr("images", "import", "--snapshotter", "native", tarball)
+	listing = ctr("images", "ls")
+	// The native snapshotter keeps each unpacked layer stack as a plain directory.
+	snaps, _ := filepath.Glob(filepath.Join(dir, "root", "io.containerd.snapshotter.v1.native", "snapshots", "*"))
+	for _, s := range snaps {
+		if _, err := os.Stat(filepath.Join(s, path)); err == nil {
+			snapshot = s
+		}
+	}
+	return listing, snapshot
 }
