@@ -16,10 +16,11 @@ import (
 	"github.com/ofsdn/ofsdn/internal/ovstest"
 )
 
-// TestBuildIsReproducible builds the real image twice from this checkout, the second time with
-// another umask and another temporary directory, and wants the same digest and the same tarball
-// bytes; then it runs the binaries of the unpacked image. It compiles everything with the image's
-// flags (minutes the first time on a cold build cache, seconds after), so it skips under -short.
+// TestBuildIsReproducible builds the real image twice, the second time from a copy of the checkout in
+// another directory, with another umask and another temporary directory, and wants the same digest
+// and the same tarball bytes; then it runs the binaries of the unpacked image and imports the tarball
+// into containerd. It compiles everything with the image's flags (minutes the first time on a cold
+// build cache, seconds after), so it skips under -short.
 func TestBuildIsReproducible(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the image twice: skipped under -short")
@@ -39,10 +40,18 @@ func TestBuildIsReproducible(t *testing.T) {
 	}
 	first := build(t.TempDir())
 
+	// The second build: from a copy of the checkout elsewhere (no .git: told what git said), with
+	// another umask and another temporary directory.
+	copied := filepath.Join(t.TempDir(), "elsewhere", "ofsdn")
+	copyTree(t, root, copied)
 	t.Setenv("TMPDIR", t.TempDir())
 	old := syscall.Umask(0o077)
-	second := build(t.TempDir())
+	second, err := Build(ctx, Options{RepoRoot: copied, OutDir: t.TempDir(),
+		Version: first.Info.Version, Revision: first.Info.Revision, Created: first.Info.Created})
 	syscall.Umask(old)
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	if first.Digest != second.Digest {
 		t.Fatalf("two builds of %s: digests %s and %s", first.Info.Revision, first.Digest, second.Digest)
@@ -130,6 +139,38 @@ func run(t *testing.T, ctx context.Context, env []string, bin string, args ...st
 		t.Errorf("%s %s: %v\n%s", filepath.Base(bin), strings.Join(args, " "), err, out)
 	}
 	return string(out)
+}
+
+// copyTree copies the source tree at src to dst, without .git and _output.
+func copyTree(t *testing.T, src, dst string) {
+	t.Helper()
+	err := filepath.WalkDir(src, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(src, p)
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (d.Name() == ".git" || rel == "_output") {
+			return filepath.SkipDir
+		}
+		target := filepath.Join(dst, rel)
+		switch {
+		case d.IsDir():
+			return os.MkdirAll(target, 0o755)
+		case d.Type().IsRegular():
+			data, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			return os.WriteFile(target, data, 0o644)
+		}
+		return nil // .git as a file in a worktree, symbolic links: not sources
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 }
 
 func fileSum(t *testing.T, path string) [32]byte {

@@ -50,7 +50,7 @@ type Options struct {
 	// Arch is the GOARCH to build for; the running one when empty.
 	Arch string
 	// Version, Revision and Created override what git says (Created also comes from
-	// SOURCE_DATE_EPOCH when set).
+	// SOURCE_DATE_EPOCH when set); with all three, RepoRoot need not be a git checkout.
 	Version, Revision string
 	Created           time.Time
 	// Go is the go command; "go" when empty.
@@ -102,9 +102,13 @@ func Build(ctx context.Context, opts Options) (*Result, error) {
 			fmt.Fprintf(opts.Log, format+"\n", args...)
 		}
 	}
-	info, err := GitInfo(ctx, opts.RepoRoot)
-	if err != nil {
-		return nil, err
+	// A tree without git (a source archive) builds when told version, revision and time.
+	var info BuildInfo
+	if opts.Version == "" || opts.Revision == "" || opts.Created.IsZero() && os.Getenv("SOURCE_DATE_EPOCH") == "" {
+		var err error
+		if info, err = GitInfo(ctx, opts.RepoRoot); err != nil {
+			return nil, err
+		}
 	}
 	if opts.Version != "" {
 		info.Version = opts.Version
