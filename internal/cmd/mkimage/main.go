@@ -20,6 +20,7 @@ func main() {
 	flag.StringVar(&opts.Source, "source", image.DefaultSource, "org.opencontainers.image.source label")
 	flag.StringVar(&opts.Arch, "arch", "", "GOARCH to build for (default: this machine's)")
 	flag.StringVar(&opts.Version, "version", "", "version label and tag (default: git describe --tags --always --dirty)")
+	flag.StringVar(&opts.Revision, "revision", "", "commit label (default: git rev-parse HEAD); with --version and SOURCE_DATE_EPOCH, no git is needed")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
