@@ -142,10 +142,6 @@ func Build(ctx context.Context, opts Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	if sizes.Uncompressed > SizeLimit {
-		return nil, fmt.Errorf("image: %.1f MB uncompressed, over the %d MB limit: what grew? (go version -m on the binaries)",
-			float64(sizes.Uncompressed)/1e6, SizeLimit/1_000_000)
-	}
 	ref := opts.Name + ":" + info.Version
 	if err := os.MkdirAll(opts.OutDir, 0o755); err != nil {
 		return nil, fmt.Errorf("image: %w", err)
@@ -169,15 +165,20 @@ func (r *Result) Summary() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "image    %s\n", r.Ref)
 	fmt.Fprintf(&b, "digest   %s\n", r.Digest)
-	fmt.Fprintf(&b, "size     %.1f MB uncompressed, %.1f MB compressed (limit %d MB uncompressed)\n",
-		float64(r.Size)/1e6, float64(r.Compressed)/1e6, SizeLimit/1_000_000)
+	over := ""
+	if r.Size > SizeLimit {
+		over = " OVER THE LIMIT: what grew? (go version -m on the binaries)"
+	}
+	fmt.Fprintf(&b, "size     %.1f MB uncompressed, %.1f MB compressed (limit %d MB uncompressed)%s\n",
+		float64(r.Size)/1e6, float64(r.Compressed)/1e6, SizeLimit/1_000_000, over)
 	fmt.Fprintf(&b, "revision %s, created %s\n", r.Info.Revision, r.Info.Created.Format(time.RFC3339))
 	fmt.Fprintf(&b, "layout   %s\n", r.Layout)
 	fmt.Fprintf(&b, "tarball  %s  (docker load -i FILE; ctr -n k8s.io images import FILE)\n", r.Tarball)
 	return b.String()
 }
 
-// SizeLimit is the most the image may weigh uncompressed; Build fails above it, so growth is seen.
+// SizeLimit is the most the image should weigh uncompressed: Summary flags an image above it and
+// TestBuildIsReproducible fails, so growth is seen without keeping anyone from building.
 const SizeLimit = 60_000_000
 
 // RepoRoot is the directory of the main module the go command sees from the working directory.
