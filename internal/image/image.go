@@ -30,6 +30,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strings"
 	"time"
@@ -125,6 +126,12 @@ func Build(ctx context.Context, opts Options) (*Result, error) {
 	}
 	info.Created = info.Created.UTC().Truncate(time.Second)
 	info.Source, info.Arch = opts.Source, opts.Arch
+	if !tagPattern.MatchString(info.Version) {
+		return nil, fmt.Errorf("image: version %q cannot be an image tag (letters, digits, _ . -; at most 128, not starting with . or -)", info.Version)
+	}
+	if !revisionPattern.MatchString(info.Revision) {
+		return nil, fmt.Errorf("image: revision %q is not a commit ID", info.Revision)
+	}
 
 	work, err := os.MkdirTemp("", "ofsdn-image-")
 	if err != nil {
@@ -159,6 +166,12 @@ func Build(ctx context.Context, opts Options) (*Result, error) {
 	}
 	return res, nil
 }
+
+// A tag as the distribution spec allows it; a revision as git spells a commit.
+var (
+	tagPattern      = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$`)
+	revisionPattern = regexp.MustCompile(`^[0-9a-f]{7,64}$`)
+)
 
 // Summary is what `make image` prints.
 func (r *Result) Summary() string {

@@ -381,3 +381,19 @@ func checkRootFS(t *testing.T, root string) {
 		t.Errorf("the CNI plugin ofsdn: %v", err)
 	}
 }
+
+func TestBuildRefusesABadVersionOrRevision(t *testing.T) {
+	when := time.Unix(1700000000, 0)
+	for _, opts := range []Options{
+		{Version: "v1 with spaces", Revision: testInfo.Revision, Created: when},
+		{Version: "-v1", Revision: testInfo.Revision, Created: when},
+		{Version: strings.Repeat("v", 129), Revision: testInfo.Revision, Created: when},
+		{Version: "v1.2.3", Revision: "HEAD; rm -rf /", Created: when},
+	} {
+		opts.RepoRoot, opts.OutDir = t.TempDir(), t.TempDir()
+		_, err := Build(t.Context(), opts)
+		if err == nil || !strings.Contains(err.Error(), "image: ") || strings.Contains(err.Error(), "go build") {
+			t.Errorf("version %q revision %q: %v, want a refusal before building", opts.Version, opts.Revision, err)
+		}
+	}
+}
