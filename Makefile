@@ -28,10 +28,12 @@ build:
 	$(GO) build -o $(BIN)/ ./cmd/... ./e2e/cmd/...
 
 ## image: the OCI image (no docker needed) into $(OUT)/image: an OCI layout (oci/) and ofsdn-image.tar for
-## docker load / ctr import; prints its name, digest and size. IMAGE names it (the tag is the git version).
+## docker load / ctr import; prints its name, digest and size. IMAGE names it (the tag is the git version);
+## PUSH=1 also pushes it there with your registry credentials (docker login's).
 IMAGE    ?= ofsdn/ofsdn
+PUSH     ?=
 image:
-	$(GO) run ./internal/cmd/mkimage --out $(OUT)/image --name $(IMAGE)
+	$(GO) run ./internal/cmd/mkimage --out $(OUT)/image --name $(IMAGE) $(if $(PUSH),--push)
 
 ## test: every tier that exists: unit, then integration (real OVS, real API server), then e2e.
 test: deps k8s-bins unit integration e2e

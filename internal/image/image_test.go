@@ -6,6 +6,8 @@ import (
 	"crypto/sha256"
 	"errors"
 	"io"
+	"log"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -13,7 +15,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 	"github.com/ofsdn/ofsdn/internal/cli"
@@ -395,5 +400,39 @@ func TestBuildRefusesABadVersionOrRevision(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "image: ") || strings.Contains(err.Error(), "go build") {
 			t.Errorf("version %q revision %q: %v, want a refusal before building", opts.Version, opts.Revision, err)
 		}
+	}
+}
+
+// Push to a registry (go-containerregistry's, in memory, on loopback): the registry then serves the
+// same manifest digest and layers, and the returned reference names the image by that digest.
+func TestPushToARegistry(t *testing.T) {
+	srv := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
+	defer srv.Close()
+	host := strings.TrimPrefix(srv.URL, "http://")
+	img, _, err := Assemble(Files(fakeBinaries(t), testInfo), testInfo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	byDigest, err := Push(t.Context(), img, host+"/ofsdn/ofsdn:v1.2.3", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := host + "/ofsdn/ofsdn@" + digest(t, img).String(); byDigest != want {
+		t.Errorf("Push returned %q, want %q", byDigest, want)
+	}
+	ref, err := name.ParseReference(host+"/ofsdn/ofsdn:v1.2.3", name.Insecure)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pulled, err := remote.Image(ref, remote.WithContext(t.Context()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if digest(t, pulled) != digest(t, img) {
+		t.Errorf("the registry serves %s, pushed %s", digest(t, pulled), digest(t, img))
+	}
+	sameLayers(t, pulled, img)
+	if _, err := Push(t.Context(), img, "not a reference", true); err == nil {
+		t.Error("a bad reference was pushed")
 	}
 }

@@ -21,16 +21,18 @@ func main() {
 	flag.StringVar(&opts.Arch, "arch", "", "GOARCH to build for (default: this machine's)")
 	flag.StringVar(&opts.Version, "version", "", "version label and tag (default: git describe --tags --always --dirty)")
 	flag.StringVar(&opts.Revision, "revision", "", "commit label (default: git rev-parse HEAD); with --version and SOURCE_DATE_EPOCH, no git is needed")
+	push := flag.Bool("push", false, "also push the image to the registry its --name names, as name:version")
+	insecure := flag.Bool("insecure", false, "with --push, allow a registry over plain HTTP")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, opts); err != nil {
+	if err := run(ctx, opts, *push, *insecure); err != nil {
 		fmt.Fprintln(os.Stderr, "mkimage:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, opts image.Options) error {
+func run(ctx context.Context, opts image.Options, push, insecure bool) error {
 	root, err := image.RepoRoot(ctx)
 	if err != nil {
 		return err
@@ -41,5 +43,17 @@ func run(ctx context.Context, opts image.Options) error {
 		return err
 	}
 	fmt.Print(res.Summary())
+	if !push {
+		return nil
+	}
+	img, err := image.ReadLayout(res.Layout)
+	if err != nil {
+		return err
+	}
+	byDigest, err := image.Push(ctx, img, res.Ref, insecure)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("pushed   %s\n         %s  (images: newName/digest in your deploy/ overlay)\n", res.Ref, byDigest)
 	return nil
 }
