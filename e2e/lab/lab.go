@@ -68,11 +68,21 @@ const (
 	rootAliasPrefix     = "ofsdn-lab:"
 )
 
-// DocumentationRanges are the only underlay ranges a lab accepts (RFC 5737).
+// DocumentationRanges are the only underlay ranges a lab accepts (RFC 5737). TEST-NET-3
+// (203.0.113.0/24) is left out on purpose: on these machines the Go module proxy and Debian's mirror
+// resolve into it, and a root link's connected route there would capture the machine's own traffic.
 var DocumentationRanges = []netip.Prefix{
 	netip.MustParsePrefix("192.0.2.0/24"),
 	netip.MustParsePrefix("198.51.100.0/24"),
-	netip.MustParsePrefix("203.0.113.0/24"),
+}
+
+// rootLinkRanges are the underlays a lab with a root link picks from: quarters of 198.51.100.0/24 (the
+// root namespace sits in 192.0.2.0/24 here), so that four such labs can run at once.
+var rootLinkRanges = []netip.Prefix{
+	netip.MustParsePrefix("198.51.100.0/26"),
+	netip.MustParsePrefix("198.51.100.64/26"),
+	netip.MustParsePrefix("198.51.100.128/26"),
+	netip.MustParsePrefix("198.51.100.192/26"),
 }
 
 // Options choose the lab's shape. The zero value is a usable 3-node lab.
@@ -83,8 +93,7 @@ type Options struct {
 	// Letters, digits, '.', '_' and '-', at most 40 characters.
 	Prefix string
 	// UnderlayCIDR is the underlay segment, inside a documentation range. Default 192.0.2.0/24; with
-	// RootLink, the first documentation /24 that no root-namespace route overlaps (on these machines the
-	// root namespace itself sits in 192.0.2.0/24, so that is usually 198.51.100.0/24).
+	// RootLink, the first of rootLinkRanges that no root-namespace route overlaps.
 	UnderlayCIDR netip.Prefix
 	// MTU of the underlay; default 1500. Pods and tun0 need MTU-VXLANOverhead.
 	MTU int

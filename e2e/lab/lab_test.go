@@ -28,7 +28,8 @@ func TestOptionsDefaultsAndValidation(t *testing.T) {
 	}{
 		{name: "zero value", opts: Options{}},
 		{name: "other documentation range", opts: Options{UnderlayCIDR: netip.MustParsePrefix("198.51.100.0/24")}},
-		{name: "subset of a documentation range", opts: Options{UnderlayCIDR: netip.MustParsePrefix("203.0.113.128/25"), Nodes: 5}},
+		{name: "subset of a documentation range", opts: Options{UnderlayCIDR: netip.MustParsePrefix("198.51.100.128/25"), Nodes: 5}},
+		{name: "TEST-NET-3 refused (the machine's mirrors live there)", opts: Options{UnderlayCIDR: netip.MustParsePrefix("203.0.113.0/24")}, wantErr: "documentation range"},
 		{name: "private range refused", opts: Options{UnderlayCIDR: netip.MustParsePrefix("10.0.0.0/24")}, wantErr: "documentation range"},
 		{name: "supernet of a documentation range refused", opts: Options{UnderlayCIDR: netip.MustParsePrefix("192.0.0.0/16")}, wantErr: "documentation range"},
 		{name: "IPv6 refused", opts: Options{UnderlayCIDR: netip.MustParsePrefix("2001:db8::/64")}, wantErr: "IPv4"},
@@ -67,7 +68,7 @@ func TestAddressPlan(t *testing.T) {
 		root, node1, node3, x string
 	}{
 		{"192.0.2.0/24", "192.0.2.1", "192.0.2.11", "192.0.2.13", "192.0.2.254"},
-		{"203.0.113.128/25", "203.0.113.129", "203.0.113.139", "203.0.113.141", "203.0.113.254"},
+		{"198.51.100.64/26", "198.51.100.65", "198.51.100.75", "198.51.100.77", "198.51.100.126"},
 	}
 	for _, tc := range tests {
 		p := netip.MustParsePrefix(tc.cidr)

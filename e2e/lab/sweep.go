@@ -116,15 +116,15 @@ func claimPrefix(prefix string, log *slog.Logger) error {
 	return nil
 }
 
-// pickRootUnderlay chooses a range for a lab with a root link: the requested one, or the first
-// documentation range; either way no route of the root namespace may overlap it (the machine's own
+// pickRootUnderlay chooses a range for a lab with a root link: the requested one, or the first free of
+// rootLinkRanges; either way no route of the root namespace may overlap it (the machine's own
 // networks, another lab's root link), since the root link adds a connected route there.
 func pickRootUnderlay(ctx context.Context, want netip.Prefix, nodes int) (netip.Prefix, error) {
 	routes, err := rootRoutes(ctx)
 	if err != nil {
 		return netip.Prefix{}, err
 	}
-	candidates := DocumentationRanges
+	candidates := rootLinkRanges
 	if want.IsValid() {
 		candidates = []netip.Prefix{want}
 	}
@@ -143,7 +143,7 @@ func pickRootUnderlay(ctx context.Context, want netip.Prefix, nodes int) (netip.
 			return c, nil
 		}
 	}
-	return netip.Prefix{}, fmt.Errorf("root link: every candidate underlay %v overlaps a root-namespace route; pick a free documentation range", candidates)
+	return netip.Prefix{}, fmt.Errorf("root link: every candidate underlay %v overlaps a root-namespace route; stop a lab or name a free documentation range", candidates)
 }
 
 // rootRoutes lists the root namespace's IPv4 route destinations in every table, default routes left out.
