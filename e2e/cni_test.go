@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	mathrand "math/rand/v2"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +19,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -365,7 +367,8 @@ func TestCNIChurnWithAgentKills(t *testing.T) {
 					mu.Lock()
 					codes[cniCode(err)]++
 					mu.Unlock()
-					if strings.Contains(err.Error(), "closed the connection") || strings.Contains(err.Error(), "connection reset") {
+					if msg := err.Error(); strings.Contains(msg, "went away") || strings.Contains(msg, "closed the connection") ||
+						strings.Contains(msg, "connection reset") {
 						addsCut.Add(1)
 					}
 					// A runtime backs off before it tries a pod's sandbox again.
@@ -420,4 +423,321 @@ func TestCNIChurnWithAgentKills(t *testing.T) {
 			n.Name, got, len(kept), lc.Logs(40))
 	}
 	t.Logf("nothing left: %s", got)
+}
+
+// pingAt pings dst from a pod's namespace every interval, count times; wait reports what came back.
+func pingAt(t *testing.T, fromNetNS string, dst string, count int, interval time.Duration) *pinger {
+	p := &pinger{cmd: exec.Command("ip", "netns", "exec", fromNetNS, "ping", "-n", "-q", "-i", strconv.FormatFloat(interval.Seconds(), 'f', 3, 64),
+		"-W", "1", "-c", strconv.Itoa(count), dst)}
+	p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.cmd.Process.Kill() })
+	return p
+}
+
+// attachmentOf is what identifies a running pod's attachment: its OVS port number and the ifindexes of
+// both veth ends. An ADD that recreates anything changes it.
+func attachmentOf(t *testing.T, ctx context.Context, n *cluster.Node, rt *libcni.RuntimeConf) string {
+	t.Helper()
+	host := podnet.HostVethName(rt.ContainerID, rt.IfName)
+	ofport, err := n.Vsctl(ctx, "get", "Interface", host, "ofport")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hostLink, err := exec.CommandContext(ctx, "ip", "-n", n.NetNS, "-o", "link", "show", host).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v: %s", err, hostLink)
+	}
+	podLink, err := exec.CommandContext(ctx, "ip", "-n", filepath.Base(rt.NetNS), "-o", "link", "show", rt.IfName).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v: %s", err, podLink)
+	}
+	return fmt.Sprintf("ofport %s, host end %s, pod end %s", strings.TrimSpace(ofport), strings.Fields(string(hostLink))[0], strings.Fields(string(podLink))[0])
+}
+
+// TestCNIRepeatedAddUnderTraffic repeats the ADD of a running pod's sandbox, as a runtime that timed out
+// may, while two pods ping it 100 times a second: the ADD answers with the pod's own address, nothing of
+// the attachment is recreated, and no ping is lost. ADDs of the sandbox in another netns or with a second
+// interface are refused with code 4, harmlessly too.
+func TestCNIRepeatedAddUnderTraffic(t *testing.T) {
+	ctx := ctxT(t, 5*time.Minute)
+	n1, n2 := lc.Nodes[0], lc.Nodes[1]
+	pods := runPods(t, ctx, "rep", []string{"e2e-repeat"}, []*cluster.Node{n1, n2})
+	target, remote := pods[0], pods[1] // rep-<node1>, rep-<node2>
+	local, err := lc.RunPod(ctx, cluster.PodSpec("e2e-repeat", "rep2-"+n1.Name, n1.Name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = lc.DeletePod(context.Background(), local.Namespace, local.Name) })
+	rt, ok := n1.Sim.RuntimeConf(target.Namespace, target.Name)
+	if !ok {
+		t.Fatalf("no sandbox of %s on %s", target.Key(), n1.Name)
+	}
+	r := newCNIRuntime(t, n1)
+	before := attachmentOf(t, ctx, n1, rt)
+	const count, every = 600, 10 * time.Millisecond
+	pingers := []*pinger{pingAt(t, remote.NetNS, target.IP.String(), count, every), pingAt(t, local.NetNS, target.IP.String(), count, every)}
+	time.Sleep(time.Second)
+	for i := range 5 {
+		res, err := r.conf.AddNetworkList(ctx, r.list, rt)
+		if err != nil {
+			t.Fatalf("repeated ADD %d: %v", i, err)
+		}
+		got, err := current.NewResultFromResult(res)
+		if err != nil || len(got.IPs) != 1 || got.IPs[0].Address.IP.String() != target.IP.String() {
+			t.Fatalf("repeated ADD %d answered %+v (%v), want the pod's address %s", i, got, err, target.IP)
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	elsewhere := *rt
+	elsewhere.NetNS = "/var/run/netns/" + newNetNS(t, n1, "rep-elsewhere")
+	if _, err := r.conf.AddNetworkList(ctx, r.list, &elsewhere); cniCode(err) != 4 || !strings.Contains(err.Error(), "CNI_NETNS") {
+		t.Errorf("ADD of the sandbox in another netns: %v, want code 4 naming CNI_NETNS", err)
+	}
+	eth1 := *rt
+	eth1.IfName = "eth1"
+	if _, err := r.conf.AddNetworkList(ctx, r.list, &eth1); cniCode(err) != 4 || !strings.Contains(err.Error(), "CNI_IFNAME") {
+		t.Errorf("ADD of a second interface: %v, want code 4 naming CNI_IFNAME", err)
+	}
+	for _, p := range pingers {
+		if sent, got, out := p.wait(); sent < count || got != sent {
+			t.Errorf("pings to %s through the repeated ADDs: %d sent, %d received\n%s", target.Key(), sent, got, out)
+		}
+	}
+	if after := attachmentOf(t, ctx, n1, rt); after != before {
+		t.Errorf("the repeated ADDs changed the attachment: %s, was %s", after, before)
+	}
+}
+
+// newNetNS makes a lab-prefixed network namespace that the test's cleanup removes.
+func newNetNS(t *testing.T, n *cluster.Node, suffix string) string {
+	t.Helper()
+	name := lc.Lab.Prefix + "-" + n.Name + "-" + suffix
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		t.Fatalf("netns %s: %v: %s", name, err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
+	return name
+}
+
+// TestCNIRefusesForeignInterface: a sandbox whose netns already holds an eth0 ofsdn did not make (a veth
+// with an address) gets code 4 naming CNI_IFNAME, and its eth0 stays as it was; the DEL that follows the
+// failed ADD succeeds and leaves nothing behind.
+func TestCNIRefusesForeignInterface(t *testing.T) {
+	ctx := ctxT(t, 2*time.Minute)
+	n := lc.Nodes[1]
+	const namespace = "e2e-foreign"
+	pods := unmanagedPods(t, ctx, namespace, n, "foreign")
+	r := newCNIRuntime(t, n)
+	s, err := newSandbox(n, pods[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.removeNetNS)
+	peer := newNetNS(t, n, "foreign-peer")
+	for _, args := range [][]string{
+		{"-n", s.NetNS, "link", "add", "eth0", "type", "veth", "peer", "name", "p0", "netns", peer},
+		{"-n", s.NetNS, "addr", "add", "203.0.113.5/24", "dev", "eth0"},
+		{"-n", s.NetNS, "link", "set", "eth0", "up"},
+	} {
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %v: %v: %s", args, err, out)
+		}
+	}
+	show := func() string {
+		out, _ := exec.Command("ip", "-n", s.NetNS, "-o", "addr", "show", "eth0").CombinedOutput()
+		return string(out)
+	}
+	before := show()
+	_, err = r.add(ctx, s)
+	if cniCode(err) != 4 || !strings.Contains(err.Error(), "CNI_IFNAME=eth0") || !strings.Contains(err.Error(), "not created by ofsdn") {
+		t.Errorf("ADD into a netns with a foreign eth0: %v, want code 4 saying CNI_IFNAME=eth0 is not ofsdn's", err)
+	}
+	if err := r.del(ctx, s); err != nil {
+		t.Errorf("DEL after the refused ADD: %v", err)
+	}
+	if after := show(); after != before || !strings.Contains(after, "203.0.113.5/24") {
+		t.Errorf("the foreign eth0 changed:\n%s\nwas:\n%s", after, before)
+	}
+	if got := census(t, ctx, n, namespace, pods, []*sandbox{s}); !got.zero() {
+		t.Errorf("the refused ADD left %s", got)
+	}
+}
+
+// TestCNIFrozenAgent freezes an agent (SIGSTOP): STATUS answers 50 and ADD 11 within seconds, not at the
+// runtime's deadline; DELs succeed, left for the agent, which serves them once it thaws and drops the
+// requests their plugins gave up on.
+func TestCNIFrozenAgent(t *testing.T) {
+	ctx := ctxT(t, 5*time.Minute)
+	n := lc.Nodes[1]
+	const namespace = "e2e-frozen"
+	pods := unmanagedPods(t, ctx, namespace, n, "fz-a", "fz-b")
+	r := newCNIRuntime(t, n)
+	a, err := newSandbox(n, pods[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(a.removeNetNS)
+	b, err := newSandbox(n, pods[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.removeNetNS)
+	if _, err := r.add(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	pid := n.AgentPID()
+	if pid == 0 {
+		t.Fatal("no agent")
+	}
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	thawed := false
+	thaw := func() {
+		if !thawed {
+			thawed = true
+			_ = syscall.Kill(pid, syscall.SIGCONT)
+		}
+	}
+	t.Cleanup(thaw)
+
+	// Bounds: the plugin's budgets (STATUS 5 s; connect 2 s + accept 5 s) plus exec'ing it, generously.
+	for _, step := range []struct {
+		name  string
+		call  func() error
+		code  uint
+		bound time.Duration
+	}{
+		{"STATUS", func() error { return r.conf.GetStatusNetworkList(ctx, r.list) }, 50, 10 * time.Second},
+		{"ADD", func() error { _, err := r.add(ctx, b); return err }, 11, 15 * time.Second},
+		{"DEL of the failed ADD", func() error { return r.del(ctx, b) }, 0, 15 * time.Second},
+		{"DEL of the attached sandbox", func() error { return r.del(ctx, a) }, 0, 15 * time.Second},
+	} {
+		start := time.Now()
+		err := step.call()
+		took := time.Since(start)
+		t.Logf("%s with the agent frozen: %v after %s", step.name, err, took.Round(time.Millisecond))
+		if cniCode(err) != step.code || (step.code == 0) != (err == nil) {
+			t.Errorf("%s with the agent frozen: %v, want code %d", step.name, err, step.code)
+		}
+		if took > step.bound {
+			t.Errorf("%s with the agent frozen took %s, want within %s", step.name, took, step.bound)
+		}
+	}
+	if got := census(t, ctx, n, namespace, pods, []*sandbox{a, b}); got.PendingDeletes != 2 {
+		t.Errorf("with the agent frozen the node holds %s, want the 2 DELs pending", got)
+	}
+	thaw()
+	var got leaks
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		got = census(t, ctx, n, namespace, pods, []*sandbox{a, b})
+		if got.zero() || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	if !got.zero() {
+		t.Fatalf("after the agent thawed the node holds %s\n%s", got, lc.Logs(40))
+	}
+	if log, err := os.ReadFile(n.AgentLog); err != nil || !strings.Contains(string(log), "CNI request dropped") {
+		t.Errorf("the thawed agent did not drop the requests whose plugins left (%v)", err)
+	}
+	// And it serves again.
+	c, err := newSandbox(n, pods[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.removeNetNS)
+	if _, err := r.add(ctx, c); err != nil {
+		t.Fatalf("ADD after the agent thawed: %v", err)
+	}
+	if err := r.del(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRestoreReleasesWhatIsGone: what became stale while an agent was down — a sandbox replaced by a
+// newer one of the same pod, a pod deleted from the API without its DEL — is released once it starts
+// (the deleted pod's once it has been missing for the agent's grace, 2 minutes after its ADD: a static
+// pod's mirror appears late), and the pods that live on keep their connectivity.
+func TestRestoreReleasesWhatIsGone(t *testing.T) {
+	ctx := ctxT(t, 6*time.Minute)
+	n := lc.Nodes[2]
+	const namespace, absentGrace = "e2e-restore", 2 * time.Minute // agent's absentGrace
+	pods := unmanagedPods(t, ctx, namespace, n, "keep", "gone", "two")
+	r := newCNIRuntime(t, n)
+	var all []*sandbox
+	add := func(pod *corev1.Pod) (*sandbox, *current.Result) {
+		t.Helper()
+		s, err := newSandbox(n, pod)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(s.removeNetNS)
+		all = append(all, s)
+		res, err := r.add(ctx, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s, res
+	}
+	began := time.Now()
+	gone, _ := add(pods[1])
+	keep, keepRes := add(pods[0])
+	older, _ := add(pods[2])
+	newer, _ := add(pods[2])
+	client := runPods(t, ctx, "rsc", []string{namespace}, lc.Nodes[:1])[0]
+	keepIP := netip.MustParseAddr(keepRes.IPs[0].Address.IP.String())
+	if !client.Ping(ctx, keepIP) {
+		t.Fatalf("%s does not reach the kept sandbox at %s", client.Key(), keepIP)
+	}
+
+	lc.StopAgent(n, true)
+	zero := int64(0)
+	if err := lc.Client.CoreV1().Pods(namespace).Delete(ctx, "gone", metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
+		t.Fatal(err)
+	}
+	if err := lc.StartAgent(n); err != nil {
+		t.Fatal(err)
+	}
+	ensureAgent(t, ctx, n, r)
+	veths := func(s *sandbox) int { return census(t, ctx, n, namespace, pods, []*sandbox{s}).HostVeths }
+	for _, tc := range []struct {
+		s    *sandbox
+		want int
+	}{{keep, 1}, {older, 0}, {newer, 1}} {
+		if got := veths(tc.s); got != tc.want {
+			t.Errorf("after the restart, sandbox %s of %s has %d host veths, want %d", tc.s.ID, tc.s.Pod, got, tc.want)
+		}
+	}
+	if !client.Ping(ctx, keepIP) {
+		t.Errorf("the kept sandbox lost connectivity across the restart")
+	}
+	if time.Since(began) < absentGrace-10*time.Second && veths(gone) != 1 {
+		t.Errorf("the deleted pod's sandbox was released within the grace after its ADD")
+	}
+	deadline := began.Add(absentGrace + 30*time.Second)
+	for veths(gone) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the deleted pod's sandbox is still attached %s after its ADD: %s", time.Since(began).Round(time.Second),
+				census(t, ctx, n, namespace, pods, []*sandbox{gone}))
+		}
+		time.Sleep(time.Second)
+	}
+	t.Logf("the deleted pod's sandbox was released %s after its ADD", time.Since(began).Round(time.Second))
+	if got := census(t, ctx, n, namespace, pods, all); got.Reservations != 2 || got.Ports != 2 {
+		t.Errorf("the node holds %s, want the reservations and ports of keep and the newer sandbox of two", got)
+	}
+	for _, s := range []*sandbox{keep, newer, gone, older} { // the runtime's DELs, late
+		if err := r.del(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := census(t, ctx, n, namespace, pods, all); !got.zero() {
+		t.Errorf("after every DEL the node holds %s", got)
+	}
 }
