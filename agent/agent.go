@@ -151,13 +151,16 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	a.fs.host = a.hostFwd
 	a.fs.onIndexChanged = a.saveOwnerIndex
 	a.pods = &podNetwork{view: a.view, sync: a.fs, db: deps.DB, bridge: cfg.Bridge, hostNetNS: cfg.HostNetNS,
-		netdev: cfg.DatapathType == "netdev", stateDir: filepath.Join(cfg.StateDir, "ipam"), log: log.WithName("cni")}
+		netdev: cfg.DatapathType == "netdev", stateDir: filepath.Join(cfg.StateDir, "ipam"), log: log.WithName("cni"),
+		pendingDeletes: cni.PendingDeletesDirFor(cfg.CNISocket), bridgeUp: func() bool { return a.sess != nil && a.sess.Connected() }}
 
 	a.netInformers = networkinformers.NewSharedInformerFactory(deps.Net, 0)
 	a.kubeInformers = kubeinformers.NewSharedInformerFactory(deps.Kube, 0)
 	a.localPods = kubeinformers.NewSharedInformerFactoryWithOptions(deps.Kube, 0, kubeinformers.WithTweakListOptions(func(o *metav1.ListOptions) {
 		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", cfg.NodeName).String()
 	}))
+	// Restore asks it whether a restored attachment's pod still exists.
+	a.pods.apiPods = apiPods{lister: a.localPods.Core().V1().Pods().Lister(), client: deps.Kube.CoreV1()}
 	w := &watchNetwork{view: a.view, sync: a.fs, log: log}
 	if cfg.DatapathType == "netdev" {
 		w.newPeer = a.resolvePeer
@@ -407,6 +410,7 @@ func (a *Agent) serveCNI(ctx context.Context) error {
 	}
 	go a.fs.run(ctx)
 	go a.hostFwd.run(ctx)
+	go a.pods.runJanitor(ctx) // DELs the plugin left while no agent listened, from now on too
 	go a.fs.resyncEvery(ctx, a.cfg.ResyncPeriod)
 	a.log.Info("agent running", "bridge", a.cfg.Bridge, "cniSocket", a.cfg.CNISocket)
 	return srv.Serve(ctx)
@@ -500,7 +504,8 @@ func ownerObject(o reconcile.Owner) *corev1.ObjectReference {
 // installCNI writes the conflist and copies the plugin binary into the CNI directories, atomically.
 func installCNI(cfg Config, mtu int) error {
 	if cfg.CNIConfDir != "" {
-		conf := fmt.Sprintf(`{"cniVersion":"1.1.0","name":"ofsdn","plugins":[{"type":"ofsdn","agentSocket":%q,"mtu":%d}]}`+"\n", cfg.CNISocket, mtu)
+		conf := fmt.Sprintf(`{"cniVersion":"1.1.0","name":"ofsdn","plugins":[{"type":"ofsdn","agentSocket":%q,"pendingDeletesDir":%q,"mtu":%d}]}`+"\n",
+			cfg.CNISocket, cni.PendingDeletesDirFor(cfg.CNISocket), mtu)
 		if err := atomicfile.Write(filepath.Join(cfg.CNIConfDir, "80-ofsdn.conflist"), []byte(conf), 0o644); err != nil {
 			return fmt.Errorf("install CNI config: %w", err)
 		}

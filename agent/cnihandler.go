@@ -20,14 +20,18 @@ import (
 	"k8s.io/klog/v2"
 )
 
-// External IDs ofsdn writes on a pod's OVS port: a restarted agent rebuilds its pods from them.
+// External IDs ofsdn writes on a pod's OVS port: a restarted agent rebuilds its pods from them and checks
+// each against the sandbox's netns, the API server and the runtime's DELs (restore.go).
 const (
 	extPodNamespace = "ofsdn/pod-namespace"
 	extPodName      = "ofsdn/pod-name"
+	extPodUID       = "ofsdn/pod-uid" // K8S_POD_UID, when the runtime passes it
 	extSandbox      = "ofsdn/sandbox"
 	extIfName       = "ofsdn/ifname"
+	extNetNS        = "ofsdn/netns" // CNI_NETNS
 	extIP           = "ofsdn/ip"
 	extMAC          = "ofsdn/mac"
+	extAttached     = "ofsdn/attached" // when the ADD attached it (RFC 3339): of two sandboxes of a pod, the newer wins
 )
 
 // portDB is what the agent needs from OVSDB (ovsdb.Client provides it).
@@ -42,10 +46,14 @@ type portDB interface {
 // Requests for different sandboxes run in parallel (a node starting 10 pods at once must not queue
 // them behind each other's veth and OVSDB round trips); only the address store is shared, and flow
 // syncs coalesce in flowSync. GC and restore, which sweep every attachment, run alone.
+//
+// A DEL the agent could not take (it was down, died or froze) reaches it later as a pending delete
+// the plugin left (cni.WritePendingDelete): restore serves those before the server starts, an ADD of
+// the same sandbox interface serves its own first, and the janitor serves the rest every few seconds.
 type podNetwork struct {
-	sweep     sync.RWMutex // ADD/DEL/CHECK hold it shared, GC and restore exclusively
+	sweep     sync.RWMutex // ADD/DEL/CHECK and the janitor hold it shared, GC and restore exclusively
 	sandboxes keyedMutex   // one request per sandbox at a time
-	mu        sync.Mutex   // guards store (the pointer: the subnet may change)
+	mu        sync.Mutex   // guards store (the pointer: the subnet may change) and unsure
 	view      *nodeView
 	sync      *flowSync
 	db        portDB
@@ -56,6 +64,24 @@ type podNetwork struct {
 	stateDir  string
 	store     *ipam.Store
 	log       klog.Logger
+	// pendingDeletes is the directory where the plugin leaves the DELs it could not hand over.
+	pendingDeletes string
+	// apiPods tells restore whether a restored attachment's pod still exists; nil skips the question.
+	apiPods podLookup
+	// bridgeUp reports whether the agent holds its OpenFlow session to the bridge (nil: assumed so).
+	bridgeUp func() bool
+	// unsure holds restored attachments restore could not settle (the API server did not answer, a pod
+	// is not in the API yet, or a release failed); the janitor settles them.
+	unsure map[attachment]unsureAttachment
+	// clock is time.Now unless a test moves time on.
+	clock func() time.Time
+}
+
+func (p *podNetwork) now() time.Time {
+	if p.clock != nil {
+		return p.clock()
+	}
+	return time.Now()
 }
 
 // ipamFor opens (or reopens, after the node's subnet changed) the address store.
@@ -100,12 +126,25 @@ func (p *podNetwork) Add(ctx context.Context, req *cni.Request) (*current.Result
 	p.sweep.RLock()
 	defer p.sweep.RUnlock()
 	defer p.sandboxes.lock(req.ContainerID)()
+	// A runtime sends one request per sandbox at a time, so a pending DEL of this sandbox interface
+	// came before this ADD: serve it first.
+	if err := p.servePendingDelete(ctx, attachment{req.ContainerID, req.IfName}); err != nil {
+		return nil, cni.Errorf(cni.ErrTryAgainLater, "an earlier DEL of %s/%s, left while the agent was away, failed: %v", req.ContainerID, req.IfName, err)
+	}
 	p.view.mu.Lock()
 	subnet, clusterNets := p.view.localSubnet, append([]netip.Prefix(nil), p.view.clusterNets...)
 	p.view.mu.Unlock()
 	store, err := p.ipamFor(subnet)
 	if err != nil {
 		return nil, cni.Errorf(cni.ErrIO, "ofsdn agent: address store: %v", err)
+	}
+	mtu := p.mtu
+	if conf.MTU > 0 {
+		mtu = conf.MTU
+	}
+	gw := ipamGateway(subnet)
+	if res, done, err := p.repeatedAdd(ctx, req, store, subnet, gw, clusterNets, mtu); done {
+		return res, err
 	}
 	ip, err := store.Allocate(ipam.Allocation{ContainerID: req.ContainerID, IfName: req.IfName,
 		PodNamespace: req.PodNamespace(), PodName: req.PodName()})
@@ -120,33 +159,38 @@ func (p *podNetwork) Add(ctx context.Context, req *cni.Request) (*current.Result
 	hostVeth := podnet.HostVethName(req.ContainerID, req.IfName)
 	defer func() {
 		if !ok {
-			p.undo(context.WithoutCancel(ctx), req.ContainerID, req.IfName, hostVeth, podKey(req.PodNamespace(), req.PodName()))
+			if err := p.undo(context.WithoutCancel(ctx), attachment{req.ContainerID, req.IfName}, podKey(req.PodNamespace(), req.PodName())); err != nil {
+				p.log.Error(err, "undoing a failed ADD", "containerID", req.ContainerID, "ifName", req.IfName)
+			}
 		}
 	}()
-	mtu := p.mtu
-	if conf.MTU > 0 {
-		mtu = conf.MTU
+	// A port an unfinished ADD of this sandbox left is bound to the veth about to be replaced: OVS would
+	// keep its number for a binding that no longer carries anything. Attach anew.
+	if err := p.db.DeletePort(ctx, p.bridge, hostVeth); err != nil {
+		return nil, cni.Errorf(cni.ErrTryAgainLater, "remove the unfinished port %s: %v", hostVeth, err)
 	}
-	gw := ipamGateway(subnet)
-	mac, err := podnet.Setup(podnet.Config{NetNS: req.Netns, HostNetNS: p.hostNetNS, IfName: req.IfName, HostVeth: hostVeth,
-		IP: netip.PrefixFrom(ip, subnet.Bits()), Gateway: gw, ClusterNetworks: clusterNets, MTU: mtu, TxChecksumOff: p.netdev})
+	mac, err := podnet.Setup(podnet.Config{NetNS: req.Netns, HostNetNS: p.hostNetNS, ContainerID: req.ContainerID, IfName: req.IfName,
+		HostVeth: hostVeth, IP: netip.PrefixFrom(ip, subnet.Bits()), Gateway: gw, ClusterNetworks: clusterNets, MTU: mtu, TxChecksumOff: p.netdev})
 	if err != nil {
-		if errors.Is(err, podnet.ErrNetNSGone) {
-			return nil, cni.Errorf(cni.ErrInvalidEnv, "%v", err)
+		switch {
+		case errors.Is(err, podnet.ErrForeignInterface):
+			return nil, cni.Errorf(cni.ErrInvalidEnv, "CNI_IFNAME=%s: refusing to replace an interface ofsdn did not create: %v", req.IfName, err)
+		case errors.Is(err, podnet.ErrNetNSGone):
+			return nil, cni.Errorf(cni.ErrInvalidEnv, "CNI_NETNS=%s: %v", req.Netns, err)
 		}
 		return nil, cni.Errorf(cni.ErrInternal, "%v", err)
 	}
 	wired := time.Now()
 	ofport, err := p.db.EnsureSystemPort(ctx, p.bridge, hostVeth, map[string]string{
-		extPodNamespace: req.PodNamespace(), extPodName: req.PodName(), extSandbox: req.ContainerID,
-		extIfName: req.IfName, extIP: ip.String(), extMAC: mac.String()})
+		extPodNamespace: req.PodNamespace(), extPodName: req.PodName(), extPodUID: req.Args["K8S_POD_UID"], extSandbox: req.ContainerID,
+		extIfName: req.IfName, extNetNS: req.Netns, extIP: ip.String(), extMAC: mac.String(), extAttached: time.Now().UTC().Format(time.RFC3339Nano)})
 	if err != nil {
 		return nil, cni.Errorf(cni.ErrInternal, "attach %s to %s: %v", hostVeth, p.bridge, err)
 	}
 	attached := time.Now()
 	gen := p.view.update(func(v *nodeView) {
 		v.pods[podKey(req.PodNamespace(), req.PodName())] = localPod{Namespace: req.PodNamespace(), Name: req.PodName(),
-			SandboxID: req.ContainerID, IP: ip, MAC: mac, OFPort: uint32(ofport), HostVeth: hostVeth}
+			SandboxID: req.ContainerID, IfName: req.IfName, NetNS: req.Netns, IP: ip, MAC: mac, OFPort: uint32(ofport), HostVeth: hostVeth}
 	})
 	if _, err := p.sync.syncThrough(ctx, gen, pipeline.PodOwner(req.PodNamespace(), req.PodName())); err != nil {
 		return nil, cni.Errorf(cni.ErrTryAgainLater, "install flows for %s/%s: %v", req.PodNamespace(), req.PodName(), err)
@@ -156,6 +200,64 @@ func (p *podNetwork) Add(ctx context.Context, req *cni.Request) (*current.Result
 	p.log.V(2).Info("pod attached", "pod", podKey(req.PodNamespace(), req.PodName()), "ip", ip, "ofport", ofport,
 		"total", time.Since(start), "ipam", allocated.Sub(start), "veth", wired.Sub(allocated), "ovsdb", attached.Sub(wired), "flows", time.Since(attached))
 	return p.result(req, hostVeth, mac, ip, subnet, gw, clusterNets, mtu), nil
+}
+
+// repeatedAdd answers an ADD for a sandbox interface that is attached already. The spec says runtimes
+// should not send one, but they retry after timeouts and people run tools by hand: the working pod must
+// come out of it unharmed. An intact attachment in the same netns gets its result again, unchanged; one
+// elsewhere, or a second interface of the sandbox, gets an error; done is false when nothing is attached
+// for the sandbox interface yet, or what is there is broken, and the ADD (re)builds it.
+func (p *podNetwork) repeatedAdd(ctx context.Context, req *cni.Request, store *ipam.Store, subnet netip.Prefix, gw netip.Addr,
+	clusterNets []netip.Prefix, mtu int) (*current.Result, bool, error) {
+	p.view.mu.Lock()
+	pod, inView := p.view.pods[podKey(req.PodNamespace(), req.PodName())]
+	p.view.mu.Unlock()
+	if !inView || pod.SandboxID != req.ContainerID {
+		return nil, false, nil
+	}
+	if pod.IfName != "" && pod.IfName != req.IfName {
+		return nil, true, cni.Errorf(cni.ErrInvalidEnv, "CNI_IFNAME=%s: sandbox %s of %s already has %s attached, and ofsdn attaches one interface per sandbox",
+			req.IfName, req.ContainerID, podKey(pod.Namespace, pod.Name), pod.IfName)
+	}
+	if pod.NetNS != "" && pod.NetNS != req.Netns {
+		return nil, true, cni.Errorf(cni.ErrInvalidEnv, "CNI_NETNS=%s: sandbox %s's %s is attached in %s; DEL it before adding it elsewhere",
+			req.Netns, req.ContainerID, req.IfName, pod.NetNS)
+	}
+	if a, reserved := store.Lookup(req.ContainerID, req.IfName); !reserved || a.IP != pod.IP {
+		p.log.Info("repeated ADD finds no address reservation for the attached sandbox: rebuilding it", "containerID", req.ContainerID)
+		return nil, false, nil
+	}
+	if err := p.verifyAttached(ctx, req, pod, subnet); err != nil {
+		if ctx.Err() != nil {
+			return nil, true, cni.Errorf(cni.ErrTryAgainLater, "ADD %s: %v", req.ContainerID, ctx.Err())
+		}
+		p.log.Info("repeated ADD finds the attachment broken: rebuilding it", "containerID", req.ContainerID, "pod", podKey(pod.Namespace, pod.Name), "problem", err)
+		return nil, false, nil
+	}
+	p.log.Info("repeated ADD of an attached sandbox: answering with its result, unchanged", "containerID", req.ContainerID,
+		"pod", podKey(pod.Namespace, pod.Name), "ip", pod.IP)
+	return p.result(req, pod.HostVeth, pod.MAC, pod.IP, subnet, gw, clusterNets, mtu), true, nil
+}
+
+// verifyAttached checks that an attached pod's interface and OVS port are as the agent made them.
+func (p *podNetwork) verifyAttached(ctx context.Context, req *cni.Request, pod localPod, subnet netip.Prefix) error {
+	if err := podnet.Check(podnet.Config{NetNS: req.Netns, HostNetNS: p.hostNetNS, ContainerID: req.ContainerID, IfName: req.IfName,
+		HostVeth: pod.HostVeth, IP: netip.PrefixFrom(pod.IP, subnet.Bits())}); err != nil {
+		return err
+	}
+	ports, err := p.db.ListPorts(ctx, p.bridge)
+	if err != nil {
+		return err
+	}
+	for _, port := range ports {
+		if port.Name == pod.HostVeth {
+			if port.OFPort != int(pod.OFPort) || port.Error != "" {
+				return fmt.Errorf("OVS port %s has number %d (error %q), the pod's flows use %d", port.Name, port.OFPort, port.Error, pod.OFPort)
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("no OVS port %s", pod.HostVeth)
 }
 
 func (p *podNetwork) currentStore() *ipam.Store {
@@ -216,29 +318,55 @@ func (p *podNetwork) result(req *cni.Request, hostVeth string, mac net.HardwareA
 	return res
 }
 
-// undo releases whatever an ADD or a DEL finds: each step tolerates what is already gone.
-func (p *podNetwork) undo(ctx context.Context, containerID, ifName, hostVeth, key string) error {
+// undo takes an attachment out of the flows, then releases its port, veth and address; each step
+// tolerates what is already gone. The flows go first, so a port number OVS hands out again never
+// receives this pod's traffic.
+func (p *podNetwork) undo(ctx context.Context, a attachment, key string) error {
 	var errs []error
 	gen := p.view.update(func(v *nodeView) {
-		if pod, ok := v.pods[key]; ok && pod.SandboxID == containerID {
+		if pod, ok := v.pods[key]; ok && pod.SandboxID == a.ContainerID {
 			delete(v.pods, key)
 		}
 	})
 	if _, err := p.sync.syncThrough(ctx, gen); err != nil && p.view.ready() == nil {
 		errs = append(errs, fmt.Errorf("remove flows: %w", err))
 	}
+	if err := p.release(ctx, a); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// release removes an attachment's OVS port, host veth (only if ofsdn's: podnet.Teardown) and address.
+func (p *podNetwork) release(ctx context.Context, a attachment) error {
+	var errs []error
+	hostVeth := podnet.HostVethName(a.ContainerID, a.IfName)
 	if err := p.db.DeletePort(ctx, p.bridge, hostVeth); err != nil {
 		errs = append(errs, err)
 	}
-	if err := podnet.Teardown(p.hostNetNS, hostVeth); err != nil {
-		errs = append(errs, err)
+	if err := podnet.Teardown(p.hostNetNS, a.ContainerID, a.IfName); err != nil {
+		if errors.Is(err, podnet.ErrForeignInterface) {
+			p.log.Info("leaving a link that is not ofsdn's alone", "containerID", a.ContainerID, "ifName", a.IfName, "link", err)
+		} else {
+			errs = append(errs, err)
+		}
 	}
 	if store := p.currentStore(); store != nil {
-		if _, err := store.Release(containerID, ifName); err != nil {
+		if _, err := store.Release(a.ContainerID, a.IfName); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// podKeyOf finds which pod an attachment belongs to: its reservation says, else the request's args.
+func (p *podNetwork) podKeyOf(a attachment, namespace, name string) string {
+	if store := p.currentStore(); store != nil {
+		if alloc, ok := store.Lookup(a.ContainerID, a.IfName); ok {
+			return podKey(alloc.PodNamespace, alloc.PodName)
+		}
+	}
+	return podKey(namespace, name)
 }
 
 // Del implements cni.Handler: idempotent, and it succeeds when the netns is gone or the pod was never
@@ -254,14 +382,13 @@ func (p *podNetwork) Del(ctx context.Context, req *cni.Request) error {
 	p.sweep.RLock()
 	defer p.sweep.RUnlock()
 	defer p.sandboxes.lock(req.ContainerID)()
-	key := podKey(req.PodNamespace(), req.PodName())
-	if store := p.currentStore(); store != nil {
-		if a, ok := store.Lookup(req.ContainerID, ifName); ok {
-			key = podKey(a.PodNamespace, a.PodName)
-		}
-	}
-	if err := p.undo(ctx, req.ContainerID, ifName, podnet.HostVethName(req.ContainerID, ifName), key); err != nil {
+	a := attachment{req.ContainerID, ifName}
+	if err := p.undo(ctx, a, p.podKeyOf(a, req.PodNamespace(), req.PodName())); err != nil {
 		return cni.Errorf(cni.ErrTryAgainLater, "DEL %s: %v", req.ContainerID, err)
+	}
+	// This DEL also serves one the plugin may have left for the same attachment.
+	if d, found, err := cni.ReadPendingDelete(p.pendingDeletes, a.ContainerID, a.IfName); err == nil && found {
+		p.dropPendingDelete(d)
 	}
 	return nil
 }
@@ -280,8 +407,8 @@ func (p *podNetwork) Check(ctx context.Context, req *cni.Request) error {
 		return cni.Errorf(cni.ErrUnknownContainer, "no address allocated for %s/%s", req.ContainerID, req.IfName)
 	}
 	hostVeth := podnet.HostVethName(req.ContainerID, req.IfName)
-	if err := podnet.Check(podnet.Config{NetNS: req.Netns, HostNetNS: p.hostNetNS, IfName: req.IfName, HostVeth: hostVeth,
-		IP: netip.PrefixFrom(a.IP, store.Subnet().Bits())}); err != nil {
+	if err := podnet.Check(podnet.Config{NetNS: req.Netns, HostNetNS: p.hostNetNS, ContainerID: req.ContainerID, IfName: req.IfName,
+		HostVeth: hostVeth, IP: netip.PrefixFrom(a.IP, store.Subnet().Bits())}); err != nil {
 		return cni.Errorf(cni.ErrInternal, "%v", err)
 	}
 	ports, err := p.db.ListPorts(ctx, p.bridge)
@@ -296,8 +423,21 @@ func (p *podNetwork) Check(ctx context.Context, req *cni.Request) error {
 	return cni.Errorf(cni.ErrInternal, "%s is not attached to %s", hostVeth, p.bridge)
 }
 
-// Status implements cni.Handler.
-func (p *podNetwork) Status(context.Context) error { return p.view.ready() }
+// Status implements cni.Handler: 50 while the node cannot serve ADDs (not set up yet, or no address
+// left), 51 when the agent has lost its bridge (pods already running may have limited connectivity).
+func (p *podNetwork) Status(context.Context) error {
+	if err := p.view.ready(); err != nil {
+		return cni.Errorf(cni.ErrPluginNotAvailable, "ofsdn agent not ready on this node: %v", err)
+	}
+	if p.bridgeUp != nil && !p.bridgeUp() {
+		return cni.Errorf(cni.ErrPluginNotAvailableConn, "ofsdn agent lost its OpenFlow connection to %s (is ovs-vswitchd running?): "+
+			"pods may have limited connectivity", p.bridge)
+	}
+	if store := p.currentStore(); store != nil && store.Available() == 0 {
+		return cni.Errorf(cni.ErrPluginNotAvailable, "node subnet %s has no free address", store.Subnet())
+	}
+	return nil
+}
 
 // GC implements cni.Handler: everything of attachments the runtime no longer lists goes.
 func (p *podNetwork) GC(ctx context.Context, valid []cni.Attachment) error {
@@ -317,65 +457,9 @@ func (p *podNetwork) GC(ctx context.Context, valid []cni.Attachment) error {
 			continue
 		}
 		p.log.Info("GC: releasing a stale attachment", "containerID", a.ContainerID, "pod", podKey(a.PodNamespace, a.PodName), "ip", a.IP)
-		if err := p.undo(ctx, a.ContainerID, a.IfName, podnet.HostVethName(a.ContainerID, a.IfName), podKey(a.PodNamespace, a.PodName)); err != nil {
+		if err := p.undo(ctx, attachment{a.ContainerID, a.IfName}, podKey(a.PodNamespace, a.PodName)); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// restore rebuilds the local pods after a (re)start: a port with ofsdn's external IDs, a live
-// interface and an address reservation is a pod; a port whose interface vanished (its netns is gone)
-// or that has no reservation is stale and removed; a reservation without a port (a crash between
-// the two) is released.
-func (p *podNetwork) restore(ctx context.Context) error {
-	p.sweep.Lock()
-	defer p.sweep.Unlock()
-	p.view.mu.Lock()
-	subnet := p.view.localSubnet
-	p.view.mu.Unlock()
-	store, err := p.ipamFor(subnet)
-	if err != nil {
-		return err
-	}
-	ports, err := p.db.ListPorts(ctx, p.bridge)
-	if err != nil {
-		return err
-	}
-	attached := map[string]bool{}
-	for _, port := range ports {
-		sandbox, ifName := port.ExternalIDs[extSandbox], port.ExternalIDs[extIfName]
-		if sandbox == "" {
-			continue
-		}
-		a, reserved := store.Lookup(sandbox, ifName)
-		mac, merr := net.ParseMAC(port.ExternalIDs[extMAC])
-		if !reserved || port.OFPort <= 0 || port.Error != "" || merr != nil {
-			p.log.Info("removing a stale pod port", "port", port.Name, "sandbox", sandbox, "reserved", reserved, "ofport", port.OFPort, "error", port.Error)
-			if err := p.db.DeletePort(ctx, p.bridge, port.Name); err != nil {
-				return err
-			}
-			_ = podnet.Teardown(p.hostNetNS, port.Name)
-			if reserved {
-				if _, err := store.Release(sandbox, ifName); err != nil {
-					return err
-				}
-			}
-			continue
-		}
-		attached[sandbox+"/"+ifName] = true
-		p.view.update(func(v *nodeView) {
-			v.pods[podKey(a.PodNamespace, a.PodName)] = localPod{Namespace: a.PodNamespace, Name: a.PodName, SandboxID: sandbox,
-				IP: a.IP, MAC: mac, OFPort: uint32(port.OFPort), HostVeth: port.Name}
-		})
-	}
-	for _, a := range store.List() {
-		if !attached[a.ContainerID+"/"+a.IfName] {
-			p.log.Info("releasing an address whose pod has no port", "ip", a.IP, "sandbox", a.ContainerID)
-			if _, err := store.Release(a.ContainerID, a.IfName); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
 }

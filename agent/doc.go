@@ -16,8 +16,11 @@
 //   - hostside.go: the node's own side through nodenet — routes, tun0, nf_tables SNAT, NodePort and
 //     hostPort forwards, HostPortConflict Events — and hostSync, the loop that carries synced states there
 //     (and flushes stale UDP conntrack) off the flow path.
-//   - cnihandler.go: the CNI verbs (IPAM in ipam/, the veth in podnet/, the OVS port with its external_ids)
-//     and the restore of existing pods from OVSDB and the address store after a restart.
+//   - cnihandler.go: the CNI verbs (IPAM in ipam/, the veth in podnet/, the OVS port with its external_ids);
+//     a repeated ADD of an intact attachment answers with its result and changes nothing.
+//   - restore.go: after a restart, every attachment's pieces (OVS port, reservation, marked veth, pending
+//     DEL) checked against its netns, the API server and newer sandboxes: the live ones come back, the rest
+//     are released; the janitor serves the DELs the plugin left while no agent could take them.
 //   - flowsync.go: render, diff per owner, one Apply; concurrent callers coalesce; failing owners keep
 //     their last good flows and are retried with back-off; resyncs (reconnect, periodic) run in its loop.
 //   - round.go: the reconciliation round stamped in cookies (kept in br0's external_ids), so a restarted

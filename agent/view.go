@@ -18,6 +18,8 @@ import (
 type localPod struct {
 	Namespace, Name string
 	SandboxID       string
+	IfName          string // the interface in the sandbox ("" when restored from a port made before it was recorded)
+	NetNS           string // the sandbox's netns path, as the runtime gave it ("" likewise)
 	IP              netip.Addr
 	MAC             net.HardwareAddr
 	OFPort          uint32

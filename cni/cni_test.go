@@ -161,7 +161,11 @@ func TestPluginErrors(t *testing.T) {
 		t.Errorf("ADD without agent: %v", err)
 	}
 	if err := cniConf.DelNetworkList(ctx, list, runtimeConf("c1")); err != nil {
-		t.Errorf("DEL without agent must succeed (nothing to clean that start-up GC won't): %v", err)
+		t.Errorf("DEL without agent must succeed, leaving the DEL for the agent: %v", err)
+	}
+	if d, found, err := ReadPendingDelete(PendingDeletesDirFor(missing), "c1", "eth0"); err != nil || !found ||
+		d.PodNamespace() != "ns" || d.PodName() != "web" || d.Netns != runtimeConf("c1").NetNS {
+		t.Errorf("DEL without agent left %+v (found %v, %v), want the DEL of c1/eth0 of ns/web", d, found, err)
 	}
 	noArgs := runtimeConf("c3")
 	noArgs.Args = nil
@@ -176,6 +180,15 @@ func TestPluginErrors(t *testing.T) {
 	_, err = cniConf.AddNetworkList(ctx, bad, runtimeConf("c4"))
 	if !errors.As(err, &ce) || ce.Code != ErrDecoding {
 		t.Errorf("ADD with malformed config: %v", err)
+	}
+	// A cniVersion the plugin does not speak: skel answers it with code 1 before ofsdn's code runs.
+	old, err := libcni.ConfListFromBytes([]byte(fmt.Sprintf(`{"cniVersion":"0.3.1","name":"ofsdn","plugins":[{"type":"ofsdn","agentSocket":%q}]}`, missing)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = cniConf.AddNetworkList(ctx, old, runtimeConf("c5"))
+	if !errors.As(err, &ce) || ce.Code != ErrIncompatibleVersion {
+		t.Errorf("ADD with cniVersion 0.3.1: %v", err)
 	}
 	if _, err := ParseArgs("A=1;B"); err == nil {
 		t.Error("ParseArgs accepted a key without value")
@@ -230,9 +243,9 @@ func TestServerCancelsWhenThePluginHangsUp(t *testing.T) {
 		t.Fatal("the request never reached the handler")
 	}
 	cancel()
-	var ce *types.Error
-	if err := <-errc; !errors.As(err, &ce) || ce.Code != ErrTryAgainLater {
-		t.Errorf("Call after its context ended: %v, want a try-again-later error", err)
+	var ue *AgentUnavailableError
+	if err := <-errc; !errors.As(err, &ue) || !ue.Timeout || ue.Stage != stageAnswer {
+		t.Errorf("Call after its context ended: %v, want the agent unavailable while waiting for the answer", err)
 	}
 	select {
 	case <-h.canceled:

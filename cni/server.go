@@ -21,7 +21,8 @@ type Handler interface {
 	Add(ctx context.Context, req *Request) (*current.Result, error)
 	Del(ctx context.Context, req *Request) error
 	Check(ctx context.Context, req *Request) error
-	// Status reports whether ADDs can be served now (nil: ready).
+	// Status reports whether ADDs can be served now (nil: ready). A *types.Error with code 51 says
+	// existing pods may have limited connectivity too; any other error means 50.
 	Status(ctx context.Context) error
 	// GC releases what belongs to attachments the runtime no longer lists as valid.
 	GC(ctx context.Context, valid []Attachment) error
@@ -31,7 +32,11 @@ type Handler interface {
 type Attachment struct{ ContainerID, IfName string }
 
 // Server serves the plugin on a unix socket only root may open. The protocol is one JSON Request per
-// connection, answered by one JSON Response; the plugin's hanging up cancels the request. No HTTP: the
+// connection, answered by one JSON Response; a request with Ack set is first confirmed with a Response
+// that has only Accepted set, before any work. The plugin's hanging up cancels the request, and a
+// request whose plugin left before it was confirmed (an agent that froze, and thawed to find requests
+// their runtimes have given up on) is dropped unserved: the runtime has moved on, and serving an old
+// DEL after a newer ADD of the same sandbox would break it. No HTTP: the
 // plugin is exec'd for every pod, and without net/http (and klog) it starts in 20% less CPU, which is
 // what ten pods starting at once queue on.
 type Server struct {
@@ -117,10 +122,21 @@ func (s *Server) serveConn(ctx context.Context, conn net.Conn) {
 	req := &Request{}
 	resp := &Response{}
 	_ = conn.SetReadDeadline(start.Add(requestReadTimeout))
+	enc := json.NewEncoder(conn)
 	if err := json.NewDecoder(io.LimitReader(conn, maxMessage)).Decode(req); err != nil {
 		resp.Error = Errorf(ErrDecoding, "ofsdn agent: malformed request: %v", err)
 	} else {
 		_ = conn.SetReadDeadline(time.Time{})
+		if req.Ack {
+			// A write to a unix socket whose peer closed fails at once (EPIPE): the plugin is gone.
+			_ = conn.SetWriteDeadline(time.Now().Add(requestReadTimeout))
+			if err := enc.Encode(&Response{Accepted: true}); err != nil {
+				s.log().Info("CNI request dropped: its plugin left before the agent read it", "command", req.Command,
+					"containerID", req.ContainerID, "waited", time.Since(start), "err", err)
+				return
+			}
+			_ = conn.SetWriteDeadline(time.Time{})
+		}
 		rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 		// The plugin sends nothing after its request (but perhaps the encoder's newline): a read fails
 		// only when it hangs up, or when this function closes the connection.
@@ -143,7 +159,7 @@ func (s *Server) serveConn(ctx context.Context, conn net.Conn) {
 	} else {
 		log.V(2).Info("CNI request served")
 	}
-	if err := json.NewEncoder(conn).Encode(resp); err != nil {
+	if err := enc.Encode(resp); err != nil {
 		log.Info("CNI answer not delivered (the plugin went away)", "err", err)
 	}
 }
@@ -162,8 +178,11 @@ func (s *Server) dispatch(ctx context.Context, req *Request) *Response {
 	case CmdCheck:
 		err = s.Handler.Check(ctx, req)
 	case CmdStatus:
+		// STATUS speaks in codes 50 and 51 only: a handler that gave neither is not available (50).
 		if err = s.Handler.Status(ctx); err != nil {
-			err = Errorf(ErrPluginNotAvailable, "ofsdn agent not ready: %v", err)
+			if te := asCNIError(err); te.Code != ErrPluginNotAvailable && te.Code != ErrPluginNotAvailableConn {
+				err = Errorf(ErrPluginNotAvailable, "ofsdn agent not ready: %v", err)
+			}
 		}
 	case CmdGC:
 		var conf struct {

@@ -213,6 +213,14 @@ func (s *Store) reserve(tmp string, ip netip.Addr, a Allocation) error {
 	return nil
 }
 
+// Available is how many addresses are free.
+func (s *Store) Available() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	// Every address of the subnet but its network, gateway and broadcast addresses.
+	return 1<<(32-s.subnet.Bits()) - 3 - len(s.byIP)
+}
+
 // Release frees a sandbox interface's address; releasing what is not held is no error.
 func (s *Store) Release(containerID, ifName string) (netip.Addr, error) {
 	s.mu.Lock()

@@ -1,6 +1,11 @@
 // Package podnet plumbs a pod's interface: a veth pair whose host end stays in the agent's network
 // namespace (where ovs-vswitchd attaches it to br0) and whose other end becomes the pod's eth0 with its
 // address, MAC, MTU and routes. All through netlink; nothing is exec'd.
+//
+// Both ends carry a mark, the alias "ofsdn:<container ID>/<interface>" (Mark): podnet replaces or
+// removes only interfaces with the mark of the attachment at hand (or, for pods plumbed before marks
+// existed, an unmarked host end with the attachment's derived name and its own peer), and refuses
+// everything else with ErrForeignInterface.
 package podnet
 
 import (
@@ -12,6 +17,7 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
+	"strings"
 	"unsafe"
 
 	"github.com/vishvananda/netlink"
@@ -23,8 +29,9 @@ import (
 type Config struct {
 	NetNS           string // path of the pod's network namespace, e.g. /var/run/netns/x or /proc/PID/ns/net
 	HostNetNS       string // where the host end lives (the node's, with ovs-vswitchd); "" = the agent's own
+	ContainerID     string // the sandbox (CNI_CONTAINERID): with IfName, the attachment the mark names
 	IfName          string // inside the pod, usually eth0
-	HostVeth        string // the host end's name (HostVethName)
+	HostVeth        string // the host end's name (HostVethName(ContainerID, IfName))
 	IP              netip.Prefix
 	Gateway         netip.Addr
 	ClusterNetworks []netip.Prefix // reached on-link, so pods ARP for each other across the overlay
@@ -47,21 +54,102 @@ func MACFor(ip netip.Addr) net.HardwareAddr {
 	return net.HardwareAddr{0x0a, 0x58, b[0], b[1], b[2], b[3]}
 }
 
-// ErrNetNSGone says the pod's network namespace no longer exists.
-var ErrNetNSGone = errors.New("pod network namespace does not exist")
+// markPrefix starts the alias of every interface ofsdn creates.
+const markPrefix = "ofsdn:"
 
-// Setup creates and configures the pod's interface and returns its MAC. Calling it again for an
-// interface that exists reconfigures it (an ADD retried by the runtime).
+// Mark is the alias both ends of an attachment's veth carry.
+func Mark(containerID, ifName string) string { return markPrefix + containerID + "/" + ifName }
+
+// ParseMark returns the attachment an alias names, if it is an ofsdn mark.
+func ParseMark(alias string) (containerID, ifName string, ok bool) {
+	rest, ok := strings.CutPrefix(alias, markPrefix)
+	if !ok {
+		return "", "", false
+	}
+	i := strings.LastIndexByte(rest, '/')
+	if i <= 0 || i == len(rest)-1 {
+		return "", "", false
+	}
+	return rest[:i], rest[i+1:], true
+}
+
+var (
+	// ErrNetNSGone says the pod's network namespace no longer exists (or the path is no namespace).
+	ErrNetNSGone = errors.New("pod network namespace does not exist")
+	// ErrForeignInterface says an interface in the way was not made by ofsdn for this attachment.
+	ErrForeignInterface = errors.New("not created by ofsdn for this attachment")
+	// ErrNotAttached says the attachment's interface is not (or no longer) there: the host end is
+	// missing, or the pod's namespace holds no interface of this attachment under its name.
+	ErrNotAttached = errors.New("attachment's interface not present")
+)
+
+// openNetNS opens a namespace by path and makes sure it is one: a path whose namespace is gone can
+// remain as an empty file (a runtime that died between unmounting and removing it).
+func openNetNS(path string) (netns.NsHandle, error) {
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return 0, fmt.Errorf("podnet: %s: %w", path, ErrNetNSGone)
+		}
+		return 0, fmt.Errorf("podnet: open netns %s: %w", path, err)
+	}
+	var st unix.Statfs_t
+	if err := unix.Fstatfs(int(ns), &st); err != nil {
+		ns.Close()
+		return 0, fmt.Errorf("podnet: netns %s: %w", path, err)
+	}
+	if st.Type != unix.NSFS_MAGIC {
+		ns.Close()
+		return 0, fmt.Errorf("podnet: %s is not a network namespace: %w", path, ErrNetNSGone)
+	}
+	return ns, nil
+}
+
+// ownedHostEnd says whether a host-side link is this attachment's: a veth with its mark, or unmarked
+// (plumbed before marks existed; its name is derived from the attachment).
+func ownedHostEnd(l netlink.Link, mark string) bool {
+	return l.Type() == "veth" && (l.Attrs().Alias == mark || l.Attrs().Alias == "")
+}
+
+// ownedPodEnd says whether the pod-side link is this attachment's: a veth with its mark, or the peer of
+// the attachment's host end (unmarked: plumbed before marks existed, or the agent died between creating
+// the pair and marking this end).
+func ownedPodEnd(pod, host netlink.Link, mark string) bool {
+	if pod.Type() != "veth" {
+		return false
+	}
+	if pod.Attrs().Alias == mark {
+		return true
+	}
+	return pod.Attrs().Alias == "" && host != nil && ownedHostEnd(host, mark) &&
+		pod.Attrs().ParentIndex == host.Attrs().Index && host.Attrs().ParentIndex == pod.Attrs().Index
+}
+
+// describe says what an interface is, for an error a person reads.
+func describe(h *netlink.Handle, l netlink.Link) string {
+	var addrs []string
+	if list, err := h.AddrList(l, netlink.FAMILY_ALL); err == nil {
+		for _, a := range list {
+			addrs = append(addrs, a.IPNet.String())
+		}
+	}
+	return fmt.Sprintf("type %s, addresses [%s], alias %q", l.Type(), strings.Join(addrs, " "), l.Attrs().Alias)
+}
+
+// Setup creates and configures the pod's interface and returns its MAC. An interface of this
+// attachment left by an ADD that did not finish is replaced; any other interface in the way (the
+// pod's IfName, or a host link with the host end's name) is left alone and refused with
+// ErrForeignInterface.
 func Setup(cfg Config) (net.HardwareAddr, error) {
 	if !cfg.IP.IsValid() || !cfg.IP.Addr().Is4() {
 		return nil, fmt.Errorf("podnet: pod address %s is not IPv4", cfg.IP)
 	}
-	podNS, err := netns.GetFromPath(cfg.NetNS)
+	if cfg.ContainerID == "" || cfg.IfName == "" || cfg.HostVeth == "" {
+		return nil, fmt.Errorf("podnet: configuration needs a container ID, an interface name and a host end name")
+	}
+	podNS, err := openNetNS(cfg.NetNS)
 	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return nil, fmt.Errorf("podnet: %s: %w", cfg.NetNS, ErrNetNSGone)
-		}
-		return nil, fmt.Errorf("podnet: open netns %s: %w", cfg.NetNS, err)
+		return nil, err
 	}
 	defer podNS.Close()
 	podH, err := netlink.NewHandleAt(podNS)
@@ -75,23 +163,41 @@ func Setup(cfg Config) (net.HardwareAddr, error) {
 	}
 	defer hostH.Close()
 	mac := MACFor(cfg.IP.Addr())
+	mark := Mark(cfg.ContainerID, cfg.IfName)
 
-	if old, err := hostH.LinkByName(cfg.HostVeth); err == nil {
-		// A retried ADD: start from scratch so every setting below is known to hold.
-		if err := hostH.LinkDel(old); err != nil {
-			return nil, fmt.Errorf("podnet: remove previous %s: %w", cfg.HostVeth, err)
+	// What is in the way must be this attachment's own leftover (an ADD that did not finish) to go.
+	oldHost, err := linkOrNil(hostH, cfg.HostVeth)
+	if err != nil {
+		return nil, err
+	}
+	if oldHost != nil && !ownedHostEnd(oldHost, mark) {
+		return nil, fmt.Errorf("podnet: %s in the node's namespace (%s): %w", cfg.HostVeth, describe(hostH, oldHost), ErrForeignInterface)
+	}
+	oldPod, err := linkOrNil(podH, cfg.IfName)
+	if err != nil {
+		return nil, err
+	}
+	if oldPod != nil {
+		if !ownedPodEnd(oldPod, oldHost, mark) {
+			return nil, fmt.Errorf("podnet: %s already exists in %s (%s): %w", cfg.IfName, cfg.NetNS, describe(podH, oldPod), ErrForeignInterface)
+		}
+		if err := podH.LinkDel(oldPod); err != nil {
+			return nil, fmt.Errorf("podnet: remove the unfinished %s in %s: %w", cfg.IfName, cfg.NetNS, err)
 		}
 	}
-	if l, err := podH.LinkByName(cfg.IfName); err == nil {
-		if err := podH.LinkDel(l); err != nil {
-			return nil, fmt.Errorf("podnet: remove previous %s in pod: %w", cfg.IfName, err)
+	if oldHost != nil {
+		if err := hostH.LinkDel(oldHost); err != nil && !isNotFound(err) { // gone with its peer already
+			return nil, fmt.Errorf("podnet: remove the unfinished %s: %w", cfg.HostVeth, err)
 		}
 	}
+	// The kernel takes no alias when it creates a link: both ends get their mark right after. Until
+	// then the host end is told this attachment's by its derived name, and the pod end as its peer.
 	veth := &netlink.Veth{
-		LinkAttrs:     netlink.LinkAttrs{Name: cfg.HostVeth, MTU: cfg.MTU},
-		PeerName:      cfg.IfName,
-		PeerNamespace: netlink.NsFd(int(podNS)),
-		PeerMTU:       uint32(cfg.MTU),
+		LinkAttrs:        netlink.LinkAttrs{Name: cfg.HostVeth, MTU: cfg.MTU},
+		PeerName:         cfg.IfName,
+		PeerNamespace:    netlink.NsFd(int(podNS)),
+		PeerMTU:          uint32(cfg.MTU),
+		PeerHardwareAddr: mac,
 	}
 	if err := hostH.LinkAdd(veth); err != nil {
 		return nil, fmt.Errorf("podnet: create veth %s: %w", cfg.HostVeth, err)
@@ -106,6 +212,16 @@ func Setup(cfg Config) (net.HardwareAddr, error) {
 	if err != nil {
 		return nil, fmt.Errorf("podnet: %w", err)
 	}
+	if err := hostH.LinkSetAlias(host, mark); err != nil {
+		return nil, fmt.Errorf("podnet: mark %s: %w", cfg.HostVeth, err)
+	}
+	pod, err := podH.LinkByName(cfg.IfName)
+	if err != nil {
+		return nil, fmt.Errorf("podnet: %s in pod: %w", cfg.IfName, err)
+	}
+	if err := podH.LinkSetAlias(pod, mark); err != nil {
+		return nil, fmt.Errorf("podnet: mark %s in pod: %w", cfg.IfName, err)
+	}
 	// Before the link is up (the pod's first ARP must not race this): the host end is a bridge port,
 	// never an IP interface of the node. With the userspace datapath the node's kernel sees every frame
 	// too (OVS reads the veth with a packet socket), and it would answer the pod's ARP for the gateway
@@ -115,13 +231,6 @@ func Setup(cfg Config) (net.HardwareAddr, error) {
 	}
 	if err := hostH.LinkSetUp(host); err != nil {
 		return nil, fmt.Errorf("podnet: up %s: %w", cfg.HostVeth, err)
-	}
-	pod, err := podH.LinkByName(cfg.IfName)
-	if err != nil {
-		return nil, fmt.Errorf("podnet: %s in pod: %w", cfg.IfName, err)
-	}
-	if err := podH.LinkSetHardwareAddr(pod, mac); err != nil {
-		return nil, fmt.Errorf("podnet: MAC of %s: %w", cfg.IfName, err)
 	}
 	addr := &netlink.Addr{IPNet: &net.IPNet{IP: cfg.IP.Addr().AsSlice(), Mask: net.CIDRMask(cfg.IP.Bits(), 32)}}
 	if err := podH.AddrAdd(pod, addr); err != nil {
@@ -155,26 +264,81 @@ func Setup(cfg Config) (net.HardwareAddr, error) {
 	return mac, nil
 }
 
-// Teardown removes the pod interface by its host end (the kernel removes the peer with it). A missing
-// interface is no error: DEL must be idempotent.
-func Teardown(hostNetNS, hostVeth string) error {
+// Teardown removes an attachment's interface by its host end (the kernel removes the peer with it). A
+// missing interface is no error: DEL must be idempotent. A link with the host end's name that is not
+// this attachment's is left alone (ErrForeignInterface).
+func Teardown(hostNetNS, containerID, ifName string) error {
 	hostH, err := hostHandle(hostNetNS)
 	if err != nil {
 		return err
 	}
 	defer hostH.Close()
-	l, err := hostH.LinkByName(hostVeth)
-	if err != nil {
-		var nf netlink.LinkNotFoundError
-		if errors.As(err, &nf) {
-			return nil
-		}
-		return fmt.Errorf("podnet: %s: %w", hostVeth, err)
+	name := HostVethName(containerID, ifName)
+	l, err := linkOrNil(hostH, name)
+	if err != nil || l == nil {
+		return err
 	}
-	if err := hostH.LinkDel(l); err != nil {
-		return fmt.Errorf("podnet: delete %s: %w", hostVeth, err)
+	if !ownedHostEnd(l, Mark(containerID, ifName)) {
+		return fmt.Errorf("podnet: %s (%s): %w", name, describe(hostH, l), ErrForeignInterface)
+	}
+	if err := hostH.LinkDel(l); err != nil && !isNotFound(err) {
+		return fmt.Errorf("podnet: delete %s: %w", name, err)
 	}
 	return nil
+}
+
+// HostEnd is the host end of an attachment, as found on the node.
+type HostEnd struct {
+	Name                string
+	ContainerID, IfName string // from its mark
+}
+
+// ListHostEnds lists the marked host ends in the node's namespace: every veth ofsdn made there.
+func ListHostEnds(hostNetNS string) ([]HostEnd, error) {
+	hostH, err := hostHandle(hostNetNS)
+	if err != nil {
+		return nil, err
+	}
+	defer hostH.Close()
+	links, err := hostH.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("podnet: list links: %w", err)
+	}
+	var out []HostEnd
+	for _, l := range links {
+		cid, ifName, ok := ParseMark(l.Attrs().Alias)
+		if ok && l.Type() == "veth" && l.Attrs().Name == HostVethName(cid, ifName) {
+			out = append(out, HostEnd{Name: l.Attrs().Name, ContainerID: cid, IfName: ifName})
+		}
+	}
+	return out, nil
+}
+
+// HostEndPresent reports whether a link of that name exists in the node's namespace.
+func HostEndPresent(hostNetNS, name string) (bool, error) {
+	hostH, err := hostHandle(hostNetNS)
+	if err != nil {
+		return false, err
+	}
+	defer hostH.Close()
+	l, err := linkOrNil(hostH, name)
+	return l != nil, err
+}
+
+func linkOrNil(h *netlink.Handle, name string) (netlink.Link, error) {
+	l, err := h.LinkByName(name)
+	if err != nil {
+		if isNotFound(err) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("podnet: %s: %w", name, err)
+	}
+	return l, nil
+}
+
+func isNotFound(err error) bool {
+	var nf netlink.LinkNotFoundError
+	return errors.As(err, &nf) || errors.Is(err, unix.ENODEV)
 }
 
 // hostHandle opens netlink in the host end's namespace.
@@ -198,11 +362,14 @@ func hostHandle(path string) (*netlink.Handle, error) {
 	return h, nil
 }
 
-// Check verifies that the pod interface exists with the expected address and MAC.
+// Check verifies an attachment's interface: ErrNetNSGone when its namespace no longer exists,
+// ErrNotAttached when the host end is missing or the namespace holds no interface of this attachment
+// under IfName (the netns path now names another sandbox's namespace), and other errors when the
+// interface is there but not as configured (MAC, address) or when the kernel could not be asked.
 func Check(cfg Config) error {
-	podNS, err := netns.GetFromPath(cfg.NetNS)
+	podNS, err := openNetNS(cfg.NetNS)
 	if err != nil {
-		return fmt.Errorf("podnet: %s: %w", cfg.NetNS, ErrNetNSGone)
+		return err
 	}
 	defer podNS.Close()
 	podH, err := netlink.NewHandleAt(podNS)
@@ -210,12 +377,31 @@ func Check(cfg Config) error {
 		return fmt.Errorf("podnet: %w", err)
 	}
 	defer podH.Close()
-	pod, err := podH.LinkByName(cfg.IfName)
+	hostH, err := hostHandle(cfg.HostNetNS)
 	if err != nil {
-		return fmt.Errorf("podnet: %s missing in pod: %w", cfg.IfName, err)
+		return err
+	}
+	defer hostH.Close()
+	mark := Mark(cfg.ContainerID, cfg.IfName)
+	host, err := linkOrNil(hostH, cfg.HostVeth)
+	if err != nil {
+		return err
+	}
+	if host == nil || !ownedHostEnd(host, mark) {
+		return fmt.Errorf("podnet: host end %s of %s: %w", cfg.HostVeth, mark, ErrNotAttached)
+	}
+	pod, err := linkOrNil(podH, cfg.IfName)
+	if err != nil {
+		return err
+	}
+	if pod == nil || !ownedPodEnd(pod, host, mark) {
+		return fmt.Errorf("podnet: %s in %s is not %s: %w", cfg.IfName, cfg.NetNS, mark, ErrNotAttached)
 	}
 	if want := MACFor(cfg.IP.Addr()); pod.Attrs().HardwareAddr.String() != want.String() {
 		return fmt.Errorf("podnet: %s has MAC %s, want %s", cfg.IfName, pod.Attrs().HardwareAddr, want)
+	}
+	if pod.Attrs().Flags&net.FlagUp == 0 {
+		return fmt.Errorf("podnet: %s in %s is down", cfg.IfName, cfg.NetNS)
 	}
 	addrs, err := podH.AddrList(pod, netlink.FAMILY_V4)
 	if err != nil {
@@ -223,14 +409,6 @@ func Check(cfg Config) error {
 	}
 	for _, a := range addrs {
 		if a.IPNet.String() == cfg.IP.String() {
-			hostH, err := hostHandle(cfg.HostNetNS)
-			if err != nil {
-				return err
-			}
-			defer hostH.Close()
-			if _, err := hostH.LinkByName(cfg.HostVeth); err != nil {
-				return fmt.Errorf("podnet: host end %s missing: %w", cfg.HostVeth, err)
-			}
 			return nil
 		}
 	}

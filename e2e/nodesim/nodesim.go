@@ -168,6 +168,10 @@ func (s *Sim) heartbeat(ctx context.Context) {
 	}
 }
 
+// UnmanagedAnnotation marks a pod whose sandboxes a test drives itself through libcni, playing the
+// runtime: the simulator leaves such a pod alone (it neither runs nor finishes it).
+const UnmanagedAnnotation = "lab.ofsdn.io/unmanaged"
+
 // NetNSName is the network namespace the simulator creates for a pod.
 func NetNSName(prefix, namespace, name string) string {
 	sum := sha256.Sum256([]byte(namespace + "/" + name))
@@ -177,6 +181,9 @@ func NetNSName(prefix, namespace, name string) string {
 // reconcile starts a new pod or finishes a deleted one.
 func (s *Sim) reconcile(ctx context.Context, pod *corev1.Pod) {
 	key := pod.Namespace + "/" + pod.Name
+	if _, unmanaged := pod.Annotations[UnmanagedAnnotation]; unmanaged {
+		return
+	}
 	if pod.DeletionTimestamp != nil {
 		s.teardown(ctx, pod.Namespace, pod.Name)
 		// The node finishes the deletion, as kubelet does once the pod's containers are gone.
@@ -390,6 +397,18 @@ func (s *Sim) Stop(ctx context.Context) {
 		ns, name, _ := strings.Cut(k, "/")
 		s.teardown(ctx, ns, name)
 	}
+}
+
+// RuntimeConf returns the libcni runtime configuration the simulator used for a running pod's sandbox,
+// for tests that call the plugin for that sandbox themselves.
+func (s *Sim) RuntimeConf(namespace, name string) (*libcni.RuntimeConf, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sp, ok := s.pods[namespace+"/"+name]
+	if !ok || sp.netns == "" || sp.tearing {
+		return nil, false
+	}
+	return s.runtimeConf(namespace, name, sp.uid, "/var/run/netns/"+sp.netns), true
 }
 
 // CNIAddLatencies returns the CNI ADD latencies recorded so far, in order.

@@ -36,7 +36,7 @@ func (a *plumbingAgent) Add(_ context.Context, req *cni.Request) (*current.Resul
 	a.next++
 	ip := netip.AddrFrom4([4]byte{10, 128, 0, 10 + a.next})
 	a.mu.Unlock()
-	mac, err := podnet.Setup(podnet.Config{NetNS: req.Netns, HostNetNS: a.nodeNS, IfName: req.IfName,
+	mac, err := podnet.Setup(podnet.Config{NetNS: req.Netns, HostNetNS: a.nodeNS, ContainerID: req.ContainerID, IfName: req.IfName,
 		HostVeth: podnet.HostVethName(req.ContainerID, req.IfName), IP: netip.PrefixFrom(ip, 24), MTU: 1450})
 	if err != nil {
 		return nil, err
@@ -46,7 +46,7 @@ func (a *plumbingAgent) Add(_ context.Context, req *cni.Request) (*current.Resul
 		IPs: []*current.IPConfig{{Interface: &idx, Address: net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(24, 32)}}}}, nil
 }
 func (a *plumbingAgent) Del(_ context.Context, req *cni.Request) error {
-	return podnet.Teardown(a.nodeNS, podnet.HostVethName(req.ContainerID, req.IfName))
+	return podnet.Teardown(a.nodeNS, req.ContainerID, req.IfName)
 }
 func (a *plumbingAgent) Check(context.Context, *cni.Request) error  { return nil }
 func (a *plumbingAgent) Status(context.Context) error               { return nil }
