@@ -52,6 +52,9 @@ type Config struct {
 	PluginBinary  string // the plugin to install; "" = skip installing it
 	// ResyncPeriod is how often the agent compares the bridge with what it wants and repairs drift.
 	ResyncPeriod time.Duration
+	// AbsentPodGrace is how long after its ADD an attached pod may be missing from the API before the
+	// agent releases its attachment (DefaultAbsentPodGrace).
+	AbsentPodGrace time.Duration
 	Logger       klog.Logger
 }
 
@@ -79,6 +82,9 @@ func (c *Config) defaults() error {
 	}
 	if c.ResyncPeriod == 0 {
 		c.ResyncPeriod = 5 * time.Minute
+	}
+	if c.AbsentPodGrace == 0 {
+		c.AbsentPodGrace = DefaultAbsentPodGrace
 	}
 	if c.Logger.GetSink() == nil {
 		c.Logger = klog.Background()
@@ -152,7 +158,7 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	a.fs.onIndexChanged = a.saveOwnerIndex
 	a.pods = &podNetwork{view: a.view, sync: a.fs, db: deps.DB, bridge: cfg.Bridge, hostNetNS: cfg.HostNetNS,
 		netdev: cfg.DatapathType == "netdev", stateDir: filepath.Join(cfg.StateDir, "ipam"), log: log.WithName("cni"),
-		pendingDeletes: cni.PendingDeletesDirFor(cfg.CNISocket), bridgeUp: func() bool { return a.sess != nil && a.sess.Connected() }}
+		pendingDeletes: cni.PendingDeletesDirFor(cfg.CNISocket), absentGrace: cfg.AbsentPodGrace, bridgeUp: func() bool { return a.sess != nil && a.sess.Connected() }}
 
 	a.netInformers = networkinformers.NewSharedInformerFactory(deps.Net, 0)
 	a.kubeInformers = kubeinformers.NewSharedInformerFactory(deps.Kube, 0)

@@ -73,6 +73,8 @@ type podNetwork struct {
 	// unsure holds restored attachments restore could not settle (the API server did not answer, a pod
 	// is not in the API yet, or a release failed); the janitor settles them.
 	unsure map[attachment]unsureAttachment
+	// absentGrace: how long after its ADD a pod may be missing from the API (Config.AbsentPodGrace).
+	absentGrace time.Duration
 	// clock is time.Now unless a test moves time on.
 	clock func() time.Time
 }

@@ -427,7 +427,7 @@ func TestRestoreReleasesStaleAttachments(t *testing.T) {
 	pods.mu.Lock()
 	pods.api["ns/apierr"] = podPresence{}
 	pods.mu.Unlock()
-	now = now.Add(absentGrace)
+	now = now.Add(DefaultAbsentPodGrace)
 	restarted.janitorPass(ctx)
 	if n := e.node(restarted); !n.holds("live", "newer") {
 		t.Fatalf("after the janitor the node holds %s; want live and newer", n)

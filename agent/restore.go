@@ -28,7 +28,7 @@ import (
 //   - no OVS port, or no reservation, or a port OVS cannot use: an ADD that never finished;
 //   - the sandbox's netns gone, or it no longer holds this attachment's interface (the path names
 //     another sandbox's namespace now): the sandbox is gone;
-//   - the pod gone from the API server (for longer than absentGrace since its ADD: a static pod's mirror
+//   - the pod gone from the API server (for longer than Config.AbsentPodGrace since its ADD: a static pod's mirror
 //     appears late), or deleted and created again (another UID), or bound to another node: asked of the
 //     synced informer cache, and confirmed with a read from the API server itself before anything is
 //     released, since a cache can lag;
@@ -120,12 +120,14 @@ type podPresence struct {
 // mirrorAnnotation is kubelet's annotation on a static pod's mirror: the static pod's UID.
 const mirrorAnnotation = "kubernetes.io/config.mirror"
 
-// absentGrace is how long after its ADD a pod may be missing from the API before its attachment is
-// released: kubelet creates a static pod's mirror only after the pod runs.
-const absentGrace = 2 * time.Minute
+// DefaultAbsentPodGrace is how long after its ADD a pod may be missing from the API before its
+// attachment is released (Config.AbsentPodGrace): kubelet creates a static pod's mirror only after the
+// pod runs.
+const DefaultAbsentPodGrace = 2 * time.Minute
 
-// apiDecision judges an attachment the node still holds by its pod in the API.
-func apiDecision(rec recorded, node string, p podPresence, now time.Time) decision {
+// apiDecision judges an attachment the node still holds by its pod in the API; absentGrace is how
+// long after its ADD a pod may be missing.
+func apiDecision(rec recorded, node string, p podPresence, now time.Time, absentGrace time.Duration) decision {
 	key := podKey(rec.Namespace, rec.Name)
 	switch {
 	case p.Err != nil:
@@ -272,7 +274,7 @@ func (p *podNetwork) restore(ctx context.Context) error {
 		}
 		d := localDecision(*f)
 		if d.verdict == keep && p.apiPods != nil {
-			if api := apiDecision(recordedOn(f.Port), p.view.nodeName, p.presence(ctx, recordedOn(f.Port)), p.now()); api.verdict != keep {
+			if api := apiDecision(recordedOn(f.Port), p.view.nodeName, p.presence(ctx, recordedOn(f.Port)), p.now(), p.absentGrace); api.verdict != keep {
 				d = api
 			}
 		}
@@ -451,7 +453,7 @@ func (p *podNetwork) settle(ctx context.Context, a attachment, u unsureAttachmen
 	if !attached || p.apiPods == nil {
 		return true
 	}
-	d := apiDecision(rec, p.view.nodeName, p.presence(ctx, rec), p.now())
+	d := apiDecision(rec, p.view.nodeName, p.presence(ctx, rec), p.now(), p.absentGrace)
 	switch d.verdict {
 	case undecided:
 		return false

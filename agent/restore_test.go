@@ -79,7 +79,7 @@ func TestAPIDecision(t *testing.T) {
 		{"API server forbids", rec, podPresence{Err: errors.New("forbidden")}, undecided},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if d := apiDecision(tc.rec, "n1", tc.p, now); d.verdict != tc.want {
+			if d := apiDecision(tc.rec, "n1", tc.p, now, DefaultAbsentPodGrace); d.verdict != tc.want {
 				t.Errorf("%s, want verdict %d", d, tc.want)
 			}
 		})

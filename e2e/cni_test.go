@@ -667,7 +667,7 @@ func TestCNIFrozenAgent(t *testing.T) {
 func TestRestoreReleasesWhatIsGone(t *testing.T) {
 	ctx := ctxT(t, 6*time.Minute)
 	n := lc.Nodes[2]
-	const namespace, absentGrace = "e2e-restore", 2 * time.Minute // agent's absentGrace
+	const namespace, absentGrace = "e2e-restore", absentPodGrace // the lab agents' --absent-pod-grace
 	pods := unmanagedPods(t, ctx, namespace, n, "keep", "gone", "two")
 	r := newCNIRuntime(t, n)
 	var all []*sandbox

@@ -21,6 +21,10 @@ import (
 
 var lc *cluster.Cluster
 
+// absentPodGrace is the lab agents' --absent-pod-grace: short, so restore tests need not wait the
+// production default of two minutes.
+const absentPodGrace = 20 * time.Second
+
 func TestMain(m *testing.M) {
 	flag.Parse()
 	if testing.Short() {
@@ -36,7 +40,7 @@ func TestMain(m *testing.M) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	var err error
-	lc, err = cluster.Start(ctx, cluster.Options{Logger: logger, AgentArgs: []string{"-v=2"}})
+	lc, err = cluster.Start(ctx, cluster.Options{Logger: logger, AgentArgs: []string{"-v=2", "--absent-pod-grace=" + absentPodGrace.String()}})
 	cancel()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "e2e: cluster start:", err)

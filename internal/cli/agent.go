@@ -34,6 +34,8 @@ func Agent(args []string) int {
 	fs.StringVar(&cfg.CNIConfDir, "cni-conf-dir", "/etc/cni/net.d", "where to install the conflist")
 	fs.StringVar(&cfg.CNIBinDir, "cni-bin-dir", "/opt/cni/bin", "where to install the plugin binary")
 	fs.StringVar(&cfg.PluginBinary, "cni-plugin", defaultPlugin(), "plugin binary to install")
+	fs.DurationVar(&cfg.AbsentPodGrace, "absent-pod-grace", agent.DefaultAbsentPodGrace,
+		"how long after its ADD an attached pod may be missing from the API before its attachment is released (static pods get their mirror late)")
 	fs.BoolVar(&showVersion, "version", false, "print the version and exit")
 	_ = fs.Parse(args) // ExitOnError
 	if showVersion {
