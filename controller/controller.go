@@ -47,6 +47,8 @@ type Config struct {
 	// target's NETID, which a concurrent isolate of that target could change.
 	Workers int
 	Logger  klog.Logger
+	// Events records the controller's Events; nil: Run records them through the API server.
+	Events record.EventRecorder
 }
 
 // Controller allocates node subnets and namespace VNIDs.
@@ -64,6 +66,9 @@ type Controller struct {
 	netns      networklisters.NetNamespaceLister
 	networks   networklisters.ClusterNetworkLister
 	synced     []cache.InformerSynced
+	factories  []interface{ Start(stopCh <-chan struct{}) }
+	// vnidRange is what the VNID allocator hands out (the API's MinVNID-MaxVNID; tests narrow it).
+	vnidRange [2]uint32
 
 	nodeQ, nsQ, changeQ, statusQ workqueue.TypedRateLimitingInterface[string]
 
@@ -77,8 +82,13 @@ type Controller struct {
 	ready      bool
 }
 
-// New builds a controller; Run starts it.
-func New(kube kubernetes.Interface, net networkclient.Interface, cfg Config, metrics *Metrics) *Controller {
+// New builds a controller on informers from the caller's factories (sample-controller's
+// NewController shape): Nodes and Namespaces from kubeInformers; HostSubnets, NetNamespaces and the
+// ClusterNetwork from netInformers. It registers its handlers and does no I/O; Run starts the factories
+// (Start is idempotent: a caller that started them already loses nothing), waits for their caches and
+// runs the workers.
+func New(kube kubernetes.Interface, net networkclient.Interface, kubeInformers informers.SharedInformerFactory,
+	netInformers networkinformers.SharedInformerFactory, cfg Config, metrics *Metrics) (*Controller, error) {
 	if cfg.Workers <= 0 {
 		cfg.Workers = 4
 	}
@@ -92,9 +102,56 @@ func New(kube kubernetes.Interface, net networkclient.Interface, cfg Config, met
 		return workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: name})
 	}
-	return &Controller{kube: kube, net: net, cfg: cfg, log: cfg.Logger.WithName("controller"), metrics: metrics,
+	c := &Controller{kube: kube, net: net, cfg: cfg, log: cfg.Logger.WithName("controller"), metrics: metrics, recorder: cfg.Events,
 		nodeQ: rl("nodes"), nsQ: rl("namespaces"), changeQ: rl("change-network"), statusQ: rl("status"),
-		nodeSubnet: map[string]netip.Prefix{}, nsVNID: map[string]uint32{}, waiting: map[string]bool{}}
+		nodeSubnet: map[string]netip.Prefix{}, nsVNID: map[string]uint32{}, waiting: map[string]bool{},
+		vnidRange: [2]uint32{networkv1.MinVNID, networkv1.MaxVNID},
+		factories: []interface{ Start(<-chan struct{}) }{kubeInformers, netInformers}}
+
+	nodeInf, nsInf := kubeInformers.Core().V1().Nodes(), kubeInformers.Core().V1().Namespaces()
+	net1 := netInformers.Network().V1()
+	hsInf, nnInf, cnInf := net1.HostSubnets(), net1.NetNamespaces(), net1.ClusterNetworks()
+	c.nodes, c.namespaces = nodeInf.Lister(), nsInf.Lister()
+	c.subnets, c.netns, c.networks = hsInf.Lister(), nnInf.Lister(), cnInf.Lister()
+	on := func(q workqueue.TypedRateLimitingInterface[string]) cache.ResourceEventHandlerFuncs {
+		return cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(obj any) { q.Add(objectName(obj)) },
+			UpdateFunc: func(_, obj any) { q.Add(objectName(obj)) },
+			DeleteFunc: func(obj any) { q.Add(objectName(obj)) },
+		}
+	}
+	for _, h := range []struct {
+		informer cache.SharedIndexInformer
+		handler  cache.ResourceEventHandler
+	}{
+		{nodeInf.Informer(), on(c.nodeQ)},
+		{hsInf.Informer(), on(c.nodeQ)}, // a HostSubnet deleted by hand comes back
+		{nsInf.Informer(), on(c.nsQ)},
+		{nnInf.Informer(), cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(obj any) { c.nsQ.Add(objectName(obj)); c.changeQ.Add(objectName(obj)) },
+			UpdateFunc: func(_, obj any) { c.changeQ.Add(objectName(obj)) },
+			DeleteFunc: func(obj any) { c.nsQ.Add(objectName(obj)) },
+		}},
+		{cnInf.Informer(), on(c.statusQ)},
+	} {
+		if _, err := h.informer.AddEventHandler(h.handler); err != nil {
+			return nil, fmt.Errorf("controller: %w", err)
+		}
+		c.synced = append(c.synced, h.informer.HasSynced)
+	}
+	return c, nil
+}
+
+// objectName is the workqueue key of an informer's object: its name (every object here is
+// cluster-scoped), also for a deletion whose final state is unknown.
+func objectName(obj any) string {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		return d.Key
+	}
+	if m, err := meta.Accessor(obj); err == nil {
+		return m.GetName()
+	}
+	return ""
 }
 
 // Ready reports whether the controller has rebuilt its state and is allocating.
@@ -110,13 +167,15 @@ func (c *Controller) Run(ctx context.Context) error {
 	defer c.nsQ.ShutDown()
 	defer c.changeQ.ShutDown()
 	defer c.statusQ.ShutDown()
-	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
-	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.kube.CoreV1().Events("")})
-	defer broadcaster.Shutdown()
-	sch := runtime.NewScheme()
-	_ = scheme.AddToScheme(sch)
-	_ = networkv1.AddToScheme(sch)
-	c.recorder = broadcaster.NewRecorder(sch, corev1.EventSource{Component: "ofsdn-controller"})
+	if c.recorder == nil {
+		broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+		broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.kube.CoreV1().Events("")})
+		defer broadcaster.Shutdown()
+		sch := runtime.NewScheme()
+		_ = scheme.AddToScheme(sch)
+		_ = networkv1.AddToScheme(sch)
+		c.recorder = broadcaster.NewRecorder(sch, corev1.EventSource{Component: "ofsdn-controller"})
+	}
 
 	if err := c.ensureClusterNetwork(ctx); err != nil {
 		if ctx.Err() != nil {
@@ -124,41 +183,9 @@ func (c *Controller) Run(ctx context.Context) error {
 		}
 		return err
 	}
-	kf := informers.NewSharedInformerFactory(c.kube, 0)
-	nf := networkinformers.NewSharedInformerFactory(c.net, 0)
-	nodeInf, nsInf := kf.Core().V1().Nodes(), kf.Core().V1().Namespaces()
-	hsInf, nnInf, cnInf := nf.Network().V1().HostSubnets(), nf.Network().V1().NetNamespaces(), nf.Network().V1().ClusterNetworks()
-	c.nodes, c.namespaces = nodeInf.Lister(), nsInf.Lister()
-	c.subnets, c.netns, c.networks = hsInf.Lister(), nnInf.Lister(), cnInf.Lister()
-	name := func(obj any) string {
-		if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-			return d.Key
-		}
-		if m, err := meta.Accessor(obj); err == nil {
-			return m.GetName()
-		}
-		return ""
+	for _, f := range c.factories {
+		f.Start(ctx.Done())
 	}
-	on := func(q workqueue.TypedRateLimitingInterface[string]) cache.ResourceEventHandlerFuncs {
-		return cache.ResourceEventHandlerFuncs{
-			AddFunc:    func(obj any) { q.Add(name(obj)) },
-			UpdateFunc: func(_, obj any) { q.Add(name(obj)) },
-			DeleteFunc: func(obj any) { q.Add(name(obj)) },
-		}
-	}
-	_, _ = nodeInf.Informer().AddEventHandler(on(c.nodeQ))
-	_, _ = hsInf.Informer().AddEventHandler(on(c.nodeQ)) // a HostSubnet deleted by hand comes back
-	_, _ = nsInf.Informer().AddEventHandler(on(c.nsQ))
-	_, _ = nnInf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { c.nsQ.Add(name(obj)); c.changeQ.Add(name(obj)) },
-		UpdateFunc: func(_, obj any) { c.changeQ.Add(name(obj)) },
-		DeleteFunc: func(obj any) { c.nsQ.Add(name(obj)) },
-	})
-	_, _ = cnInf.Informer().AddEventHandler(on(c.statusQ))
-	c.synced = []cache.InformerSynced{nodeInf.Informer().HasSynced, nsInf.Informer().HasSynced, hsInf.Informer().HasSynced,
-		nnInf.Informer().HasSynced, cnInf.Informer().HasSynced}
-	kf.Start(ctx.Done())
-	nf.Start(ctx.Done())
 	if !cache.WaitForCacheSync(ctx.Done(), c.synced...) {
 		return nil // only ctx ending stops the wait
 	}
@@ -222,7 +249,7 @@ func (c *Controller) rebuild() error {
 	if err != nil {
 		return err
 	}
-	c.subnetA, c.vnidA = sa, NewVNIDAllocator()
+	c.subnetA, c.vnidA = sa, newVNIDAllocator(c.vnidRange[0], c.vnidRange[1])
 	hss, err := c.subnets.List(labels.Everything())
 	if err != nil {
 		return err
@@ -317,10 +344,7 @@ func (c *Controller) syncNode(ctx context.Context, name string) error {
 	c.mu.Unlock()
 	hs = &networkv1.HostSubnet{ObjectMeta: metav1.ObjectMeta{Name: name}, Host: name, HostIP: ip.String(), Subnet: networkv1.CIDR(subnet.String())}
 	if _, err := c.net.NetworkV1().HostSubnets().Create(ctx, hs, metav1.CreateOptions{}); err != nil {
-		c.mu.Lock()
-		c.subnetA.Release(subnet)
-		delete(c.nodeSubnet, name)
-		c.mu.Unlock()
+		c.releaseSubnet(name) // the retry allocates again
 		return fmt.Errorf("create HostSubnet %s: %w", name, err)
 	}
 	c.metrics.Allocations.WithLabelValues("subnet").Inc()
@@ -336,11 +360,23 @@ func (c *Controller) releaseNode(ctx context.Context, name string) error {
 		}
 	}
 	c.mu.Lock()
-	p, ok := c.nodeSubnet[name]
-	delete(c.nodeSubnet, name)
 	delete(c.waiting, name)
+	c.mu.Unlock()
+	if p, ok := c.releaseSubnet(name); ok {
+		c.log.Info("released host subnet", "node", name, "subnet", p)
+	}
+	return nil
+}
+
+// releaseSubnet frees the subnet the controller holds for a node and forgets it — the node is gone, or
+// the HostSubnet that recorded it could not be created — and gives the nodes waiting for a subnet
+// another try.
+func (c *Controller) releaseSubnet(node string) (netip.Prefix, bool) {
+	c.mu.Lock()
+	p, ok := c.nodeSubnet[node]
 	var retry []string
 	if ok {
+		delete(c.nodeSubnet, node)
 		c.subnetA.Release(p)
 		for n := range c.waiting {
 			retry = append(retry, n)
@@ -348,13 +384,25 @@ func (c *Controller) releaseNode(ctx context.Context, name string) error {
 	}
 	c.mu.Unlock()
 	if ok {
-		c.log.Info("released host subnet", "node", name, "subnet", p)
 		c.statusQ.Add(networkv1.ClusterNetworkName)
 	}
 	for _, n := range retry {
 		c.nodeQ.Add(n)
 	}
-	return nil
+	return p, ok
+}
+
+// releaseVNID drops a namespace's use of the VNID the controller holds for it and forgets it — the
+// namespace is gone, or the NetNamespace that recorded it could not be created.
+func (c *Controller) releaseVNID(namespace string) (uint32, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	id, ok := c.nsVNID[namespace]
+	if ok {
+		c.vnidA.Release(id)
+		delete(c.nsVNID, namespace)
+	}
+	return id, ok
 }
 
 func internalIP(n *corev1.Node) netip.Addr {
@@ -381,13 +429,9 @@ func (c *Controller) syncNamespace(ctx context.Context, name string) error {
 				return fmt.Errorf("delete NetNamespace %s: %w", name, err)
 			}
 		}
-		c.mu.Lock()
-		if id, ok := c.nsVNID[name]; ok {
-			c.vnidA.Release(id)
-			delete(c.nsVNID, name)
-			c.log.Info("released VNID", "namespace", name, "netid", id, "usersLeft", c.vnidA.Users(id))
+		if id, ok := c.releaseVNID(name); ok {
+			c.log.Info("released VNID", "namespace", name, "netid", id)
 		}
-		c.mu.Unlock()
 		return nil
 	}
 	if err != nil {
@@ -414,18 +458,11 @@ func (c *Controller) syncNamespace(ctx context.Context, name string) error {
 	c.mu.Unlock()
 	nn := &networkv1.NetNamespace{ObjectMeta: metav1.ObjectMeta{Name: name}, NetName: name, NetID: id}
 	if _, err := c.net.NetworkV1().NetNamespaces().Create(ctx, nn, metav1.CreateOptions{}); err != nil {
+		c.releaseVNID(name) // the retry allocates again
 		if apierrors.IsAlreadyExists(err) {
-			// Another writer made it: take what the API holds once the informer shows it.
-			c.mu.Lock()
-			c.vnidA.Release(id)
-			delete(c.nsVNID, name)
-			c.mu.Unlock()
+			// Another writer made it: the retry takes what the API holds once the informer shows it.
 			return errors.New("NetNamespace appeared concurrently; retrying")
 		}
-		c.mu.Lock()
-		c.vnidA.Release(id)
-		delete(c.nsVNID, name)
-		c.mu.Unlock()
 		return fmt.Errorf("create NetNamespace %s: %w", name, err)
 	}
 	c.metrics.Allocations.WithLabelValues("vnid").Inc()
