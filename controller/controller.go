@@ -79,6 +79,7 @@ type Controller struct {
 	nodeSubnet map[string]netip.Prefix // node → its subnet, as the API holds it
 	nsVNID     map[string]uint32       // namespace → its VNID, as the API holds it
 	waiting    map[string]bool         // nodes with no subnet because the CIDRs are full
+	refused    map[string]string       // "hostsubnet/<name>", "netnamespace/<name>" → the invalid value not counted (reported once)
 	ready      bool
 }
 
@@ -104,7 +105,7 @@ func New(kube kubernetes.Interface, net networkclient.Interface, kubeInformers i
 	}
 	c := &Controller{kube: kube, net: net, cfg: cfg, log: cfg.Logger.WithName("controller"), metrics: metrics, recorder: cfg.Events,
 		nodeQ: rl("nodes"), nsQ: rl("namespaces"), changeQ: rl("change-network"), statusQ: rl("status"),
-		nodeSubnet: map[string]netip.Prefix{}, nsVNID: map[string]uint32{}, waiting: map[string]bool{},
+		nodeSubnet: map[string]netip.Prefix{}, nsVNID: map[string]uint32{}, waiting: map[string]bool{}, refused: map[string]string{},
 		vnidRange: [2]uint32{networkv1.MinVNID, networkv1.MaxVNID},
 		factories: []interface{ Start(<-chan struct{}) }{kubeInformers, netInformers}}
 
@@ -255,30 +256,56 @@ func (c *Controller) rebuild() error {
 		return err
 	}
 	for _, hs := range hss {
-		p, err := netip.ParsePrefix(string(hs.Subnet))
-		if err == nil {
-			err = c.subnetA.MarkAllocated(p)
-		}
-		if err != nil {
-			// Never hand this subnet out again, never delete what someone may rely on: say so.
-			c.log.Error(err, "HostSubnet not counted", "hostsubnet", hs.Name)
-			c.recorder.Eventf(hs, corev1.EventTypeWarning, "InvalidSubnet", "subnet %q: %v", hs.Subnet, err)
-			continue
-		}
-		c.nodeSubnet[hs.Name] = p
+		c.adoptSubnetLocked(hs)
 	}
 	nns, err := c.netns.List(labels.Everything())
 	if err != nil {
 		return err
 	}
 	for _, nn := range nns {
-		if err := c.vnidA.Use(nn.NetID); err != nil {
-			c.recorder.Eventf(nn, corev1.EventTypeWarning, "InvalidNetID", "%v", err)
-			continue
-		}
-		c.nsVNID[nn.Name] = nn.NetID
+		c.adoptVNIDLocked(nn)
 	}
 	return nil
+}
+
+// adoptSubnetLocked counts the subnet of a HostSubnet this run did not allocate — one that existed at
+// start, or one another writer made since (an admin, or a previous leader's last write landing late) —
+// so it is never handed out a second time. A subnet the CIDRs do not hold, or one already taken, is not
+// counted and is reported once; the HostSubnet is left alone (someone may rely on it). c.mu is held.
+func (c *Controller) adoptSubnetLocked(hs *networkv1.HostSubnet) {
+	if _, ok := c.nodeSubnet[hs.Name]; ok {
+		return
+	}
+	p, err := netip.ParsePrefix(string(hs.Subnet))
+	if err == nil {
+		err = c.subnetA.MarkAllocated(p)
+	}
+	if err != nil {
+		if key := "hostsubnet/" + hs.Name; c.refused[key] != string(hs.Subnet) {
+			c.refused[key] = string(hs.Subnet)
+			c.log.Error(err, "HostSubnet not counted", "hostsubnet", hs.Name)
+			c.recorder.Eventf(hs, corev1.EventTypeWarning, "InvalidSubnet", "subnet %q: %v", hs.Subnet, err)
+		}
+		return
+	}
+	delete(c.refused, "hostsubnet/"+hs.Name)
+	c.nodeSubnet[hs.Name] = p
+}
+
+// adoptVNIDLocked counts the VNID of a NetNamespace this run did not allocate (as adoptSubnetLocked).
+// c.mu is held.
+func (c *Controller) adoptVNIDLocked(nn *networkv1.NetNamespace) {
+	if _, ok := c.nsVNID[nn.Name]; ok {
+		return
+	}
+	if err := c.vnidA.Use(nn.NetID); err != nil {
+		if key := "netnamespace/" + nn.Name; c.refused[key] != fmt.Sprint(nn.NetID) {
+			c.refused[key] = fmt.Sprint(nn.NetID)
+			c.recorder.Eventf(nn, corev1.EventTypeWarning, "InvalidNetID", "%v", err)
+		}
+		return
+	}
+	c.nsVNID[nn.Name] = nn.NetID
 }
 
 func allocatorFor(spec networkv1.ClusterNetworkSpec) (*SubnetAllocator, error) {
@@ -309,6 +336,9 @@ func (c *Controller) syncNode(ctx context.Context, name string) error {
 	}
 	hs, err := c.subnets.Get(name)
 	if err == nil {
+		c.mu.Lock()
+		c.adoptSubnetLocked(hs)
+		c.mu.Unlock()
 		if hs.HostIP != ip.String() {
 			upd := hs.DeepCopy()
 			upd.HostIP = ip.String()
@@ -361,6 +391,7 @@ func (c *Controller) releaseNode(ctx context.Context, name string) error {
 	}
 	c.mu.Lock()
 	delete(c.waiting, name)
+	delete(c.refused, "hostsubnet/"+name)
 	c.mu.Unlock()
 	if p, ok := c.releaseSubnet(name); ok {
 		c.log.Info("released host subnet", "node", name, "subnet", p)
@@ -429,6 +460,9 @@ func (c *Controller) syncNamespace(ctx context.Context, name string) error {
 				return fmt.Errorf("delete NetNamespace %s: %w", name, err)
 			}
 		}
+		c.mu.Lock()
+		delete(c.refused, "netnamespace/"+name)
+		c.mu.Unlock()
 		if id, ok := c.releaseVNID(name); ok {
 			c.log.Info("released VNID", "namespace", name, "netid", id)
 		}
@@ -437,7 +471,10 @@ func (c *Controller) syncNamespace(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
-	if _, err := c.netns.Get(name); err == nil {
+	if nn, err := c.netns.Get(name); err == nil {
+		c.mu.Lock()
+		c.adoptVNIDLocked(nn)
+		c.mu.Unlock()
 		return nil
 	} else if !apierrors.IsNotFound(err) {
 		return err
@@ -489,6 +526,7 @@ func (c *Controller) syncChangeNetwork(ctx context.Context, name string) error {
 	req, perr := networkv1.ParseChangeNetwork(value)
 	var target uint32
 	c.mu.Lock()
+	c.adoptVNIDLocked(nn) // a request may come before the namespace's own sync
 	old, tracked := c.nsVNID[name]
 	if !tracked {
 		old = nn.NetID

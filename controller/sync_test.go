@@ -797,6 +797,94 @@ func TestSyncChangeNetworkNothingToDo(t *testing.T) {
 	}
 }
 
+// Objects another writer made (an admin, or a previous leader whose last write landed after this one
+// rebuilt) are counted the moment the controller sees them: their subnets and VNIDs are never handed out
+// a second time.
+func TestAdoptsWhatOtherWritersMade(t *testing.T) {
+	t.Run("a HostSubnet", func(t *testing.T) {
+		f := newFixture(t, fixtureOpts{spec: clusterSpec("10.0.0.0/25", 6)}, node("n1", internal("192.0.2.1")), node("n2", internal("192.0.2.2")))
+		if err := f.net.Tracker().Add(hostSubnet("n1", "192.0.2.1", "10.0.0.0/26")); err != nil {
+			t.Fatal(err)
+		}
+		f.resync()
+		for _, n := range []string{"n1", "n2"} {
+			if err := f.c.syncNode(f.ctx, n); err != nil {
+				t.Fatal(err)
+			}
+		}
+		checkHostSubnets(t, f.hostSubnets(), map[string]string{"n1": "192.0.2.1", "n2": "192.0.2.2"}, "10.0.0.0/25", 6)
+	})
+	t.Run("a NetNamespace that won the race to create", func(t *testing.T) {
+		f := newFixture(t, fixtureOpts{vnids: [2]uint32{10, 11}}, namespace("t1"), namespace("t2"))
+		var once sync.Once
+		f.net.PrependReactor("create", "netnamespaces", func(k8stesting.Action) (bool, runtime.Object, error) {
+			handled := false
+			once.Do(func() {
+				handled = true
+				if err := f.net.Tracker().Add(netNamespace("t1", 11, "")); err != nil {
+					t.Error(err)
+				}
+			})
+			if handled {
+				return true, nil, apierrors.NewAlreadyExists(schema.GroupResource{Group: networkv1.GroupName, Resource: "netnamespaces"}, "t1")
+			}
+			return false, nil, nil
+		})
+		if err := f.c.syncNamespace(f.ctx, "t1"); err == nil {
+			t.Fatal("lost the race to create, yet no retry")
+		}
+		f.resync()
+		for _, ns := range []string{"t1", "t2"} {
+			if err := f.c.syncNamespace(f.ctx, ns); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if ids := f.netIDs(); ids["t1"] != 11 || ids["t2"] != 10 {
+			t.Errorf("NETIDs %v, want t1 keeping the 11 the other writer gave it and t2 the other VNID, 10", ids)
+		}
+	})
+	t.Run("a NetNamespace with a request before its namespace sync", func(t *testing.T) {
+		f := newFixture(t, fixtureOpts{}, netNamespace("b", 11, ""))
+		if err := f.net.Tracker().Add(netNamespace("x", 11, "isolate")); err != nil { // joined to b by hand
+			t.Fatal(err)
+		}
+		f.resync()
+		if err := f.c.syncChangeNetwork(f.ctx, "x"); err != nil {
+			t.Fatal(err)
+		}
+		ids := f.netIDs()
+		if ids["x"] == 11 || ids["x"] < networkv1.MinVNID {
+			t.Errorf("x isolated to %d", ids["x"])
+		}
+		if users := f.c.vnidA.Users(11); users != 1 {
+			t.Errorf("VNID 11 counts %d users; b still has it", users)
+		}
+	})
+}
+
+// An object the controller cannot count is reported once, not on every sync (a Node's status changes
+// every few seconds and each change syncs it).
+func TestInvalidObjectsReportedOnce(t *testing.T) {
+	f := newFixture(t, fixtureOpts{spec: clusterSpec("10.0.0.0/25", 6)},
+		node("odd", internal("192.0.2.9")), hostSubnet("odd", "192.0.2.9", "10.99.0.0/26"), namespace("bad"), netNamespace("bad", 1, ""))
+	checkEvents(t, f.events.take(), []event{{"odd", corev1.EventTypeWarning, "InvalidSubnet", ""}, {"bad", corev1.EventTypeWarning, "InvalidNetID", ""}})
+	for range 3 {
+		if err := f.c.syncNode(f.ctx, "odd"); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.c.syncNamespace(f.ctx, "bad"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	checkEvents(t, f.events.take(), nil)
+	if w := f.writes(); len(w) > 0 {
+		t.Errorf("writes %q to objects that must be left alone", w)
+	}
+	if used := f.c.subnetA.Used(); used != 0 {
+		t.Errorf("%d subnets counted, want 0", used)
+	}
+}
+
 func TestSyncStatus(t *testing.T) {
 	allocated := []runtime.Object{node("n1", internal("192.0.2.1")), hostSubnet("n1", "192.0.2.1", "10.0.0.64/26")}
 	for _, tc := range []struct {
