@@ -1,9 +1,14 @@
 // Package controller is ofsdn's control plane (one active replica, leader-elected): it keeps the
 // ClusterNetwork `default`, a HostSubnet per Node and a NetNamespace (VNID) per Namespace, and carries out
 // the change-network requests (join / isolate / global) written on NetNamespaces, as openshift-sdn's master
-// did. The client-go pattern throughout: informers feed workqueues keyed by object name; each sync function
-// is idempotent; allocators are plain data rebuilt from the API objects on every start, so a controller
+// did. The client-go pattern throughout: informers (from factories the caller builds, sample-controller's
+// shape) feed workqueues keyed by object name; each sync function is idempotent; allocators are plain
+// data rebuilt from the API objects on every start and told of every object found since, so a controller
 // killed at any point resumes without changing or repeating an allocation.
+//
+// Tests: sync_test.go drives the sync functions on fake clientsets (make unit); controller_test.go runs
+// the controller in-process on a real API server as deployed (controllertest); bench_test.go measures
+// the binary.
 package controller
 
 import (
