@@ -211,6 +211,24 @@ func (f *fixture) failWrites(verb, resource string, err error) (heal func()) {
 	return func() { mu.Lock(); failing = false; mu.Unlock() }
 }
 
+// syncOnce runs sync(key), the API refusing to create resource with fail when fail is set, and checks
+// the error and the writes (wantWrites nil: not checked). heal lets creates through again (nil when
+// nothing failed).
+func (f *fixture) syncOnce(sync func(context.Context, string) error, key, resource string, fail error, wantErr bool,
+	wantWrites []string) (heal func()) {
+	f.t.Helper()
+	if fail != nil {
+		heal = f.failWrites("create", resource, fail)
+	}
+	if err := sync(f.ctx, key); (err != nil) != wantErr {
+		f.t.Fatalf("sync %s: %v, want error %v", key, err, wantErr)
+	}
+	if w := f.writes(); wantWrites != nil && !slices.Equal(w, wantWrites) {
+		f.t.Errorf("writes %q, want %q", w, wantWrites)
+	}
+	return heal
+}
+
 func (f *fixture) hostSubnets() map[string]networkv1.HostSubnet {
 	f.t.Helper()
 	list, err := f.net.NetworkV1().HostSubnets().List(f.ctx, metav1.ListOptions{})
@@ -418,17 +436,7 @@ func TestSyncNode(t *testing.T) {
 				o.spec = clusterSpec(tc.cidr, tc.bits)
 			}
 			f := newFixture(t, o, tc.objects...)
-			var heal func()
-			if tc.fail != nil {
-				heal = f.failWrites("create", "hostsubnets", tc.fail)
-			}
-			err := f.c.syncNode(f.ctx, tc.sync)
-			if (err != nil) != tc.wantErr {
-				t.Fatalf("syncNode: %v, want error %v", err, tc.wantErr)
-			}
-			if w := f.writes(); tc.wantWrites != nil && !slices.Equal(w, tc.wantWrites) {
-				t.Errorf("writes %q, want %q", w, tc.wantWrites)
-			}
+			heal := f.syncOnce(f.c.syncNode, tc.sync, "hostsubnets", tc.fail, tc.wantErr, tc.wantWrites)
 			cidr := string(f.c.accepted.ClusterCIDRs[0])
 			got := f.hostSubnets()
 			for _, name := range tc.keep {
@@ -601,17 +609,7 @@ func TestSyncNamespace(t *testing.T) {
 			f := newFixture(t, fixtureOpts{vnids: tc.vnids}, tc.objects...)
 			before := f.netIDs()
 			inUse := f.c.vnidA.InUse()
-			var heal func()
-			if tc.fail != nil {
-				heal = f.failWrites("create", "netnamespaces", tc.fail)
-			}
-			err := f.c.syncNamespace(f.ctx, tc.sync)
-			if (err != nil) != tc.wantErr {
-				t.Fatalf("syncNamespace: %v, want error %v", err, tc.wantErr)
-			}
-			if w := f.writes(); tc.wantWrites != nil && !slices.Equal(w, tc.wantWrites) {
-				t.Errorf("writes %q, want %q", w, tc.wantWrites)
-			}
+			heal := f.syncOnce(f.c.syncNamespace, tc.sync, "netnamespaces", tc.fail, tc.wantErr, tc.wantWrites)
 			after := f.netIDs()
 			id, has := after[tc.sync]
 			switch tc.want {
