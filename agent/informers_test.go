@@ -387,7 +387,7 @@ func TestNetNamespaceHandler(t *testing.T) {
 	if _, err := nns.Update(api.ctx, netNamespace("blue", 14), metav1.UpdateOptions{}); err != nil { // then blue isolated
 		t.Fatal(err)
 	}
-	st = waitSnapshot(t, a, "red's VNID and blue's new one", func(st pipeline.NodeState, _ []string) bool {
+	waitSnapshot(t, a, "red's VNID and blue's new one", func(st pipeline.NodeState, _ []string) bool {
 		return reflect.DeepEqual(vnids(st), map[string]uint32{"blue/b1": 14, "red/r1": 12, "default/d1": 0})
 	})
 	if err := nns.Delete(api.ctx, "red", metav1.DeleteOptions{}); err != nil {

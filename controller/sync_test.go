@@ -181,11 +181,7 @@ func (f *fixture) writes() []string {
 		}
 		name := ""
 		switch a := a.(type) {
-		case k8stesting.CreateAction:
-			if m, err := meta.Accessor(a.GetObject()); err == nil {
-				name = m.GetName()
-			}
-		case k8stesting.UpdateAction:
+		case interface{ GetObject() runtime.Object }: // create, update
 			if m, err := meta.Accessor(a.GetObject()); err == nil {
 				name = m.GetName()
 			}
