@@ -131,7 +131,7 @@ func New(kube kubernetes.Interface, net networkclient.Interface, kubeInformers i
 		handler  cache.ResourceEventHandler
 	}{
 		{nodeInf.Informer(), on(c.nodeQ)},
-		{hsInf.Informer(), on(c.nodeQ)}, // a HostSubnet deleted by hand comes back
+		{hsInf.Informer(), on(c.nodeQ)}, // a HostSubnet deleted by hand comes back (syncNode)
 		{nsInf.Informer(), on(c.nsQ)},
 		{nnInf.Informer(), cache.ResourceEventHandlerFuncs{
 			AddFunc:    func(obj any) { c.nsQ.Add(objectName(obj)); c.changeQ.Add(objectName(obj)) },
@@ -357,30 +357,42 @@ func (c *Controller) syncNode(ctx context.Context, name string) error {
 	if !apierrors.IsNotFound(err) {
 		return err
 	}
+	// A subnet the controller already holds for this node is one whose HostSubnet it created and the
+	// informer does not show yet, or one whose HostSubnet was deleted (by hand, or by this controller
+	// just before the node came back): create it again with that subnet, so the node's pods keep their
+	// addresses; AlreadyExists means it is there.
 	c.mu.Lock()
-	if _, ok := c.nodeSubnet[name]; ok { // created, but the informer has not shown it yet
-		c.mu.Unlock()
-		return nil
-	}
-	subnet, aerr := c.subnetA.Allocate()
-	if aerr != nil {
-		first := !c.waiting[name]
-		c.waiting[name] = true
-		c.mu.Unlock()
-		c.statusQ.Add(networkv1.ClusterNetworkName)
-		if first {
-			c.recorder.Eventf(node, corev1.EventTypeWarning, "SubnetExhausted", "no HostSubnet for node %s: %v", name, aerr)
-			c.log.Info("no subnet left for node", "node", name, "err", aerr)
+	subnet, held := c.nodeSubnet[name]
+	if !held {
+		var aerr error
+		if subnet, aerr = c.subnetA.Allocate(); aerr != nil {
+			first := !c.waiting[name]
+			c.waiting[name] = true
+			c.mu.Unlock()
+			c.statusQ.Add(networkv1.ClusterNetworkName)
+			if first {
+				c.recorder.Eventf(node, corev1.EventTypeWarning, "SubnetExhausted", "no HostSubnet for node %s: %v", name, aerr)
+				c.log.Info("no subnet left for node", "node", name, "err", aerr)
+			}
+			return nil // retried when a subnet is freed
 		}
-		return nil // retried when a subnet is freed
+		c.nodeSubnet[name] = subnet
+		delete(c.waiting, name)
 	}
-	c.nodeSubnet[name] = subnet
-	delete(c.waiting, name)
 	c.mu.Unlock()
 	hs = &networkv1.HostSubnet{ObjectMeta: metav1.ObjectMeta{Name: name}, Host: name, HostIP: ip.String(), Subnet: networkv1.CIDR(subnet.String())}
 	if _, err := c.net.NetworkV1().HostSubnets().Create(ctx, hs, metav1.CreateOptions{}); err != nil {
-		c.releaseSubnet(name) // the retry allocates again
+		if held && apierrors.IsAlreadyExists(err) {
+			return nil
+		}
+		if !held {
+			c.releaseSubnet(name) // the retry allocates again (or adopts what another writer made)
+		}
 		return fmt.Errorf("create HostSubnet %s: %w", name, err)
+	}
+	if held {
+		c.log.Info("recreated host subnet", "node", name, "subnet", subnet, "hostIP", ip)
+		return nil
 	}
 	c.metrics.Allocations.WithLabelValues("subnet").Inc()
 	c.log.Info("allocated host subnet", "node", name, "subnet", subnet, "hostIP", ip)
@@ -484,28 +496,39 @@ func (c *Controller) syncNamespace(ctx context.Context, name string) error {
 	} else if !apierrors.IsNotFound(err) {
 		return err
 	}
+	// A VNID held already: the NetNamespace is created and not shown yet, or it was deleted by hand;
+	// create it again with that VNID (as syncNode does with subnets).
 	c.mu.Lock()
-	if _, ok := c.nsVNID[name]; ok {
-		c.mu.Unlock()
-		return nil // created, informer not caught up
-	}
-	id := networkv1.GlobalVNID
-	if !c.isGlobal(name) {
-		if id, err = c.vnidA.Allocate(); err != nil {
-			c.mu.Unlock()
-			return err
+	id, held := c.nsVNID[name]
+	if !held {
+		id = networkv1.GlobalVNID
+		if !c.isGlobal(name) {
+			if id, err = c.vnidA.Allocate(); err != nil {
+				c.mu.Unlock()
+				return err
+			}
 		}
+		c.nsVNID[name] = id
 	}
-	c.nsVNID[name] = id
 	c.mu.Unlock()
 	nn := &networkv1.NetNamespace{ObjectMeta: metav1.ObjectMeta{Name: name}, NetName: name, NetID: id}
 	if _, err := c.net.NetworkV1().NetNamespaces().Create(ctx, nn, metav1.CreateOptions{}); err != nil {
+		if held && apierrors.IsAlreadyExists(err) {
+			return nil
+		}
+		if held {
+			return fmt.Errorf("create NetNamespace %s again: %w", name, err)
+		}
 		c.releaseVNID(name) // the retry allocates again
 		if apierrors.IsAlreadyExists(err) {
 			// Another writer made it: the retry takes what the API holds once the informer shows it.
 			return errors.New("NetNamespace appeared concurrently; retrying")
 		}
 		return fmt.Errorf("create NetNamespace %s: %w", name, err)
+	}
+	if held {
+		c.log.Info("recreated NetNamespace", "namespace", name, "netid", id)
+		return nil
 	}
 	c.metrics.Allocations.WithLabelValues("vnid").Inc()
 	c.log.V(2).Info("allocated VNID", "namespace", name, "netid", id)

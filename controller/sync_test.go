@@ -540,9 +540,11 @@ func TestSubnetExhaustionAndRelease(t *testing.T) {
 }
 
 // A sync that runs again before the informer shows the HostSubnet or NetNamespace it created must not
-// allocate a second one.
+// allocate a second one: it creates the same object again, which the API answers AlreadyExists.
 func TestSyncBeforeTheInformerCaughtUp(t *testing.T) {
 	f := newFixture(t, fixtureOpts{}, node("n1", internal("192.0.2.1")), namespace("t1"))
+	var subnets []networkv1.CIDR
+	var ids []uint32
 	for range 2 {
 		if err := f.c.syncNode(f.ctx, "n1"); err != nil {
 			t.Fatal(err)
@@ -550,9 +552,12 @@ func TestSyncBeforeTheInformerCaughtUp(t *testing.T) {
 		if err := f.c.syncNamespace(f.ctx, "t1"); err != nil {
 			t.Fatal(err)
 		}
+		subnets = append(subnets, f.hostSubnets()["n1"].Subnet)
+		nn, _ := f.netNamespace("t1")
+		ids = append(ids, nn.NetID)
 	}
-	if w := f.writes(); !slices.Equal(w, []string{"create hostsubnets/n1", "create netnamespaces/t1"}) {
-		t.Errorf("writes %q, want one create each", w)
+	if subnets[0] == "" || subnets[0] != subnets[1] || ids[0] != ids[1] {
+		t.Errorf("subnets %v, NETIDs %v: want one of each, unchanged", subnets, ids)
 	}
 	if used := f.c.subnetA.Used(); used != 1 {
 		t.Errorf("%d subnets allocated, want 1", used)
@@ -954,4 +959,58 @@ func TestSyncStatus(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A HostSubnet or NetNamespace deleted by hand comes back with the subnet or VNID it had: the node's
+// pods keep their addresses, the namespace its tenant. Also when the deletion crosses the node's own
+// re-creation (the informer still showing the HostSubnet the controller has just deleted).
+func TestDeletedByHandComesBack(t *testing.T) {
+	f := newFixture(t, fixtureOpts{}, node("n1", internal("192.0.2.1")), hostSubnet("n1", "192.0.2.1", "10.128.2.0/23"),
+		namespace("t1"), netNamespace("t1", 77, ""))
+	if err := f.net.NetworkV1().NetNamespaces().Delete(f.ctx, "t1", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.resync()
+	if err := f.c.syncNamespace(f.ctx, "t1"); err != nil {
+		t.Fatal(err)
+	}
+	if nn, ok := f.netNamespace("t1"); !ok || nn.NetID != 77 {
+		t.Errorf("after a deletion by hand: NetNamespace %+v (present %v), want NETID 77 back", nn, ok)
+	}
+
+	if err := f.net.NetworkV1().HostSubnets().Delete(f.ctx, "n1", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.resync()
+	if err := f.c.syncNode(f.ctx, "n1"); err != nil {
+		t.Fatal(err)
+	}
+	if hs, ok := f.hostSubnets()["n1"]; !ok || hs.Subnet != "10.128.2.0/23" {
+		t.Errorf("after a deletion by hand: HostSubnet %+v (present %v), want 10.128.2.0/23 back", hs, ok)
+	}
+
+	// The node goes (its HostSubnet is deleted) and comes back before the informer shows that deletion.
+	if err := f.kube.CoreV1().Nodes().Delete(f.ctx, "n1", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.resync()
+	if err := f.c.syncNode(f.ctx, "n1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.kube.CoreV1().Nodes().Create(f.ctx, node("n1", internal("192.0.2.1")), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// The informers show the new Node but still the deleted HostSubnet.
+	f.resync()
+	if err := f.nf.Network().V1().HostSubnets().Informer().GetIndexer().Add(hostSubnet("n1", "192.0.2.1", "10.128.2.0/23")); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.c.syncNode(f.ctx, "n1"); err != nil {
+		t.Fatal(err)
+	}
+	f.resync() // now the deletion shows
+	if err := f.c.syncNode(f.ctx, "n1"); err != nil {
+		t.Fatal(err)
+	}
+	checkHostSubnets(t, f.hostSubnets(), map[string]string{"n1": "192.0.2.1"}, "10.128.0.0/14", 9)
 }
