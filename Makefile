@@ -38,7 +38,8 @@ image:
 ## test: every tier that exists: unit, then integration (real OVS, real API server), then e2e.
 test: deps k8s-bins unit integration e2e
 
-## unit: pure logic, no root, no daemons (tests that need real parts skip under -short).
+## unit: no root, no daemons: logic, and the controller and agent on fake clientsets (tests that need
+## real parts skip under -short).
 unit:
 	$(GOTEST) -short $(PKGS)
 

@@ -126,6 +126,8 @@ type Agent struct {
 	netInformers  networkinformers.SharedInformerFactory
 	kubeInformers kubeinformers.SharedInformerFactory
 	localPods     kubeinformers.SharedInformerFactory
+	// handlersSynced report whether each handler has seen every object its informer listed at start.
+	handlersSynced []cache.InformerSynced
 
 	// Set by Run's first step.
 	sess  *ofswitch.Session
@@ -186,9 +188,11 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 		// The pods bound to this node: their hostPorts.
 		{a.localPods.Core().V1().Pods().Informer(), (&watchHostPorts{view: a.view, sync: a.fs}).pod},
 	} {
-		if _, err := h.informer.AddEventHandler(handlers(h.handle)); err != nil {
+		reg, err := h.informer.AddEventHandler(handlers(h.handle))
+		if err != nil {
 			return nil, fmt.Errorf("agent: %w", err)
 		}
+		a.handlersSynced = append(a.handlersSynced, reg.HasSynced)
 	}
 	return a, nil
 }
@@ -310,8 +314,9 @@ func (a *Agent) openBridge(ctx context.Context) error {
 	return nil
 }
 
-// syncInformers starts the informers and waits for their caches: a partial view would delete flows
-// that still serve.
+// syncInformers starts the informers and waits until their handlers have put every object the API
+// held into the view (a synced cache alone does not say the handlers ran): a partial view would delete
+// flows that still serve.
 func (a *Agent) syncInformers(ctx context.Context) error {
 	a.netInformers.Start(ctx.Done())
 	a.kubeInformers.Start(ctx.Done())
@@ -324,6 +329,9 @@ func (a *Agent) syncInformers(ctx context.Context) error {
 				return fmt.Errorf("informer for %v did not sync", typ)
 			}
 		}
+	}
+	if !cache.WaitForCacheSync(ctx.Done(), a.handlersSynced...) {
+		return errors.New("informer handlers did not sync")
 	}
 	return nil
 }

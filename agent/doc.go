@@ -26,4 +26,7 @@
 //   - round.go: the reconciliation round stamped in cookies (kept in br0's external_ids), so a restarted
 //     agent installs its flows beside the previous round's and only then deletes those: no datapath gap.
 //   - metrics.go: the agent's Prometheus metrics.
+//
+// Tests: informers_test.go and services_test.go run the agent's own informers on fake clientsets and
+// check the view (make unit); flowsync_ovs_test.go runs flowSync against a real bridge.
 package agent

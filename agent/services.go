@@ -175,8 +175,12 @@ func serviceState(svc *corev1.Service, endpointSlices []*discoveryv1.EndpointSli
 	return st, true
 }
 
-// slicePort finds the slice's port for a service port: same name (both may be empty) and protocol.
+// slicePort finds the slice's port for a service port: same name (both may be empty) and protocol (TCP
+// where either leaves it unset, as the API defaults it).
 func slicePort(es *discoveryv1.EndpointSlice, sp corev1.ServicePort) (uint16, bool) {
+	if sp.Protocol == "" {
+		sp.Protocol = corev1.ProtocolTCP
+	}
 	for _, p := range es.Ports {
 		name := ""
 		if p.Name != nil {

@@ -117,13 +117,17 @@ func (a *SubnetAllocator) Release(p netip.Prefix) { delete(a.used, p) }
 // join), so a VNID is free again only when its last namespace leaves it. VNID 0 (global) is never
 // allocated or counted.
 type VNIDAllocator struct {
-	refs map[uint32]int
-	next uint32
+	refs   map[uint32]int
+	next   uint32
+	lo, hi uint32 // the range handed out
 }
 
 // NewVNIDAllocator returns an empty allocator.
-func NewVNIDAllocator() *VNIDAllocator {
-	return &VNIDAllocator{refs: map[uint32]int{}, next: networkv1.MinVNID}
+func NewVNIDAllocator() *VNIDAllocator { return newVNIDAllocator(networkv1.MinVNID, networkv1.MaxVNID) }
+
+// newVNIDAllocator hands out lo..hi only: tests run out of VNIDs without 16 million namespaces.
+func newVNIDAllocator(lo, hi uint32) *VNIDAllocator {
+	return &VNIDAllocator{refs: map[uint32]int{}, next: lo, lo: lo, hi: hi}
 }
 
 // Use adds a namespace to a VNID (an existing NetNamespace at start, or a join).
@@ -140,14 +144,14 @@ func (a *VNIDAllocator) Use(id uint32) error {
 
 // Allocate returns a VNID no namespace uses, with one user.
 func (a *VNIDAllocator) Allocate() (uint32, error) {
-	span := networkv1.MaxVNID - networkv1.MinVNID + 1
+	span := a.hi - a.lo + 1
 	for k := uint32(0); k < span; k++ {
-		id := networkv1.MinVNID + (a.next-networkv1.MinVNID+k)%span
+		id := a.lo + (a.next-a.lo+k)%span
 		if a.refs[id] == 0 {
 			a.refs[id] = 1
 			a.next = id + 1
-			if a.next > networkv1.MaxVNID {
-				a.next = networkv1.MinVNID
+			if a.next > a.hi {
+				a.next = a.lo
 			}
 			return id, nil
 		}

@@ -12,7 +12,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -23,6 +22,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
+
+	"github.com/ofsdn/ofsdn/internal/proc"
 )
 
 // The allocation benchmark's scale and the targets it prints (never asserts: machines are noisy).
@@ -78,16 +79,8 @@ type benchResult struct {
 // benchAllocateOnce runs one measurement on a fresh API server and controller process, both stopped
 // before it returns (and by b.Cleanup when it fails midway).
 func benchAllocateOnce(b *testing.B, bin string, extraFlags ...string) benchResult {
-	api := kubelab.Start(b, kubelab.Options{})
+	api := kubelab.StartDeploy(b, kubelab.Options{}, "namespace.yaml", "crds/")
 	defer api.Stop()
-	for _, f := range []string{"../deploy/namespace.yaml", "../deploy/crds/"} {
-		if out, err := api.Kubectl("apply", "--server-side", "-f", f); err != nil {
-			b.Fatalf("%v\n%s", err, out)
-		}
-	}
-	if out, err := api.Kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all"); err != nil {
-		b.Fatalf("%v\n%s", err, out)
-	}
 	kube := kubernetes.NewForConfigOrDie(api.AdminConfig()) // QPS 1000, burst 2000
 	netc := networkclient.NewForConfigOrDie(api.AdminConfig())
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -101,7 +94,7 @@ func benchAllocateOnce(b *testing.B, bin string, extraFlags ...string) benchResu
 	}
 	defer ctrl.stop()
 	// Ready: the controller wrote ClusterNetwork status, which it does once its workers run.
-	if err := pollUntil(ctx, 100*time.Millisecond, func() (bool, error) {
+	if err := proc.Poll(ctx, 100*time.Millisecond, func() (bool, error) {
 		if err := ctrl.exited(); err != nil {
 			return false, err
 		}
@@ -122,7 +115,7 @@ func benchAllocateOnce(b *testing.B, bin string, extraFlags ...string) benchResu
 	}()
 	var nns []networkv1.NetNamespace
 	var hss []networkv1.HostSubnet
-	err = pollUntil(ctx, 100*time.Millisecond, func() (bool, error) {
+	err = proc.Poll(ctx, 100*time.Millisecond, func() (bool, error) {
 		if err := ctrl.exited(); err != nil {
 			return false, err
 		}
@@ -152,7 +145,7 @@ func benchAllocateOnce(b *testing.B, bin string, extraFlags ...string) benchResu
 		b.Fatalf("allocation not complete after %s (%d NetNamespaces, %d HostSubnets): %v\n%s",
 			took.Round(time.Millisecond), len(nns), len(hss), err, ctrl.logTail(40))
 	}
-	rssMB, hwmMB, err := procMemoryMB(ctrl.pid())
+	rssMB, hwmMB, err := procMemoryMB(ctrl.PID())
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -268,13 +261,10 @@ func checkAllocations(b *testing.B, nns []networkv1.NetNamespace, hss []networkv
 	}
 }
 
-// controllerProcess is the ofsdn-controller binary running in a process group of its own.
+// controllerProcess is the ofsdn-controller binary running as a proc.Daemon, its output in logPath.
 type controllerProcess struct {
-	cmd     *exec.Cmd
+	*proc.Daemon
 	logPath string
-	done    chan struct{}
-	err     error // valid after done
-	once    sync.Once
 }
 
 func startControllerProcess(b *testing.B, bin, dir string, args ...string) (*controllerProcess, error) {
@@ -283,19 +273,14 @@ func startControllerProcess(b *testing.B, bin, dir string, args ...string) (*con
 	if err != nil {
 		return nil, fmt.Errorf("controller log: %w", err)
 	}
+	defer logf.Close() // the child holds its own descriptor
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		_ = logf.Close()
-		return nil, fmt.Errorf("start %s: %w", bin, err)
+	d, err := proc.Start(cmd)
+	if err != nil {
+		return nil, err
 	}
-	p := &controllerProcess{cmd: cmd, logPath: logPath, done: make(chan struct{})}
-	go func() {
-		p.err = cmd.Wait()
-		_ = logf.Close()
-		close(p.done)
-	}()
+	p := &controllerProcess{Daemon: d, logPath: logPath}
 	b.Cleanup(func() {
 		if b.Failed() {
 			b.Logf("ofsdn-controller log tail:\n%s", p.logTail(40))
@@ -305,42 +290,18 @@ func startControllerProcess(b *testing.B, bin, dir string, args ...string) (*con
 	return p, nil
 }
 
-func (p *controllerProcess) pid() int { return p.cmd.Process.Pid }
-
 // exited is non-nil once the process has exited (it never should during a run).
 func (p *controllerProcess) exited() error {
-	select {
-	case <-p.done:
-		return fmt.Errorf("ofsdn-controller exited: %v", p.err)
-	default:
-		return nil
+	if exited, err := p.Exited(); exited {
+		return fmt.Errorf("ofsdn-controller exited: %v", err)
 	}
+	return nil
 }
 
 // stop sends SIGTERM to the process group, then SIGKILL after 10 s; it is idempotent.
-func (p *controllerProcess) stop() {
-	p.once.Do(func() {
-		_ = syscall.Kill(-p.pid(), syscall.SIGTERM)
-		select {
-		case <-p.done:
-		case <-time.After(10 * time.Second):
-			_ = syscall.Kill(-p.pid(), syscall.SIGKILL)
-			<-p.done
-		}
-	})
-}
+func (p *controllerProcess) stop() { p.Stop(10 * time.Second) }
 
-func (p *controllerProcess) logTail(n int) string {
-	data, err := os.ReadFile(p.logPath)
-	if err != nil {
-		return fmt.Sprintf("(no log: %v)", err)
-	}
-	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}
+func (p *controllerProcess) logTail(n int) string { return proc.Tail(p.logPath, n) }
 
 // procMemoryMB reads VmRSS and VmHWM (peak resident) of pid from /proc, in MB (2^20 bytes).
 func procMemoryMB(pid int) (rss, hwm float64, err error) {
@@ -369,24 +330,4 @@ func procMemoryMB(pid int) (rss, hwm float64, err error) {
 		return 0, 0, fmt.Errorf("pid %d: no VmRSS in /proc/%d/status", pid, pid)
 	}
 	return found["VmRSS"], found["VmHWM"], nil
-}
-
-// pollUntil calls cond every interval until it reports done, fails, or ctx ends.
-func pollUntil(ctx context.Context, interval time.Duration, cond func() (bool, error)) error {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		ok, err := cond()
-		if err != nil {
-			return err
-		}
-		if ok {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("timed out: %w", context.Cause(ctx))
-		case <-t.C:
-		}
-	}
 }

@@ -1,9 +1,14 @@
 // Package controller is ofsdn's control plane (one active replica, leader-elected): it keeps the
 // ClusterNetwork `default`, a HostSubnet per Node and a NetNamespace (VNID) per Namespace, and carries out
 // the change-network requests (join / isolate / global) written on NetNamespaces, as openshift-sdn's master
-// did. The client-go pattern throughout: informers feed workqueues keyed by object name; each sync function
-// is idempotent; allocators are plain data rebuilt from the API objects on every start, so a controller
+// did. The client-go pattern throughout: informers (from factories the caller builds, sample-controller's
+// shape) feed workqueues keyed by object name; each sync function is idempotent; allocators are plain
+// data rebuilt from the API objects on every start and told of every object found since, so a controller
 // killed at any point resumes without changing or repeating an allocation.
+//
+// Tests: sync_test.go drives the sync functions on fake clientsets (make unit); controller_test.go runs
+// the controller in-process on a real API server as deployed (controllertest); bench_test.go measures
+// the binary.
 package controller
 
 import (
@@ -47,6 +52,8 @@ type Config struct {
 	// target's NETID, which a concurrent isolate of that target could change.
 	Workers int
 	Logger  klog.Logger
+	// Events records the controller's Events; nil: Run records them through the API server.
+	Events record.EventRecorder
 }
 
 // Controller allocates node subnets and namespace VNIDs.
@@ -64,6 +71,9 @@ type Controller struct {
 	netns      networklisters.NetNamespaceLister
 	networks   networklisters.ClusterNetworkLister
 	synced     []cache.InformerSynced
+	factories  []interface{ Start(stopCh <-chan struct{}) }
+	// vnidRange is what the VNID allocator hands out (the API's MinVNID-MaxVNID; tests narrow it).
+	vnidRange [2]uint32
 
 	nodeQ, nsQ, changeQ, statusQ workqueue.TypedRateLimitingInterface[string]
 
@@ -74,11 +84,17 @@ type Controller struct {
 	nodeSubnet map[string]netip.Prefix // node → its subnet, as the API holds it
 	nsVNID     map[string]uint32       // namespace → its VNID, as the API holds it
 	waiting    map[string]bool         // nodes with no subnet because the CIDRs are full
+	refused    map[string]string       // "hostsubnet/<name>", "netnamespace/<name>" → the invalid value not counted (reported once)
 	ready      bool
 }
 
-// New builds a controller; Run starts it.
-func New(kube kubernetes.Interface, net networkclient.Interface, cfg Config, metrics *Metrics) *Controller {
+// New builds a controller on informers from the caller's factories (sample-controller's
+// NewController shape): Nodes and Namespaces from kubeInformers; HostSubnets, NetNamespaces and the
+// ClusterNetwork from netInformers. It registers its handlers and does no I/O; Run starts the factories
+// (Start is idempotent: a caller that started them already loses nothing), waits for their caches and
+// runs the workers.
+func New(kube kubernetes.Interface, net networkclient.Interface, kubeInformers informers.SharedInformerFactory,
+	netInformers networkinformers.SharedInformerFactory, cfg Config, metrics *Metrics) (*Controller, error) {
 	if cfg.Workers <= 0 {
 		cfg.Workers = 4
 	}
@@ -92,9 +108,56 @@ func New(kube kubernetes.Interface, net networkclient.Interface, cfg Config, met
 		return workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: name})
 	}
-	return &Controller{kube: kube, net: net, cfg: cfg, log: cfg.Logger.WithName("controller"), metrics: metrics,
+	c := &Controller{kube: kube, net: net, cfg: cfg, log: cfg.Logger.WithName("controller"), metrics: metrics, recorder: cfg.Events,
 		nodeQ: rl("nodes"), nsQ: rl("namespaces"), changeQ: rl("change-network"), statusQ: rl("status"),
-		nodeSubnet: map[string]netip.Prefix{}, nsVNID: map[string]uint32{}, waiting: map[string]bool{}}
+		nodeSubnet: map[string]netip.Prefix{}, nsVNID: map[string]uint32{}, waiting: map[string]bool{}, refused: map[string]string{},
+		vnidRange: [2]uint32{networkv1.MinVNID, networkv1.MaxVNID},
+		factories: []interface{ Start(<-chan struct{}) }{kubeInformers, netInformers}}
+
+	nodeInf, nsInf := kubeInformers.Core().V1().Nodes(), kubeInformers.Core().V1().Namespaces()
+	net1 := netInformers.Network().V1()
+	hsInf, nnInf, cnInf := net1.HostSubnets(), net1.NetNamespaces(), net1.ClusterNetworks()
+	c.nodes, c.namespaces = nodeInf.Lister(), nsInf.Lister()
+	c.subnets, c.netns, c.networks = hsInf.Lister(), nnInf.Lister(), cnInf.Lister()
+	on := func(q workqueue.TypedRateLimitingInterface[string]) cache.ResourceEventHandlerFuncs {
+		return cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(obj any) { q.Add(objectName(obj)) },
+			UpdateFunc: func(_, obj any) { q.Add(objectName(obj)) },
+			DeleteFunc: func(obj any) { q.Add(objectName(obj)) },
+		}
+	}
+	for _, h := range []struct {
+		informer cache.SharedIndexInformer
+		handler  cache.ResourceEventHandler
+	}{
+		{nodeInf.Informer(), on(c.nodeQ)},
+		{hsInf.Informer(), on(c.nodeQ)}, // a HostSubnet deleted by hand comes back (syncNode)
+		{nsInf.Informer(), on(c.nsQ)},
+		{nnInf.Informer(), cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(obj any) { c.nsQ.Add(objectName(obj)); c.changeQ.Add(objectName(obj)) },
+			UpdateFunc: func(_, obj any) { c.changeQ.Add(objectName(obj)) },
+			DeleteFunc: func(obj any) { c.nsQ.Add(objectName(obj)) },
+		}},
+		{cnInf.Informer(), on(c.statusQ)},
+	} {
+		if _, err := h.informer.AddEventHandler(h.handler); err != nil {
+			return nil, fmt.Errorf("controller: %w", err)
+		}
+		c.synced = append(c.synced, h.informer.HasSynced)
+	}
+	return c, nil
+}
+
+// objectName is the workqueue key of an informer's object: its name (every object here is
+// cluster-scoped), also for a deletion whose final state is unknown.
+func objectName(obj any) string {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		return d.Key
+	}
+	if m, err := meta.Accessor(obj); err == nil {
+		return m.GetName()
+	}
+	return ""
 }
 
 // Ready reports whether the controller has rebuilt its state and is allocating.
@@ -110,13 +173,15 @@ func (c *Controller) Run(ctx context.Context) error {
 	defer c.nsQ.ShutDown()
 	defer c.changeQ.ShutDown()
 	defer c.statusQ.ShutDown()
-	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
-	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.kube.CoreV1().Events("")})
-	defer broadcaster.Shutdown()
-	sch := runtime.NewScheme()
-	_ = scheme.AddToScheme(sch)
-	_ = networkv1.AddToScheme(sch)
-	c.recorder = broadcaster.NewRecorder(sch, corev1.EventSource{Component: "ofsdn-controller"})
+	if c.recorder == nil {
+		broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+		broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.kube.CoreV1().Events("")})
+		defer broadcaster.Shutdown()
+		sch := runtime.NewScheme()
+		_ = scheme.AddToScheme(sch)
+		_ = networkv1.AddToScheme(sch)
+		c.recorder = broadcaster.NewRecorder(sch, corev1.EventSource{Component: "ofsdn-controller"})
+	}
 
 	if err := c.ensureClusterNetwork(ctx); err != nil {
 		if ctx.Err() != nil {
@@ -124,41 +189,9 @@ func (c *Controller) Run(ctx context.Context) error {
 		}
 		return err
 	}
-	kf := informers.NewSharedInformerFactory(c.kube, 0)
-	nf := networkinformers.NewSharedInformerFactory(c.net, 0)
-	nodeInf, nsInf := kf.Core().V1().Nodes(), kf.Core().V1().Namespaces()
-	hsInf, nnInf, cnInf := nf.Network().V1().HostSubnets(), nf.Network().V1().NetNamespaces(), nf.Network().V1().ClusterNetworks()
-	c.nodes, c.namespaces = nodeInf.Lister(), nsInf.Lister()
-	c.subnets, c.netns, c.networks = hsInf.Lister(), nnInf.Lister(), cnInf.Lister()
-	name := func(obj any) string {
-		if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-			return d.Key
-		}
-		if m, err := meta.Accessor(obj); err == nil {
-			return m.GetName()
-		}
-		return ""
+	for _, f := range c.factories {
+		f.Start(ctx.Done())
 	}
-	on := func(q workqueue.TypedRateLimitingInterface[string]) cache.ResourceEventHandlerFuncs {
-		return cache.ResourceEventHandlerFuncs{
-			AddFunc:    func(obj any) { q.Add(name(obj)) },
-			UpdateFunc: func(_, obj any) { q.Add(name(obj)) },
-			DeleteFunc: func(obj any) { q.Add(name(obj)) },
-		}
-	}
-	_, _ = nodeInf.Informer().AddEventHandler(on(c.nodeQ))
-	_, _ = hsInf.Informer().AddEventHandler(on(c.nodeQ)) // a HostSubnet deleted by hand comes back
-	_, _ = nsInf.Informer().AddEventHandler(on(c.nsQ))
-	_, _ = nnInf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { c.nsQ.Add(name(obj)); c.changeQ.Add(name(obj)) },
-		UpdateFunc: func(_, obj any) { c.changeQ.Add(name(obj)) },
-		DeleteFunc: func(obj any) { c.nsQ.Add(name(obj)) },
-	})
-	_, _ = cnInf.Informer().AddEventHandler(on(c.statusQ))
-	c.synced = []cache.InformerSynced{nodeInf.Informer().HasSynced, nsInf.Informer().HasSynced, hsInf.Informer().HasSynced,
-		nnInf.Informer().HasSynced, cnInf.Informer().HasSynced}
-	kf.Start(ctx.Done())
-	nf.Start(ctx.Done())
 	if !cache.WaitForCacheSync(ctx.Done(), c.synced...) {
 		return nil // only ctx ending stops the wait
 	}
@@ -222,36 +255,62 @@ func (c *Controller) rebuild() error {
 	if err != nil {
 		return err
 	}
-	c.subnetA, c.vnidA = sa, NewVNIDAllocator()
+	c.subnetA, c.vnidA = sa, newVNIDAllocator(c.vnidRange[0], c.vnidRange[1])
 	hss, err := c.subnets.List(labels.Everything())
 	if err != nil {
 		return err
 	}
 	for _, hs := range hss {
-		p, err := netip.ParsePrefix(string(hs.Subnet))
-		if err == nil {
-			err = c.subnetA.MarkAllocated(p)
-		}
-		if err != nil {
-			// Never hand this subnet out again, never delete what someone may rely on: say so.
-			c.log.Error(err, "HostSubnet not counted", "hostsubnet", hs.Name)
-			c.recorder.Eventf(hs, corev1.EventTypeWarning, "InvalidSubnet", "subnet %q: %v", hs.Subnet, err)
-			continue
-		}
-		c.nodeSubnet[hs.Name] = p
+		c.adoptSubnetLocked(hs)
 	}
 	nns, err := c.netns.List(labels.Everything())
 	if err != nil {
 		return err
 	}
 	for _, nn := range nns {
-		if err := c.vnidA.Use(nn.NetID); err != nil {
-			c.recorder.Eventf(nn, corev1.EventTypeWarning, "InvalidNetID", "%v", err)
-			continue
-		}
-		c.nsVNID[nn.Name] = nn.NetID
+		c.adoptVNIDLocked(nn)
 	}
 	return nil
+}
+
+// adoptSubnetLocked counts the subnet of a HostSubnet this run did not allocate — one that existed at
+// start, or one another writer made since (an admin, or a previous leader's last write landing late) —
+// so it is never handed out a second time. A subnet the CIDRs do not hold, or one already taken, is not
+// counted and is reported once; the HostSubnet is left alone (someone may rely on it). c.mu is held.
+func (c *Controller) adoptSubnetLocked(hs *networkv1.HostSubnet) {
+	if _, ok := c.nodeSubnet[hs.Name]; ok {
+		return
+	}
+	p, err := netip.ParsePrefix(string(hs.Subnet))
+	if err == nil {
+		err = c.subnetA.MarkAllocated(p)
+	}
+	if err != nil {
+		if key := "hostsubnet/" + hs.Name; c.refused[key] != string(hs.Subnet) {
+			c.refused[key] = string(hs.Subnet)
+			c.log.Error(err, "HostSubnet not counted", "hostsubnet", hs.Name)
+			c.recorder.Eventf(hs, corev1.EventTypeWarning, "InvalidSubnet", "subnet %q: %v", hs.Subnet, err)
+		}
+		return
+	}
+	delete(c.refused, "hostsubnet/"+hs.Name)
+	c.nodeSubnet[hs.Name] = p
+}
+
+// adoptVNIDLocked counts the VNID of a NetNamespace this run did not allocate (as adoptSubnetLocked).
+// c.mu is held.
+func (c *Controller) adoptVNIDLocked(nn *networkv1.NetNamespace) {
+	if _, ok := c.nsVNID[nn.Name]; ok {
+		return
+	}
+	if err := c.vnidA.Use(nn.NetID); err != nil {
+		if key := "netnamespace/" + nn.Name; c.refused[key] != fmt.Sprint(nn.NetID) {
+			c.refused[key] = fmt.Sprint(nn.NetID)
+			c.recorder.Eventf(nn, corev1.EventTypeWarning, "InvalidNetID", "%v", err)
+		}
+		return
+	}
+	c.nsVNID[nn.Name] = nn.NetID
 }
 
 func allocatorFor(spec networkv1.ClusterNetworkSpec) (*SubnetAllocator, error) {
@@ -282,6 +341,9 @@ func (c *Controller) syncNode(ctx context.Context, name string) error {
 	}
 	hs, err := c.subnets.Get(name)
 	if err == nil {
+		c.mu.Lock()
+		c.adoptSubnetLocked(hs)
+		c.mu.Unlock()
 		if hs.HostIP != ip.String() {
 			upd := hs.DeepCopy()
 			upd.HostIP = ip.String()
@@ -295,33 +357,42 @@ func (c *Controller) syncNode(ctx context.Context, name string) error {
 	if !apierrors.IsNotFound(err) {
 		return err
 	}
+	// A subnet the controller already holds for this node is one whose HostSubnet it created and the
+	// informer does not show yet, or one whose HostSubnet was deleted (by hand, or by this controller
+	// just before the node came back): create it again with that subnet, so the node's pods keep their
+	// addresses; AlreadyExists means it is there.
 	c.mu.Lock()
-	if _, ok := c.nodeSubnet[name]; ok { // created, but the informer has not shown it yet
-		c.mu.Unlock()
-		return nil
-	}
-	subnet, aerr := c.subnetA.Allocate()
-	if aerr != nil {
-		first := !c.waiting[name]
-		c.waiting[name] = true
-		c.mu.Unlock()
-		c.statusQ.Add(networkv1.ClusterNetworkName)
-		if first {
-			c.recorder.Eventf(node, corev1.EventTypeWarning, "SubnetExhausted", "no HostSubnet for node %s: %v", name, aerr)
-			c.log.Info("no subnet left for node", "node", name, "err", aerr)
+	subnet, held := c.nodeSubnet[name]
+	if !held {
+		var aerr error
+		if subnet, aerr = c.subnetA.Allocate(); aerr != nil {
+			first := !c.waiting[name]
+			c.waiting[name] = true
+			c.mu.Unlock()
+			c.statusQ.Add(networkv1.ClusterNetworkName)
+			if first {
+				c.recorder.Eventf(node, corev1.EventTypeWarning, "SubnetExhausted", "no HostSubnet for node %s: %v", name, aerr)
+				c.log.Info("no subnet left for node", "node", name, "err", aerr)
+			}
+			return nil // retried when a subnet is freed
 		}
-		return nil // retried when a subnet is freed
+		c.nodeSubnet[name] = subnet
+		delete(c.waiting, name)
 	}
-	c.nodeSubnet[name] = subnet
-	delete(c.waiting, name)
 	c.mu.Unlock()
 	hs = &networkv1.HostSubnet{ObjectMeta: metav1.ObjectMeta{Name: name}, Host: name, HostIP: ip.String(), Subnet: networkv1.CIDR(subnet.String())}
 	if _, err := c.net.NetworkV1().HostSubnets().Create(ctx, hs, metav1.CreateOptions{}); err != nil {
-		c.mu.Lock()
-		c.subnetA.Release(subnet)
-		delete(c.nodeSubnet, name)
-		c.mu.Unlock()
+		if held && apierrors.IsAlreadyExists(err) {
+			return nil
+		}
+		if !held {
+			c.releaseSubnet(name) // the retry allocates again (or adopts what another writer made)
+		}
 		return fmt.Errorf("create HostSubnet %s: %w", name, err)
+	}
+	if held {
+		c.log.Info("recreated host subnet", "node", name, "subnet", subnet, "hostIP", ip)
+		return nil
 	}
 	c.metrics.Allocations.WithLabelValues("subnet").Inc()
 	c.log.Info("allocated host subnet", "node", name, "subnet", subnet, "hostIP", ip)
@@ -336,11 +407,24 @@ func (c *Controller) releaseNode(ctx context.Context, name string) error {
 		}
 	}
 	c.mu.Lock()
-	p, ok := c.nodeSubnet[name]
-	delete(c.nodeSubnet, name)
 	delete(c.waiting, name)
+	delete(c.refused, "hostsubnet/"+name)
+	c.mu.Unlock()
+	if p, ok := c.releaseSubnet(name); ok {
+		c.log.Info("released host subnet", "node", name, "subnet", p)
+	}
+	return nil
+}
+
+// releaseSubnet frees the subnet the controller holds for a node and forgets it — the node is gone, or
+// the HostSubnet that recorded it could not be created — and gives the nodes waiting for a subnet
+// another try.
+func (c *Controller) releaseSubnet(node string) (netip.Prefix, bool) {
+	c.mu.Lock()
+	p, ok := c.nodeSubnet[node]
 	var retry []string
 	if ok {
+		delete(c.nodeSubnet, node)
 		c.subnetA.Release(p)
 		for n := range c.waiting {
 			retry = append(retry, n)
@@ -348,13 +432,25 @@ func (c *Controller) releaseNode(ctx context.Context, name string) error {
 	}
 	c.mu.Unlock()
 	if ok {
-		c.log.Info("released host subnet", "node", name, "subnet", p)
 		c.statusQ.Add(networkv1.ClusterNetworkName)
 	}
 	for _, n := range retry {
 		c.nodeQ.Add(n)
 	}
-	return nil
+	return p, ok
+}
+
+// releaseVNID drops a namespace's use of the VNID the controller holds for it and forgets it — the
+// namespace is gone, or the NetNamespace that recorded it could not be created.
+func (c *Controller) releaseVNID(namespace string) (uint32, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	id, ok := c.nsVNID[namespace]
+	if ok {
+		c.vnidA.Release(id)
+		delete(c.nsVNID, namespace)
+	}
+	return id, ok
 }
 
 func internalIP(n *corev1.Node) netip.Addr {
@@ -382,51 +478,57 @@ func (c *Controller) syncNamespace(ctx context.Context, name string) error {
 			}
 		}
 		c.mu.Lock()
-		if id, ok := c.nsVNID[name]; ok {
-			c.vnidA.Release(id)
-			delete(c.nsVNID, name)
-			c.log.Info("released VNID", "namespace", name, "netid", id, "usersLeft", c.vnidA.Users(id))
-		}
+		delete(c.refused, "netnamespace/"+name)
 		c.mu.Unlock()
+		if id, ok := c.releaseVNID(name); ok {
+			c.log.Info("released VNID", "namespace", name, "netid", id)
+		}
 		return nil
 	}
 	if err != nil {
 		return err
 	}
-	if _, err := c.netns.Get(name); err == nil {
+	if nn, err := c.netns.Get(name); err == nil {
+		c.mu.Lock()
+		c.adoptVNIDLocked(nn)
+		c.mu.Unlock()
 		return nil
 	} else if !apierrors.IsNotFound(err) {
 		return err
 	}
+	// A VNID held already: the NetNamespace is created and not shown yet, or it was deleted by hand;
+	// create it again with that VNID (as syncNode does with subnets).
 	c.mu.Lock()
-	if _, ok := c.nsVNID[name]; ok {
-		c.mu.Unlock()
-		return nil // created, informer not caught up
-	}
-	id := networkv1.GlobalVNID
-	if !c.isGlobal(name) {
-		if id, err = c.vnidA.Allocate(); err != nil {
-			c.mu.Unlock()
-			return err
+	id, held := c.nsVNID[name]
+	if !held {
+		id = networkv1.GlobalVNID
+		if !c.isGlobal(name) {
+			if id, err = c.vnidA.Allocate(); err != nil {
+				c.mu.Unlock()
+				return err
+			}
 		}
+		c.nsVNID[name] = id
 	}
-	c.nsVNID[name] = id
 	c.mu.Unlock()
 	nn := &networkv1.NetNamespace{ObjectMeta: metav1.ObjectMeta{Name: name}, NetName: name, NetID: id}
 	if _, err := c.net.NetworkV1().NetNamespaces().Create(ctx, nn, metav1.CreateOptions{}); err != nil {
+		if held && apierrors.IsAlreadyExists(err) {
+			return nil
+		}
+		if held {
+			return fmt.Errorf("create NetNamespace %s again: %w", name, err)
+		}
+		c.releaseVNID(name) // the retry allocates again
 		if apierrors.IsAlreadyExists(err) {
-			// Another writer made it: take what the API holds once the informer shows it.
-			c.mu.Lock()
-			c.vnidA.Release(id)
-			delete(c.nsVNID, name)
-			c.mu.Unlock()
+			// Another writer made it: the retry takes what the API holds once the informer shows it.
 			return errors.New("NetNamespace appeared concurrently; retrying")
 		}
-		c.mu.Lock()
-		c.vnidA.Release(id)
-		delete(c.nsVNID, name)
-		c.mu.Unlock()
 		return fmt.Errorf("create NetNamespace %s: %w", name, err)
+	}
+	if held {
+		c.log.Info("recreated NetNamespace", "namespace", name, "netid", id)
+		return nil
 	}
 	c.metrics.Allocations.WithLabelValues("vnid").Inc()
 	c.log.V(2).Info("allocated VNID", "namespace", name, "netid", id)
@@ -452,6 +554,7 @@ func (c *Controller) syncChangeNetwork(ctx context.Context, name string) error {
 	req, perr := networkv1.ParseChangeNetwork(value)
 	var target uint32
 	c.mu.Lock()
+	c.adoptVNIDLocked(nn) // a request may come before the namespace's own sync
 	old, tracked := c.nsVNID[name]
 	if !tracked {
 		old = nn.NetID

@@ -1,4 +1,7 @@
-package controller
+package controller_test
+
+// Tests against a real API server: the controller runs in-process as deployed (controllertest). The
+// sync functions' unit tests, on fake clientsets, are in sync_test.go.
 
 import (
 	"context"
@@ -11,78 +14,31 @@ import (
 
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
 	networkclient "github.com/ofsdn/ofsdn/client/clientset/versioned"
+	"github.com/ofsdn/ofsdn/controller/controllertest"
 	"github.com/ofsdn/ofsdn/e2e/kubelab"
+	"github.com/ofsdn/ofsdn/internal/proc"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/klog/v2"
 )
 
-// lab is a real API server with deploy/'s CRDs and the controller's RBAC applied; the controller under
-// test runs with the ServiceAccount that RBAC binds, so the test proves deploy/ grants enough.
+// lab is a real API server with deploy/'s CRDs and the controller's RBAC applied, and admin clients.
 type lab struct {
 	api   *kubelab.Cluster
 	admin kubernetes.Interface
 	net   networkclient.Interface
-	// as the controller's ServiceAccount
-	kube    kubernetes.Interface
-	netAsSA networkclient.Interface
 }
 
 func newLab(t *testing.T) *lab {
-	api := kubelab.Start(t, kubelab.Options{})
-	for _, f := range []string{"../deploy/namespace.yaml", "../deploy/crds/", "../deploy/controller/rbac.yaml"} {
-		if out, err := api.Kubectl("apply", "--server-side", "-f", f); err != nil {
-			t.Fatalf("%v\n%s", err, out)
-		}
-	}
-	if out, err := api.Kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all"); err != nil {
-		t.Fatalf("%v\n%s", err, out)
-	}
-	sa := api.ServiceAccountConfig(t, "ofsdn", "ofsdn-controller")
-	l := &lab{api: api, admin: kubernetes.NewForConfigOrDie(api.AdminConfig()), net: networkclient.NewForConfigOrDie(api.AdminConfig()),
-		kube: kubernetes.NewForConfigOrDie(sa), netAsSA: networkclient.NewForConfigOrDie(sa)}
-	return l
-}
-
-func spec(cidr string, hostBits int32) networkv1.ClusterNetworkSpec {
-	return networkv1.ClusterNetworkSpec{ClusterCIDRs: []networkv1.CIDR{networkv1.CIDR(cidr)}, HostSubnetLength: hostBits,
-		ServiceNetwork: "172.30.0.0/16", PluginMode: networkv1.PluginModeMultitenant, VXLANPort: 4789, MTU: 1450}
+	api := kubelab.StartDeploy(t, kubelab.Options{}, controllertest.Manifests...)
+	return &lab{api: api, admin: kubernetes.NewForConfigOrDie(api.AdminConfig()), net: networkclient.NewForConfigOrDie(api.AdminConfig())}
 }
 
 // start runs a controller (through leader election, as deployed) until the returned stop is called.
 func (l *lab) start(t *testing.T, s networkv1.ClusterNetworkSpec, id string) (stop func()) {
-	ctx, cancel := context.WithCancel(context.Background())
-	c := New(l.kube, l.netAsSA, Config{Network: s, GlobalNamespaces: []string{"kube-system"}, Logger: klog.Background().WithValues("replica", id)}, nil)
-	done := make(chan error, 1)
-	go func() {
-		done <- RunLeader(ctx, l.kube, LeaderConfig{Namespace: "ofsdn", Name: "ofsdn-controller", Identity: id,
-			LeaseDuration: 4 * time.Second, RenewDeadline: 3 * time.Second, RetryPeriod: 500 * time.Millisecond}, c)
-	}()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("controller %s: %v", id, err)
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return stop
-}
-
-func waitFor(t *testing.T, d time.Duration, what string, ok func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	return controllertest.Start(t, l.api, s, id)
 }
 
 func (l *lab) netids(t *testing.T) map[string]uint32 {
@@ -118,7 +74,7 @@ func (l *lab) createNamespaces(t *testing.T, prefix string, n int) {
 func TestVNIDs(t *testing.T) {
 	l := newLab(t)
 	ctx := context.Background()
-	stop := l.start(t, spec("10.128.0.0/14", 9), "a")
+	stop := l.start(t, controllertest.Spec("10.128.0.0/14", 9), "a")
 	// Killed midway: stop the controller while 200 namespaces arrive, then start another.
 	stopped := make(chan struct{})
 	go func() {
@@ -145,9 +101,9 @@ func TestVNIDs(t *testing.T) {
 	}
 	before := l.netids(t)
 	t.Logf("%d NetNamespaces when the first controller stopped", len(before))
-	l.start(t, spec("10.128.0.0/14", 9), "b")
+	l.start(t, controllertest.Spec("10.128.0.0/14", 9), "b")
 	var ids map[string]uint32
-	waitFor(t, time.Minute, "200 tenant NetNamespaces", func() bool {
+	proc.Eventually(t, time.Minute, "200 tenant NetNamespaces", func() bool {
 		ids = l.netids(t)
 		n := 0
 		for name := range ids {
@@ -184,7 +140,7 @@ func TestVNIDs(t *testing.T) {
 			t.Fatal(err)
 		}
 		var nn *networkv1.NetNamespace
-		waitFor(t, 30*time.Second, "change-network "+req+" carried out", func() bool {
+		proc.Eventually(t, 30*time.Second, "change-network "+req+" carried out", func() bool {
 			var err error
 			nn, err = l.net.NetworkV1().NetNamespaces().Get(ctx, ns, metav1.GetOptions{})
 			_, pending := nn.Annotations[networkv1.ChangeNetworkAnnotation]
@@ -209,7 +165,7 @@ func TestVNIDs(t *testing.T) {
 	if got := change(a, "merge-with:x"); got != 0 {
 		t.Errorf("a malformed request changed NETID to %d", got)
 	}
-	waitFor(t, 30*time.Second, "a Warning Event on the malformed request", func() bool {
+	proc.Eventually(t, 30*time.Second, "a Warning Event on the malformed request", func() bool {
 		evs, _ := l.admin.CoreV1().Events("").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + a + ",reason=InvalidChangeNetwork"})
 		return evs != nil && len(evs.Items) >= 2
 	})
@@ -223,7 +179,7 @@ func TestVNIDs(t *testing.T) {
 func TestSubnets(t *testing.T) {
 	l := newLab(t)
 	ctx := context.Background()
-	l.start(t, spec("10.128.0.0/16", 8), "a") // 256 /24s
+	l.start(t, controllertest.Spec("10.128.0.0/16", 8), "a") // 256 /24s
 	addNode := func(name string, ip netip.Addr) {
 		n, err := l.admin.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
 		if err != nil {
@@ -244,7 +200,7 @@ func TestSubnets(t *testing.T) {
 	}
 	wg.Wait()
 	var subnets []networkv1.HostSubnet
-	waitFor(t, time.Minute, "50 HostSubnets", func() bool {
+	proc.Eventually(t, time.Minute, "50 HostSubnets", func() bool {
 		list, err := l.net.NetworkV1().HostSubnets().List(ctx, metav1.ListOptions{})
 		subnets = nil
 		if err == nil {
@@ -275,7 +231,7 @@ func TestSubnets(t *testing.T) {
 	if err := l.admin.CoreV1().Nodes().Delete(ctx, "node-7", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "node-7's HostSubnet removed", func() bool {
+	proc.Eventually(t, 30*time.Second, "node-7's HostSubnet removed", func() bool {
 		_, err := l.net.NetworkV1().HostSubnets().Get(ctx, "node-7", metav1.GetOptions{})
 		return err != nil
 	})
@@ -284,7 +240,7 @@ func TestSubnets(t *testing.T) {
 func TestSubnetExhaustion(t *testing.T) {
 	l := newLab(t)
 	ctx := context.Background()
-	l.start(t, spec("10.0.0.0/24", 6), "a") // 4 /26s for 5 nodes
+	l.start(t, controllertest.Spec("10.0.0.0/24", 6), "a") // 4 /26s for 5 nodes
 	for i := range 5 {
 		n, err := l.admin.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("n%d", i)}}, metav1.CreateOptions{})
 		if err != nil {
@@ -295,7 +251,7 @@ func TestSubnetExhaustion(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, time.Minute, "the SubnetsAvailable=False condition and the Event", func() bool {
+	proc.Eventually(t, time.Minute, "the SubnetsAvailable=False condition and the Event", func() bool {
 		cn, err := l.net.NetworkV1().ClusterNetworks().Get(ctx, "default", metav1.GetOptions{})
 		if err != nil || !meta.IsStatusConditionFalse(cn.Status.Conditions, networkv1.ConditionSubnetsAvailable) {
 			return false
@@ -311,7 +267,7 @@ func TestSubnetExhaustion(t *testing.T) {
 	if err := l.admin.CoreV1().Nodes().Delete(ctx, list.Items[0].Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, time.Minute, "the waiting node served and SubnetsAvailable=True", func() bool {
+	proc.Eventually(t, time.Minute, "the waiting node served and SubnetsAvailable=True", func() bool {
 		cn, err := l.net.NetworkV1().ClusterNetworks().Get(ctx, "default", metav1.GetOptions{})
 		hs, _ := l.net.NetworkV1().HostSubnets().List(ctx, metav1.ListOptions{})
 		return err == nil && meta.IsStatusConditionTrue(cn.Status.Conditions, networkv1.ConditionSubnetsAvailable) && len(hs.Items) == 4
@@ -321,28 +277,28 @@ func TestSubnetExhaustion(t *testing.T) {
 func TestTwoReplicas(t *testing.T) {
 	l := newLab(t)
 	ctx := context.Background()
-	stopA := l.start(t, spec("10.128.0.0/14", 9), "replica-a")
-	waitFor(t, 30*time.Second, "a leader", func() bool {
+	stopA := l.start(t, controllertest.Spec("10.128.0.0/14", 9), "replica-a")
+	proc.Eventually(t, 30*time.Second, "a leader", func() bool {
 		lease, err := l.admin.CoordinationV1().Leases("ofsdn").Get(ctx, "ofsdn-controller", metav1.GetOptions{})
 		return err == nil && lease.Spec.HolderIdentity != nil && *lease.Spec.HolderIdentity == "replica-a"
 	})
-	l.start(t, spec("10.128.0.0/14", 9), "replica-b")
+	l.start(t, controllertest.Spec("10.128.0.0/14", 9), "replica-b")
 	l.createNamespaces(t, "two", 20)
-	waitFor(t, 30*time.Second, "20 NetNamespaces", func() bool { return len(l.netids(t)) >= 20 })
+	proc.Eventually(t, 30*time.Second, "20 NetNamespaces", func() bool { return len(l.netids(t)) >= 20 })
 	lease, _ := l.admin.CoordinationV1().Leases("ofsdn").Get(ctx, "ofsdn-controller", metav1.GetOptions{})
 	if *lease.Spec.HolderIdentity != "replica-a" {
 		t.Fatalf("leader changed to %s while a ran", *lease.Spec.HolderIdentity)
 	}
 	began := time.Now()
 	stopA()
-	waitFor(t, 30*time.Second, "replica-b leading", func() bool {
+	proc.Eventually(t, 30*time.Second, "replica-b leading", func() bool {
 		lease, err := l.admin.CoordinationV1().Leases("ofsdn").Get(ctx, "ofsdn-controller", metav1.GetOptions{})
 		return err == nil && lease.Spec.HolderIdentity != nil && *lease.Spec.HolderIdentity == "replica-b"
 	})
 	took := time.Since(began)
 	t.Logf("replica-b took over %s after replica-a stopped (lease duration 4s)", took.Round(time.Millisecond))
 	l.createNamespaces(t, "after", 5)
-	waitFor(t, 30*time.Second, "replica-b allocating", func() bool { return len(l.netids(t)) >= 25 })
+	proc.Eventually(t, 30*time.Second, "replica-b allocating", func() bool { return len(l.netids(t)) >= 25 })
 	ids := l.netids(t)
 	seen := map[uint32]string{}
 	for name, id := range ids {

@@ -22,13 +22,7 @@ import (
 // every object passes the server's validation and admission (the CRDs and the namespace are created
 // for real first, as the objects in them need them to exist).
 func TestServerSideDryRun(t *testing.T) {
-	c := kubelab.Start(t, kubelab.Options{})
-	if out, err := c.Kubectl("apply", "--server-side", "-f", "namespace.yaml", "-f", "crds/"); err != nil {
-		t.Fatalf("%v\n%s", err, out)
-	}
-	if out, err := c.Kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all"); err != nil {
-		t.Fatalf("%v\n%s", err, out)
-	}
+	c := kubelab.StartDeploy(t, kubelab.Options{}, "namespace.yaml", "crds/")
 	out, err := c.Kubectl("apply", "--server-side", "--dry-run=server", "-k", ".")
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out)

@@ -16,13 +16,14 @@ import (
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
 	networkclient "github.com/ofsdn/ofsdn/client/clientset/versioned"
 	networkfake "github.com/ofsdn/ofsdn/client/clientset/versioned/fake"
-	"github.com/ofsdn/ofsdn/controller"
+	"github.com/ofsdn/ofsdn/controller/controllertest"
 	"github.com/ofsdn/ofsdn/e2e/kubelab"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	kubefake "k8s.io/client-go/kubernetes/fake"
-	"k8s.io/klog/v2"
+
+	"github.com/ofsdn/ofsdn/internal/proc"
 )
 
 func TestParsePodNetworkArgs(t *testing.T) {
@@ -256,42 +257,16 @@ func parseTable(t *testing.T, out string) map[string]uint32 {
 }
 
 // TestPodNetworkLab runs the commands through Main against a real API server with the controller running
-// in-process (as its ServiceAccount, through leader election, as controller_test.go does).
+// in-process as deployed (controllertest: its ServiceAccount, leader election).
 func TestPodNetworkLab(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a real kube-apiserver; skipped with -short")
 	}
-	api := kubelab.Start(t, kubelab.Options{})
-	for _, f := range []string{"../deploy/namespace.yaml", "../deploy/crds/", "../deploy/controller/rbac.yaml"} {
-		if out, err := api.Kubectl("apply", "--server-side", "-f", f); err != nil {
-			t.Fatalf("%v\n%s", err, out)
-		}
-	}
-	if out, err := api.Kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all"); err != nil {
-		t.Fatalf("%v\n%s", err, out)
-	}
-	sa := api.ServiceAccountConfig(t, "ofsdn", "ofsdn-controller")
+	api := kubelab.StartDeploy(t, kubelab.Options{}, controllertest.Manifests...)
 	admin := kubernetes.NewForConfigOrDie(api.AdminConfig())
 	netc := networkclient.NewForConfigOrDie(api.AdminConfig())
-
+	stopController := controllertest.Start(t, api, controllertest.Spec("10.128.0.0/14", 9), "test")
 	ctx := context.Background()
-	ctrlCtx, cancel := context.WithCancel(ctx)
-	spec := networkv1.ClusterNetworkSpec{ClusterCIDRs: []networkv1.CIDR{"10.128.0.0/14"}, HostSubnetLength: 9,
-		ServiceNetwork: "172.30.0.0/16", PluginMode: networkv1.PluginModeMultitenant, VXLANPort: 4789, MTU: 1450}
-	ctrl := controller.New(kubernetes.NewForConfigOrDie(sa), networkclient.NewForConfigOrDie(sa),
-		controller.Config{Network: spec, GlobalNamespaces: []string{"kube-system"}, Logger: klog.Background()}, nil)
-	done := make(chan error, 1)
-	go func() {
-		done <- controller.RunLeader(ctrlCtx, kubernetes.NewForConfigOrDie(sa), controller.LeaderConfig{Namespace: "ofsdn",
-			Name: "ofsdn-controller", Identity: "test", LeaseDuration: 4 * time.Second, RenewDeadline: 3 * time.Second,
-			RetryPeriod: 500 * time.Millisecond}, ctrl)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("controller: %v", err)
-		}
-	})
 
 	projects := []string{"pa", "pb", "pc"}
 	for _, p := range projects {
@@ -314,13 +289,10 @@ func TestPodNetworkLab(t *testing.T) {
 		}
 		return m
 	}
-	deadline := time.Now().Add(time.Minute)
-	for ids := netids(); len(ids) < 3 || ids["pa"] == 0 || ids["pb"] == 0 || ids["pc"] == 0; ids = netids() {
-		if time.Now().After(deadline) {
-			t.Fatalf("the controller allocated no NETIDs for %v: %v", projects, ids)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	proc.Eventually(t, time.Minute, fmt.Sprintf("NETIDs for %v", projects), func() bool {
+		ids := netids()
+		return len(ids) >= 3 && ids["pa"] != 0 && ids["pb"] != 0 && ids["pc"] != 0
+	})
 	initial := netids()
 	kc := "--kubeconfig=" + api.KubeconfigPath()
 	run := func(args ...string) (map[string]uint32, error) {
@@ -398,11 +370,7 @@ func TestPodNetworkLab(t *testing.T) {
 	}
 
 	// With the controller stopped, nothing clears the request: the command times out naming the project.
-	cancel()
-	if err := <-done; err != nil {
-		t.Errorf("controller: %v", err)
-	}
-	done <- nil // for the cleanup
+	stopController()
 	_, err := run("isolate-projects", "--timeout=1s", "pb")
 	if want := fmt.Sprintf("project %q: the controller did not carry out isolate within 1s", "pb"); err == nil || !strings.Contains(err.Error(), want) {
 		t.Errorf("err = %v, want one containing %q", err, want)

@@ -50,7 +50,7 @@ func (e *BundleError) Error() string {
 	return "switch rejected the bundle: " + s
 }
 
-// FailedMessage implements flows.FailedMessageError.
+// FailedMessage implements reconcile.FailedMessageError.
 func (e *BundleError) FailedMessage() int { return e.Index }
 
 func (e *BundleError) Unwrap() error { return e.Cause }

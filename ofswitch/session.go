@@ -31,7 +31,7 @@ type Config struct {
 	// between retries of the OnReconnect hook (defaults 50 ms and 5 s).
 	ReconnectMin, ReconnectMax time.Duration
 	// HoldRequestsDuringReplay makes requests wait, after a reconnection, until the OnReconnect hook
-	// has succeeded. Off by default: a caller that holds its own lock across requests (flows.Reconciler
+	// has succeeded. Off by default: a caller that holds its own lock across requests (reconcile.Reconciler
 	// does) and whose hook needs that lock would otherwise stall until the waiting request times out.
 	HoldRequestsDuringReplay bool
 	// Logger receives structured logs; klog's global logger when unset.

@@ -8,7 +8,6 @@ package cluster
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -18,7 +17,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
@@ -34,6 +32,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"k8s.io/klog/v2"
+
+	"github.com/ofsdn/ofsdn/internal/proc"
 )
 
 // Options shape a cluster. The zero value is 3 nodes in multitenant mode.
@@ -200,7 +200,7 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 
 // Build compiles the cluster's binaries into dir (the controller only when asked).
 func Build(ctx context.Context, dir string, controller bool) error {
-	root, err := RepoRoot()
+	root, err := kubelab.RepoRoot()
 	if err != nil {
 		return err
 	}
@@ -218,28 +218,10 @@ func Build(ctx context.Context, dir string, controller bool) error {
 	return nil
 }
 
-// RepoRoot finds the ofsdn checkout from the working directory (tests run in their package's directory).
-func RepoRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if data, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil && strings.HasPrefix(string(data), "module github.com/ofsdn/ofsdn\n") {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("cluster: not inside the ofsdn checkout")
-		}
-		dir = parent
-	}
-}
-
 // applyDeploy applies deploy/'s CRDs, namespaces, RBAC and configuration — everything but the workloads,
 // which the lab runs as processes instead (there is no container runtime).
 func (c *Cluster) applyDeploy(ctx context.Context) error {
-	root, err := RepoRoot()
+	root, err := kubelab.RepoRoot()
 	if err != nil {
 		return err
 	}
@@ -255,12 +237,8 @@ func (c *Cluster) applyDeploy(ctx context.Context) error {
 		metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("cluster: %w", err)
 	}
-	if out, err := c.API.Kubectl("apply", "--server-side", "-f", path); err != nil {
-		return fmt.Errorf("cluster: apply deploy/: %w\n%s", err, out)
-	}
-	if out, err := c.API.Kubectl("wait", "--for=condition=Established", "--timeout=60s",
-		"crd/clusternetworks.network.ofsdn.io", "crd/hostsubnets.network.ofsdn.io", "crd/netnamespaces.network.ofsdn.io"); err != nil {
-		return fmt.Errorf("cluster: CRDs not established: %w\n%s", err, out)
+	if err := c.API.Apply(path); err != nil {
+		return fmt.Errorf("cluster: deploy/: %w", err)
 	}
 	return nil
 }
@@ -341,10 +319,10 @@ func (c *Cluster) StopAgent(n *Node, crash bool) {
 		return
 	}
 	if crash {
-		p.kill()
+		p.Kill()
 		return
 	}
-	p.stop(10 * time.Second)
+	p.Stop(10 * time.Second)
 }
 
 // WaitAgentsReady waits until every agent has set up its node and installed the CNI configuration.
@@ -352,14 +330,14 @@ func (c *Cluster) WaitAgentsReady(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	for _, n := range c.Nodes {
-		if err := waitFor(ctx, func() bool {
+		if err := proc.Until(ctx, 0, func() bool {
 			_, err := os.Stat(filepath.Join(n.CNIConfDir, "80-ofsdn.conflist"))
 			return err == nil
 		}); err != nil {
-			return fmt.Errorf("cluster: agent on %s not ready (log %s): %w\n%s", n.Name, n.AgentLog, err, tail(n.AgentLog, 20))
+			return fmt.Errorf("cluster: agent on %s not ready (log %s): %w\n%s", n.Name, n.AgentLog, err, proc.Tail(n.AgentLog, 20))
 		}
 		if n.agent != nil && !n.agent.running() {
-			return fmt.Errorf("cluster: agent on %s exited:\n%s", n.Name, tail(n.AgentLog, 30))
+			return fmt.Errorf("cluster: agent on %s exited:\n%s", n.Name, proc.Tail(n.AgentLog, 30))
 		}
 	}
 	return nil
@@ -390,7 +368,7 @@ func (c *Cluster) Stop() {
 			c.StopAgent(n, false)
 		}
 		if c.controller != nil {
-			c.controller.stop(10 * time.Second)
+			c.controller.Stop(10 * time.Second)
 		}
 		if c.API != nil {
 			c.API.Stop()
@@ -410,10 +388,10 @@ func (c *Cluster) Stop() {
 func (c *Cluster) Logs(lines int) string {
 	var b strings.Builder
 	if c.controller != nil {
-		fmt.Fprintf(&b, "--- ofsdn-controller (%s):\n%s\n", c.controller.log, tail(c.controller.log, lines))
+		fmt.Fprintf(&b, "--- ofsdn-controller (%s):\n%s\n", c.controller.log, proc.Tail(c.controller.log, lines))
 	}
 	for _, n := range c.Nodes {
-		fmt.Fprintf(&b, "--- ofsdn-agent on %s (%s):\n%s\n", n.Name, n.AgentLog, tail(n.AgentLog, lines))
+		fmt.Fprintf(&b, "--- ofsdn-agent on %s (%s):\n%s\n", n.Name, n.AgentLog, proc.Tail(n.AgentLog, lines))
 	}
 	return b.String()
 }
@@ -439,12 +417,11 @@ func writeKubeconfig(path string, cfg *rest.Config) error {
 	return nil
 }
 
-// process is a daemon the cluster started; it runs in its own process group so stopping it stops its
-// children (ip netns exec execs in place, so the group is the daemon itself).
+// process is a daemon the cluster started (proc.Daemon: its own process group, so stopping it stops its
+// children; ip netns exec execs in place, so the group is the daemon itself), its output in log.
 type process struct {
-	cmd  *exec.Cmd
-	log  string
-	done chan struct{}
+	*proc.Daemon
+	log string
 }
 
 func startProcess(bin, logPath, netns string, args ...string) (*process, error) {
@@ -460,40 +437,17 @@ func startProcess(bin, logPath, netns string, args ...string) (*process, error) 
 		cmd = exec.Command(bin, args...)
 	}
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("cluster: start %s: %w", filepath.Base(bin), err)
+	d, err := proc.Start(cmd)
+	if err != nil {
+		return nil, fmt.Errorf("cluster: %s: %w", filepath.Base(bin), err)
 	}
-	p := &process{cmd: cmd, log: logPath, done: make(chan struct{})}
-	go func() { _ = cmd.Wait(); close(p.done) }()
-	return p, nil
+	return &process{Daemon: d, log: logPath}, nil
 }
 
 func (p *process) running() bool {
-	select {
-	case <-p.done:
-		return false
-	default:
-		return true
-	}
+	exited, _ := p.Exited()
+	return !exited
 }
-
-func (p *process) kill() {
-	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-	<-p.done
-}
-
-func (p *process) stop(grace time.Duration) {
-	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(grace):
-		p.kill()
-	}
-}
-
-// PID is the daemon's process ID.
-func (p *process) PID() int { return p.cmd.Process.Pid }
 
 // AgentPID returns the PID of a node's agent, or 0.
 func (n *Node) AgentPID() int {
@@ -503,29 +457,4 @@ func (n *Node) AgentPID() int {
 		return 0
 	}
 	return n.agent.PID()
-}
-
-func waitFor(ctx context.Context, ok func() bool) error {
-	t := time.NewTicker(50 * time.Millisecond)
-	defer t.Stop()
-	for !ok() {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-t.C:
-		}
-	}
-	return nil
-}
-
-func tail(path string, n int) string {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return err.Error()
-	}
-	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
 }

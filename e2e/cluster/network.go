@@ -12,6 +12,8 @@ import (
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/ofsdn/ofsdn/internal/proc"
 )
 
 // SetMode switches the cluster's pluginMode live (agents re-render; no pod restarts).
@@ -34,7 +36,7 @@ func (c *Cluster) ChangeNetwork(ctx context.Context, namespace, request string) 
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	var netid uint32
-	err := waitFor(ctx, func() bool {
+	err := proc.Until(ctx, 0, func() bool {
 		nn, err := c.Net.NetworkV1().NetNamespaces().Get(ctx, namespace, metav1.GetOptions{})
 		if err != nil {
 			return false

@@ -14,6 +14,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/ofsdn/ofsdn/internal/proc"
 )
 
 // TestPort is the port every lab pod serves on, over TCP and UDP.
@@ -39,7 +41,7 @@ func (c *Cluster) EnsureNamespace(ctx context.Context, name string) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	err := waitFor(ctx, func() bool {
+	err := proc.Until(ctx, 0, func() bool {
 		_, err1 := c.Client.CoreV1().ServiceAccounts(name).Get(ctx, "default", metav1.GetOptions{})
 		_, err2 := c.Net.NetworkV1().NetNamespaces().Get(ctx, name, metav1.GetOptions{})
 		return err1 == nil && err2 == nil
@@ -75,7 +77,7 @@ func (c *Cluster) WaitPod(ctx context.Context, namespace, name string) (*Pod, er
 	defer cancel()
 	var pod *corev1.Pod
 	var last error
-	err := waitFor(ctx, func() bool {
+	err := proc.Until(ctx, 0, func() bool {
 		p, err := c.Client.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			last = err
@@ -105,7 +107,7 @@ func (c *Cluster) WaitPod(ctx context.Context, namespace, name string) (*Pod, er
 		p.NetNS = n.NetNS
 	}
 	// The process starts after the status is written: wait until it answers locally.
-	err = waitFor(ctx, func() bool {
+	err = proc.Until(ctx, 0, func() bool {
 		r, err := p.Probe(ctx, "tcp", netip.AddrPortFrom(ip, TestPort), 0)
 		return err == nil && strings.HasPrefix(r, p.Key()+" ")
 	})
@@ -122,7 +124,7 @@ func (c *Cluster) DeletePod(ctx context.Context, namespace, name string) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	return waitFor(ctx, func() bool {
+	return proc.Until(ctx, 0, func() bool {
 		_, err := c.Client.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
 		return apierrors.IsNotFound(err)
 	})

@@ -40,6 +40,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/ofsdn/ofsdn/internal/proc"
 )
 
 // Options choose what runs besides etcd and kube-apiserver.
@@ -72,7 +74,7 @@ type Cluster struct {
 	etcdURL    string
 
 	mu    sync.Mutex
-	procs []*proc // in start order; stopped in reverse
+	procs []*daemon // in start order; stopped in reverse
 
 	stopOnce sync.Once
 	admin    kubernetes.Interface
@@ -118,6 +120,19 @@ func Start(t testing.TB, opts Options) *Cluster {
 		t.Cleanup(func() { c.cleanup(t) })
 	}
 	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// StartDeploy is Start, then ApplyDeploy of the given manifests: the one bootstrap of every test that
+// needs ofsdn's CRDs (and RBAC) on a real API server, e.g.
+//
+//	kubelab.StartDeploy(t, kubelab.Options{}, "namespace.yaml", "crds/", "controller/rbac.yaml")
+func StartDeploy(t testing.TB, opts Options, manifests ...string) *Cluster {
+	t.Helper()
+	c := Start(t, opts)
+	if err := c.ApplyDeploy(manifests...); err != nil {
 		t.Fatal(err)
 	}
 	return c
@@ -327,8 +342,8 @@ func (c *Cluster) boot() error {
 	return nil
 }
 
-func (c *Cluster) start(name string, args ...string) (*proc, error) {
-	p, err := startProc(c.dir, name, filepath.Join(c.binDir, name), args...)
+func (c *Cluster) start(name string, args ...string) (*daemon, error) {
+	p, err := startDaemon(c.dir, name, filepath.Join(c.binDir, name), args...)
 	if err != nil {
 		return nil, err
 	}
@@ -360,7 +375,7 @@ func (c *Cluster) kubeconfigs() error {
 }
 
 // waitHealthy polls url until it answers 200 "ok", or fails when the daemon exits or time runs out.
-func (c *Cluster) waitHealthy(p *proc, url, token string) error {
+func (c *Cluster) waitHealthy(p *daemon, url, token string) error {
 	pool := x509.NewCertPool()
 	pool.AddCert(c.ca.cert)
 	// The controller manager and scheduler serve with self-made certificates; only the apiserver's
@@ -371,35 +386,34 @@ func (c *Cluster) waitHealthy(p *proc, url, token string) error {
 		Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, InsecureSkipVerify: insecure}},
 	}
 	defer client.CloseIdleConnections()
-	deadline := time.Now().Add(startTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	defer cancel()
 	var last string
-	for {
-		if p.exited() {
-			return fmt.Errorf("%s exited during start-up: %v", p.name, p.err)
+	err := proc.Poll(ctx, 100*time.Millisecond, func() (bool, error) {
+		if exited, err := p.Exited(); exited {
+			return false, fmt.Errorf("%s exited during start-up: %v", p.name, err)
 		}
-		req, err := http.NewRequest(http.MethodGet, url, nil)
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 		if err != nil {
-			return fmt.Errorf("health request %s: %w", url, err)
+			return false, fmt.Errorf("health request %s: %w", url, err)
 		}
 		if token != "" {
 			req.Header.Set("Authorization", "Bearer "+token)
 		}
 		resp, err := client.Do(req)
-		if err == nil {
-			body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-			_ = resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-			last = fmt.Sprintf("%s: %s", resp.Status, strings.TrimSpace(string(body)))
-		} else {
+		if err != nil {
 			last = err.Error()
+			return false, nil
 		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%s not healthy at %s after %s: %s", p.name, url, startTimeout, last)
-		}
-		time.Sleep(100 * time.Millisecond)
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		_ = resp.Body.Close()
+		last = fmt.Sprintf("%s: %s", resp.Status, strings.TrimSpace(string(body)))
+		return resp.StatusCode == http.StatusOK, nil
+	})
+	if err != nil && ctx.Err() != nil {
+		return fmt.Errorf("%s not healthy at %s after %s: %s", p.name, url, startTimeout, last)
 	}
+	return err
 }
 
 // bindConflict reports whether a daemon's log says it lost a port to another process.
@@ -523,6 +537,40 @@ func (c *Cluster) Kubectl(args ...string) (string, error) {
 	return stdout.String(), nil
 }
 
+// ApplyDeploy applies manifests of the repository's deploy/ directory (files or directories, named
+// relative to it) as Apply does.
+func (c *Cluster) ApplyDeploy(manifests ...string) error {
+	root, err := RepoRoot()
+	if err != nil {
+		return err
+	}
+	paths := make([]string, len(manifests))
+	for i, m := range manifests {
+		paths[i] = filepath.Join(root, "deploy", m)
+	}
+	return c.Apply(paths...)
+}
+
+// Apply applies manifests (files or directories) server-side, in order, and waits until every
+// CustomResourceDefinition the server has is Established, so their objects can be created at once.
+func (c *Cluster) Apply(paths ...string) error {
+	for _, p := range paths {
+		if out, err := c.Kubectl("apply", "--server-side", "-f", p); err != nil {
+			return fmt.Errorf("kubelab: apply %s: %w\n%s", p, err, out)
+		}
+	}
+	crds, err := c.Kubectl("get", "crd", "-o", "name")
+	if err != nil {
+		return fmt.Errorf("kubelab: list CRDs: %w", err)
+	}
+	if names := strings.Fields(crds); len(names) > 0 {
+		if out, err := c.Kubectl(append([]string{"wait", "--for=condition=Established", "--timeout=60s"}, names...)...); err != nil {
+			return fmt.Errorf("kubelab: CRDs not established: %w\n%s", err, out)
+		}
+	}
+	return nil
+}
+
 // PIDs maps each running component (Etcd, APIServer, ControllerManager, Scheduler) to its PID, e.g.
 // for a benchmark that samples their memory.
 func (c *Cluster) PIDs() map[string]int {
@@ -530,8 +578,8 @@ func (c *Cluster) PIDs() map[string]int {
 	defer c.mu.Unlock()
 	m := make(map[string]int, len(c.procs))
 	for _, p := range c.procs {
-		if !p.exited() {
-			m[p.name] = p.pid()
+		if exited, _ := p.Exited(); !exited {
+			m[p.name] = p.PID()
 		}
 	}
 	return m
@@ -584,7 +632,7 @@ func (c *Cluster) logTails(t testing.TB) {
 		if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
 			continue
 		}
-		t.Logf("kubelab: last %d lines of %s:\n%s", logTailLines, path, tail(path, logTailLines))
+		t.Logf("kubelab: last %d lines of %s:\n%s", logTailLines, path, proc.Tail(path, logTailLines))
 	}
 }
 

@@ -19,6 +19,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+
+	"github.com/ofsdn/ofsdn/internal/proc"
 )
 
 func clientFor(t *testing.T, cfg *rest.Config) kubernetes.Interface {
@@ -213,7 +215,7 @@ func TestParallelClustersStopClean(t *testing.T) {
 		// The subtests have finished, so their t.Cleanup ran Stop already; Stop is idempotent.
 		r.c.Stop()
 		for name, pid := range r.pids {
-			if alive(pid) {
+			if proc.Alive(pid) {
 				t.Errorf("%s (pid %d) still runs after Stop", name, pid)
 			}
 		}
@@ -236,7 +238,7 @@ func TestSweep(t *testing.T) {
 		t.Fatal(err)
 	}
 	deadPID := dead.Process.Pid
-	if alive(deadPID) {
+	if proc.Alive(deadPID) {
 		t.Skip("the PID of an exited process was reused at once")
 	}
 	mk := func(owner int) (string, *exec.Cmd) {
@@ -269,7 +271,7 @@ func TestSweep(t *testing.T) {
 	if _, err := os.Stat(staleDir); !os.IsNotExist(err) {
 		t.Errorf("stale dir %s still there: %v", staleDir, err)
 	}
-	if !alive(live.Process.Pid) {
+	if !proc.Alive(live.Process.Pid) {
 		t.Errorf("Sweep killed a live owner's daemon")
 	}
 	if _, err := os.Stat(liveDir); err != nil {

@@ -3,14 +3,11 @@ package lab
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"runtime"
-	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -82,59 +79,4 @@ func InNetNS(name string, fn func() error) error {
 		}
 	}()
 	return fn()
-}
-
-func waitFor(ctx context.Context, d time.Duration, ok func() bool) error {
-	deadline := time.Now().Add(d)
-	for {
-		if ok() {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("timed out after %s", d)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-}
-
-func waitGone(pid int, d time.Duration) error {
-	return waitFor(context.Background(), d, func() bool { return !alive(pid) })
-}
-
-// alive reports whether pid runs; a zombie (an exited daemon its reaper has not collected yet) counts
-// as gone.
-func alive(pid int) bool {
-	if pid <= 0 || syscall.Kill(pid, 0) != nil {
-		return false
-	}
-	state, _, err := procStat(pid)
-	return err == nil && state != "Z"
-}
-
-// procStat returns a process's state and start time (clock ticks since boot) from /proc/<pid>/stat.
-func procStat(pid int) (state string, start uint64, err error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return "", 0, err
-	}
-	// The command name may hold spaces and parentheses: fields count from the last ')'.
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return "", 0, errors.New("malformed stat")
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 20 {
-		return "", 0, errors.New("short stat")
-	}
-	start, err = strconv.ParseUint(f[19], 10, 64) // field 22 overall
-	return f[0], start, err
-}
-
-func procStartTime(pid int) (uint64, error) {
-	_, start, err := procStat(pid)
-	return start, err
 }

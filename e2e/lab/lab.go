@@ -46,6 +46,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/ofsdn/ofsdn/internal/proc"
 )
 
 const (
@@ -293,7 +295,7 @@ func (l *Lab) build(ctx context.Context, o Options) error {
 		underlay = DocumentationRanges[0]
 	}
 	l.Underlay = underlay
-	start, err := procStartTime(os.Getpid())
+	start, err := proc.StartTime(os.Getpid())
 	if err != nil {
 		return fmt.Errorf("own start time: %w", err)
 	}

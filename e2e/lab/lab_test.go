@@ -18,6 +18,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/ofsdn/ofsdn/internal/proc"
 )
 
 func TestOptionsDefaultsAndValidation(t *testing.T) {
@@ -234,7 +236,7 @@ func addTunnelPod(t *testing.T, l *Lab, n *Node, name string, ip netip.Prefix, r
 	if want := fmt.Sprintf("vxlan0,1,\n%s,3,", port); strings.TrimSpace(out) != want {
 		t.Fatalf("br0 ports on %s: got\n%s\nwant\n%s", n.Name, out, want)
 	}
-	if err := waitFor(ctx, 10*time.Second, func() bool { _, err := os.Stat(n.MgmtSocket("br0")); return err == nil }); err != nil {
+	if err := proc.Until(ctx, 10*time.Second, func() bool { _, err := os.Stat(n.MgmtSocket("br0")); return err == nil }); err != nil {
 		t.Fatal(err)
 	}
 	flows := "priority=100,in_port=3 actions=set_field:5->tun_id,set_field:" + remote.String() + "->tun_dst,output:1\n" +
@@ -344,7 +346,7 @@ func leftovers(prefix string, pids []int) snapshot {
 		}
 	}
 	for _, pid := range pids {
-		if alive(pid) {
+		if proc.Alive(pid) {
 			s.pids = append(s.pids, pid)
 		}
 	}
@@ -496,7 +498,7 @@ func procsMentioning(s string) []string {
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
-		if err != nil || !alive(pid) {
+		if err != nil || !proc.Alive(pid) {
 			continue
 		}
 		b, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/ofsdn/ofsdn/internal/proc"
 )
 
 const ovsSchema = "/usr/share/openvswitch/vswitch.ovsschema"
@@ -104,7 +106,7 @@ func (l *Lab) buildNode(ctx context.Context, n *Node) error {
 	} else if f := strings.SplitN(strings.TrimSpace(out), ",", 2); len(f) != 2 || f[0] == "-1" || f[0] == "" || f[1] != "" {
 		return fmt.Errorf("%s: uplink %s on %s failed: ofport,error = %q", n.Name, Uplink, UnderlayBridge, strings.TrimSpace(out))
 	}
-	if err := waitFor(ctx, 10*time.Second, func() bool { _, err := os.Stat(n.MgmtSocket(UnderlayBridge)); return err == nil }); err != nil {
+	if err := proc.Until(ctx, 10*time.Second, func() bool { _, err := os.Stat(n.MgmtSocket(UnderlayBridge)); return err == nil }); err != nil {
 		return fmt.Errorf("%s: %s management socket: %w", n.Name, UnderlayBridge, err)
 	}
 	if _, err := n.Ofctl(ctx, "add-flow", UnderlayBridge, "priority=0,actions=NORMAL"); err != nil {
@@ -152,14 +154,14 @@ func (n *Node) startVswitchd(ctx context.Context) error {
 func (n *Node) RestartVswitchd(ctx context.Context) error {
 	if pid := n.VswitchdPID(); pid != 0 {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
-		if err := waitGone(pid, 10*time.Second); err != nil {
+		if err := proc.WaitGone(pid, 10*time.Second); err != nil {
 			return fmt.Errorf("node %s: ovs-vswitchd %d: %w", n.Name, pid, err)
 		}
 	}
 	if err := n.startVswitchd(ctx); err != nil {
 		return fmt.Errorf("node %s: restart ovs-vswitchd: %w", n.Name, err)
 	}
-	if err := waitFor(ctx, 10*time.Second, func() bool {
+	if err := proc.Until(ctx, 10*time.Second, func() bool {
 		_, err := n.Exec(ctx, "ip", "link", "show", UnderlayBridge)
 		return err == nil
 	}); err != nil {
@@ -186,15 +188,15 @@ func stopOVS(dir string) error {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
 		cancel()
-		if err := waitGone(pid, 10*time.Second); err != nil {
+		if err := proc.WaitGone(pid, 10*time.Second); err != nil {
 			errs = append(errs, fmt.Errorf("ovs-vswitchd %d: %w", pid, err))
 		}
 	}
 	if pid := daemonPID(dir, "ovsdb-server"); pid != 0 {
 		_ = syscall.Kill(pid, syscall.SIGTERM)
-		if waitGone(pid, 5*time.Second) != nil {
+		if proc.WaitGone(pid, 5*time.Second) != nil {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
-			if err := waitGone(pid, 5*time.Second); err != nil {
+			if err := proc.WaitGone(pid, 5*time.Second); err != nil {
 				errs = append(errs, fmt.Errorf("ovsdb-server %d: %w", pid, err))
 			}
 		}
@@ -208,12 +210,8 @@ func stopOVS(dir string) error {
 // daemonPID reads <dir>/<daemon>.pid and returns the PID only while that process runs and is that
 // daemon: a stale pidfile (e.g. after a reboot) must never get an unrelated process killed.
 func daemonPID(dir, daemon string) int {
-	b, err := os.ReadFile(filepath.Join(dir, daemon+".pid"))
-	if err != nil {
-		return 0
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil || pid <= 1 || !alive(pid) {
+	pid := proc.ReadPIDFile(filepath.Join(dir, daemon+".pid"))
+	if !proc.Alive(pid) {
 		return 0
 	}
 	comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))

@@ -14,6 +14,10 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/ofsdn/ofsdn/internal/proc"
+
+	"github.com/ofsdn/ofsdn/internal/atomicfile"
 )
 
 // manifestName is the file in a lab's directory that says who owns the lab and what it is made of.
@@ -38,26 +42,23 @@ type manifestNode struct {
 	Dir   string `json:"dir"`
 }
 
+// write replaces the lab's manifest whole: a sweep reading it concurrently sees the old or the new.
 func (m manifest) write() error {
 	b, err := json.MarshalIndent(m, "", "  ")
 	if err != nil {
 		return err
 	}
-	tmp := filepath.Join(m.Dir, manifestName+".tmp")
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return fmt.Errorf("write manifest: %w", err)
-	}
-	if err := os.Rename(tmp, filepath.Join(m.Dir, manifestName)); err != nil {
-		return fmt.Errorf("write manifest: %w", err)
+	if err := atomicfile.Write(filepath.Join(m.Dir, manifestName), b, 0o600); err != nil {
+		return fmt.Errorf("manifest: %w", err)
 	}
 	return nil
 }
 
 func (m manifest) ownerAlive() bool {
-	if !alive(m.OwnerPID) {
+	if !proc.Alive(m.OwnerPID) {
 		return false
 	}
-	start, err := procStartTime(m.OwnerPID)
+	start, err := proc.StartTime(m.OwnerPID)
 	return err == nil && start == m.OwnerStart
 }
 
@@ -219,7 +220,7 @@ func removeNetNS(name string) error {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
 	for _, pid := range pids {
-		if err := waitGone(pid, 5*time.Second); err != nil {
+		if err := proc.WaitGone(pid, 5*time.Second); err != nil {
 			return fmt.Errorf("netns %s: process %d: %w", name, pid, err)
 		}
 	}
@@ -364,10 +365,6 @@ func Sweep(prefix string) {
 // defaultOwnerDead reports whether a name follows the default "ofsdn-lab-<pid>-..." pattern and that
 // PID no longer runs; names of other shapes are left alone without a manifest to vouch for them.
 func defaultOwnerDead(name string) bool {
-	rest, ok := strings.CutPrefix(name, DefaultPrefixBase)
-	if !ok {
-		return false
-	}
-	pid, err := strconv.Atoi(strings.SplitN(rest, "-", 2)[0])
-	return err == nil && !alive(pid)
+	pid, ok := proc.OwnerPID(name, DefaultPrefixBase)
+	return ok && !proc.Alive(pid)
 }

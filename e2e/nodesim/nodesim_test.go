@@ -21,6 +21,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/ofsdn/ofsdn/internal/proc"
 )
 
 // plumbingAgent is a stand-in agent that plumbs real veths (no OVS): enough to prove the simulator
@@ -102,7 +104,7 @@ func TestNodeSimRunsPodsThroughCNI(t *testing.T) {
 	if err != nil || len(node.Status.Addresses) == 0 || node.Status.Addresses[0].Address != "192.0.2.11" {
 		t.Fatalf("node not registered with its InternalIP: %+v %v", node.Status.Addresses, err)
 	}
-	waitFor(t, 60*time.Second, "default ServiceAccount", func() bool {
+	proc.Eventually(t, 60*time.Second, "default ServiceAccount", func() bool {
 		_, err := client.CoreV1().ServiceAccounts("default").Get(ctx, "default", metav1.GetOptions{})
 		return err == nil
 	})
@@ -112,7 +114,7 @@ func TestNodeSimRunsPodsThroughCNI(t *testing.T) {
 		t.Fatal(err)
 	}
 	var podIP string
-	waitFor(t, 30*time.Second, "pod running with an IP", func() bool {
+	proc.Eventually(t, 30*time.Second, "pod running with an IP", func() bool {
 		p, err := client.CoreV1().Pods("default").Get(ctx, "web", metav1.GetOptions{})
 		if err == nil && p.Status.Phase == corev1.PodRunning && p.Status.PodIP != "" {
 			podIP = p.Status.PodIP
@@ -121,33 +123,22 @@ func TestNodeSimRunsPodsThroughCNI(t *testing.T) {
 		return false
 	})
 	podNS := NetNSName(prefix, "default", "web")
-	waitFor(t, 10*time.Second, "the pod's server answering in its namespace", func() bool {
+	proc.Eventually(t, 10*time.Second, "the pod's server answering in its namespace", func() bool {
 		out, err := exec.Command("ip", "netns", "exec", podNS, filepath.Join(binDir, "ofsdn-testpod"), "probe", "tcp", podIP+":8080").CombinedOutput()
 		return err == nil && strings.HasPrefix(string(out), "default/web ")
 	})
 	if err := client.CoreV1().Pods("default").Delete(ctx, "web", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "pod deletion finished by the node", func() bool {
+	proc.Eventually(t, 30*time.Second, "pod deletion finished by the node", func() bool {
 		_, err := client.CoreV1().Pods("default").Get(ctx, "web", metav1.GetOptions{})
 		return apierrors.IsNotFound(err)
 	})
-	waitFor(t, 10*time.Second, "netns removed", func() bool {
+	proc.Eventually(t, 10*time.Second, "netns removed", func() bool {
 		out, _ := exec.Command("ip", "netns", "list").CombinedOutput()
 		return !strings.Contains(string(out), podNS)
 	})
 	if len(sim.CNIAdd) != 1 {
 		t.Errorf("CNI ADD latencies recorded: %v", sim.CNIAdd)
-	}
-}
-
-func waitFor(t *testing.T, d time.Duration, what string, ok func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", d, what)
-		}
-		time.Sleep(100 * time.Millisecond)
 	}
 }

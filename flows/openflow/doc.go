@@ -4,8 +4,9 @@
 // group-desc entries decoded strictly (a switch's reply is input that must never crash the agent),
 // message framing, hello, bundles, multipart, errors, and Open vSwitch's conntrack flush.
 //
-// It is pure: no I/O and no logging. ofswitch carries its messages over a connection; flows/pipeline
-// renders ofsdn's flows in its terms; flows/reconcile diffs compiled flows by FlowKey.
+// It opens no connection or file and never logs (ReadMessage frames bytes from a reader its caller
+// owns): ofswitch carries the messages over a connection; flows/pipeline renders ofsdn's flows in its
+// terms; flows/reconcile diffs compiled flows by FlowKey.
 //
 // Files: fields.go (Field, SubField), match.go (Match), actions.go (Action types), flow.go (Flow,
 // GroupEntry), codec.go (Compile, FlowKey, flow-mods, flow stats, groups), wire.go (framing, bundles,

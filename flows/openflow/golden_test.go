@@ -58,6 +58,10 @@ var goldenFlows = []struct {
 		"table=80, priority=11,ct_state=+est-rel,ct_mark=0x2/0x2,ip,reg3=0x1 actions=set_field:0x3->reg2,IN_PORT,CONTROLLER:65535"},
 	{"isolation regs masked", F(80, 100, M(Reg(FieldReg0, 5), Masked(FieldReg1, 5, 0xff)), OutputReg{Src: Whole(FieldReg2)}),
 		"table=80, priority=100,reg0=0x5,reg1=0x5/0xff actions=output:NXM_NX_REG2[]"},
+	// No ofsdn flow uses reg7 or metadata: they are here because a flow an operator or another controller
+	// put on br0 may, and it must decode and print (flowctl dump, resync) like any other.
+	{"foreign fields reg7 metadata", F(80, 12, M(Reg(FieldReg7, 7), Masked(FieldMetadata, 0x10, 0xff)), Goto{Table: 90}),
+		"table=80, priority=12,reg7=0x7,metadata=0x10/0xff actions=goto_table:90"},
 	{"zero values print like C", F(80, 200, M(Reg(FieldReg0, 0), Masked(FieldReg1, 0, 0xff)), SetField{Field: FieldReg2, Value: 0}, Goto{Table: 100}),
 		"table=80, priority=200,reg0=0,reg1=0/0xff actions=set_field:0->reg2,goto_table:100"},
 	{"udp group", F(40, 50, M(append(UDP, UDPSrc(53))...), ToGroup{ID: 5}),

@@ -8,10 +8,11 @@ package pipeline
 //   - table 42: per endpoint, reg6+reg4+reg5 → ct(commit, DNAT to it) → 45 (and, with affinity, learn
 //     the client → endpoint mapping into 41); reg6 alone → the select group, whose buckets load
 //     reg4/reg5 and resubmit 42. With affinity there is no group: reg6 + the low bits of the client's
-//     address pick the endpoint (see affinityChoice), so a client's early connections agree. A group holds at most MaxBucketsPerGroup buckets (an OpenFlow 1.3
-//     message holds 64 KiB); bigger services get 2^k groups chosen by k low bits of the client's
-//     source port (from bit 1), which is independent of the datapath hash the groups select by. UDP always gets
-//     several rotated copies chosen that way, as OVS's select hash ignores UDP ports.
+//     address pick the endpoint (see affinityChoice), so a client's early connections agree. A group
+//     holds at most MaxBucketsPerGroup buckets (an OpenFlow 1.3 message holds 64 KiB); bigger services
+//     get 2^k groups chosen by k low bits of the client's source port (from bit 1), which is
+//     independent of the datapath hash the groups select by. UDP always gets several rotated copies
+//     chosen that way, as OVS's select hash ignores UDP ports.
 //   - its group(s), with IDs derived from the owner key (collisions probed away, see idAllocator).
 //
 // The shared plumbing (owner pipeline/services) sends every IP packet through conntrack in

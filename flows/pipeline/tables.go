@@ -1,6 +1,7 @@
 // Package pipeline is ofsdn's flow pipeline: the tables and registers of br0, and Render, which turns a
 // node's state (NodeState: pods, remote nodes, tenants, services) into every owner's desired flows and
-// groups. It is pure: no I/O, no logging, deterministic. The agent hands Render's output to
+// groups. It is pure: no I/O, no logging, and a state always renders the same flows (a Renderer only
+// remembers earlier renders to skip services that did not change). The agent hands Render's output to
 // flows/reconcile, which installs it; the words of the flows are flows/openflow's.
 //
 // Where each flow comes from: render_base.go (dispatch, table defaults, version note), render.go
@@ -81,7 +82,6 @@ const (
 	RegSrcVNID = FieldReg0 // VNID of the packet's source (0 = global)
 	RegDstVNID = FieldReg1 // VNID of the destination pod
 	RegOutPort = FieldReg2 // OpenFlow port the packet leaves by
-	RegFlags   = FieldReg3 // per-packet flags (bit 0: came through a service DNAT)
 	// Services: the endpoint a packet is DNATed to, and which service port's load balancer chose it.
 	RegEndpointIP   = FieldReg4
 	RegEndpointPort = FieldReg5

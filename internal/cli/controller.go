@@ -15,9 +15,11 @@ import (
 
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
 	networkclient "github.com/ofsdn/ofsdn/client/clientset/versioned"
+	networkinformers "github.com/ofsdn/ofsdn/client/informers/externalversions"
 	"github.com/ofsdn/ofsdn/controller"
 	"github.com/ofsdn/ofsdn/internal/kubeconfig"
 	"github.com/ofsdn/ofsdn/internal/version"
+	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 )
@@ -88,7 +90,12 @@ func runController(log klog.Logger, kubeconfigPath, cidrs string, hostBits int, 
 		}
 	}
 	metrics := controller.NewMetrics(nil)
-	c := controller.New(kube, netc, controller.Config{Network: spec, GlobalNamespaces: globalNS, Logger: log, Workers: workers}, metrics)
+	// The controller starts the factories once it leads: a follower keeps no caches.
+	c, err := controller.New(kube, netc, informers.NewSharedInformerFactory(kube, 0), networkinformers.NewSharedInformerFactory(netc, 0),
+		controller.Config{Network: spec, GlobalNamespaces: globalNS, Logger: log, Workers: workers}, metrics)
+	if err != nil {
+		return err
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 

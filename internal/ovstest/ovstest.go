@@ -13,12 +13,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ofsdn/ofsdn/internal/proc"
 )
 
 // Prefix starts the name of every network namespace and directory this package creates.
@@ -136,7 +137,7 @@ func (i *Instance) AddBridge(name string) {
 		"datapath_type=netdev", "protocols=OpenFlow13", "fail_mode=secure"); err != nil {
 		i.t.Fatalf("ovstest: add bridge: %v", err)
 	}
-	if err := waitFor(10*time.Second, func() bool { _, err := os.Stat(i.MgmtSocket(name)); return err == nil }); err != nil {
+	if err := proc.Until(context.Background(), 10*time.Second, func() bool { _, err := os.Stat(i.MgmtSocket(name)); return err == nil }); err != nil {
 		i.t.Fatalf("ovstest: bridge %s: management socket never appeared", name)
 	}
 }
@@ -163,7 +164,7 @@ func (i *Instance) StartVswitchd() error {
 }
 
 // VswitchdPID returns the PID of the running ovs-vswitchd, or 0.
-func (i *Instance) VswitchdPID() int { return readPID(filepath.Join(i.Dir, "ovs-vswitchd.pid")) }
+func (i *Instance) VswitchdPID() int { return livePID(filepath.Join(i.Dir, "ovs-vswitchd.pid")) }
 
 // KillVswitchd kills ovs-vswitchd with SIGKILL, as a crash would, and waits until it is gone.
 func (i *Instance) KillVswitchd() {
@@ -172,7 +173,7 @@ func (i *Instance) KillVswitchd() {
 		return
 	}
 	_ = syscall.Kill(pid, syscall.SIGKILL)
-	_ = waitFor(10*time.Second, func() bool { return !alive(pid) })
+	_ = proc.WaitGone(pid, 10*time.Second)
 	_ = os.Remove(filepath.Join(i.Dir, "ovs-vswitchd.pid"))
 }
 
@@ -186,15 +187,15 @@ func (i *Instance) StopVswitchd() {
 	if err := i.run("ovs-appctl", "-t", ctl, "exit", "--cleanup"); err != nil {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
-	_ = waitFor(10*time.Second, func() bool { return !alive(pid) })
+	_ = proc.WaitGone(pid, 10*time.Second)
 }
 
 // Stop tears the instance down: vswitchd, ovsdb-server, the namespace and the directory.
 func (i *Instance) Stop() {
 	i.StopVswitchd()
-	if pid := readPID(filepath.Join(i.Dir, "ovsdb-server.pid")); pid != 0 {
+	if pid := livePID(filepath.Join(i.Dir, "ovsdb-server.pid")); pid != 0 {
 		_ = syscall.Kill(pid, syscall.SIGTERM)
-		_ = waitFor(5*time.Second, func() bool { return !alive(pid) })
+		_ = proc.WaitGone(pid, 5*time.Second)
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
 	_ = exec.Command("ip", "netns", "del", i.NetNS).Run()
@@ -209,11 +210,11 @@ func (i *Instance) Stop() {
 func Sweep() {
 	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), Prefix+"*"))
 	for _, d := range dirs {
-		if ownerAlive(filepath.Base(d)) {
+		if proc.OwnerAlive(filepath.Base(d), Prefix) {
 			continue
 		}
 		for _, pf := range []string{"ovs-vswitchd.pid", "ovsdb-server.pid"} {
-			if pid := readPID(filepath.Join(d, pf)); pid != 0 {
+			if pid := livePID(filepath.Join(d, pf)); pid != 0 {
 				_ = syscall.Kill(pid, syscall.SIGKILL)
 			}
 		}
@@ -221,51 +222,16 @@ func Sweep() {
 	}
 	out, _ := exec.Command("ip", "netns", "list").Output()
 	for _, line := range strings.Split(string(out), "\n") {
-		if f := strings.Fields(line); len(f) > 0 && strings.HasPrefix(f[0], Prefix) && !ownerAlive(f[0]) {
+		if f := strings.Fields(line); len(f) > 0 && strings.HasPrefix(f[0], Prefix) && !proc.OwnerAlive(f[0], Prefix) {
 			_ = exec.Command("ip", "netns", "del", f[0]).Run()
 		}
 	}
 }
 
-// ownerAlive reports whether the test process named in "<Prefix><pid>-..." still runs.
-func ownerAlive(name string) bool {
-	rest := strings.TrimPrefix(name, Prefix)
-	pid, err := strconv.Atoi(strings.SplitN(rest, "-", 2)[0])
-	return err == nil && alive(pid)
-}
-
-func readPID(path string) int {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return 0
+// livePID returns the PID a pidfile names while that process runs, else 0.
+func livePID(path string) int {
+	if pid := proc.ReadPIDFile(path); proc.Alive(pid) {
+		return pid
 	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil || !alive(pid) {
-		return 0
-	}
-	return pid
-}
-
-func alive(pid int) bool {
-	if syscall.Kill(pid, 0) != nil {
-		return false
-	}
-	// A zombie still answers signal 0; it is gone for our purposes.
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	f := strings.Fields(string(b))
-	return len(f) < 3 || f[2] != "Z"
-}
-
-func waitFor(d time.Duration, ok func() bool) error {
-	deadline := time.Now().Add(d)
-	for time.Now().Before(deadline) {
-		if ok() {
-			return nil
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return fmt.Errorf("timed out after %s", d)
+	return 0
 }
