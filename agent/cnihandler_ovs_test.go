@@ -67,7 +67,7 @@ func (e *podNetEnv) agent(pods podLookup) *podNetwork {
 	})
 	fs := newFlowSync(view, reconcile.New(&countingSwitch{}, reconcile.Config{Round: 1}), klog.Background())
 	return &podNetwork{view: view, sync: fs, db: e.db, bridge: "br0", hostNetNS: "/var/run/netns/" + e.inst.NetNS, netdev: true,
-		mtu: 1450, stateDir: e.stateDir, pendingDeletes: e.pendingDir, log: klog.Background(), apiPods: pods}
+		mtu: 1450, stateDir: e.stateDir, pendingDeletes: e.pendingDir, log: klog.Background(), apiPods: pods, absentGrace: DefaultAbsentPodGrace}
 }
 
 // netns makes a sandbox network namespace that the test's cleanup removes.
