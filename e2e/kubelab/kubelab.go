@@ -29,6 +29,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -535,6 +536,28 @@ func (c *Cluster) PIDs() map[string]int {
 		}
 	}
 	return m
+}
+
+// Pause freezes a running component (Etcd, APIServer, ControllerManager, Scheduler) with SIGSTOP, as a
+// hung process: its sockets stay open, connections are still accepted by the kernel and requests wait
+// for an answer. resume (SIGCONT) lets it go on; it is safe to call more than once, and Stop resumes a
+// paused component before stopping it.
+func (c *Cluster) Pause(name string) (resume func(), err error) {
+	c.mu.Lock()
+	var p *proc
+	for _, q := range c.procs {
+		if q.name == name && !q.exited() {
+			p = q
+		}
+	}
+	c.mu.Unlock()
+	if p == nil {
+		return nil, fmt.Errorf("kubelab: no running %s to pause", name)
+	}
+	if err := syscall.Kill(-p.pid(), syscall.SIGSTOP); err != nil {
+		return nil, fmt.Errorf("kubelab: pause %s: %w", name, err)
+	}
+	return func() { _ = syscall.Kill(-p.pid(), syscall.SIGCONT) }, nil
 }
 
 // Stop stops every daemon (reverse start order: SIGTERM to its process group, SIGKILL after a grace

@@ -116,6 +116,7 @@ func (p *proc) stop(grace time.Duration) {
 	p.stopped = true
 	p.mu.Unlock()
 	pgid := p.pid()
+	_ = syscall.Kill(-pgid, syscall.SIGCONT) // a paused daemon would handle SIGTERM only once resumed
 	_ = syscall.Kill(-pgid, syscall.SIGTERM)
 	select {
 	case <-p.done:
