@@ -157,6 +157,10 @@ func TestAgentRestartLosesNothing(t *testing.T) {
 			}
 			t.Logf("restart of %s's agent finished %s into the window; %d packets lost over %d pairs at 100/s", n.Name,
 				restarted.Round(time.Millisecond), lost, len(pairs))
+			// The restarted agent left ovs-vswitchd's tunnel neighbours right: each peer's br-ul MAC.
+			if wrong := wrongNeighbours(t, ctx, n); len(wrong) > 0 {
+				t.Errorf("tunnel neighbours of %s after the restart: %v", n.Name, wrong)
+			}
 			after := flowsButRound(t, ctx, n)
 			if strings.Join(before, "\n") != strings.Join(after, "\n") {
 				t.Errorf("flows differ after the restart (round %s → %s):\nbefore:\n%s\nafter:\n%s", roundBefore, round(t, ctx, n),
