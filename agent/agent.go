@@ -55,7 +55,7 @@ type Config struct {
 	// AbsentPodGrace is how long after its ADD an attached pod may be missing from the API before the
 	// agent releases its attachment (DefaultAbsentPodGrace).
 	AbsentPodGrace time.Duration
-	Logger       klog.Logger
+	Logger         klog.Logger
 }
 
 func (c *Config) defaults() error {
