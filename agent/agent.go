@@ -55,7 +55,7 @@ type Config struct {
 	// AbsentPodGrace is how long after its ADD an attached pod may be missing from the API before the
 	// agent releases its attachment (DefaultAbsentPodGrace).
 	AbsentPodGrace time.Duration
-	Logger       klog.Logger
+	Logger         klog.Logger
 }
 
 func (c *Config) defaults() error {
@@ -122,6 +122,8 @@ type Agent struct {
 	events  record.EventRecorder
 	// conflicts tells each hostPort conflict once.
 	conflicts *conflictReporter
+	// neighbors keeps ovs-vswitchd's tunnel neighbours right (tunnelneigh.go); nil but for netdev.
+	neighbors *tunnelNeighbors
 
 	netInformers  networkinformers.SharedInformerFactory
 	kubeInformers kubeinformers.SharedInformerFactory
@@ -171,7 +173,8 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	a.pods.apiPods = apiPods{lister: a.localPods.Core().V1().Pods().Lister(), client: deps.Kube.CoreV1()}
 	w := &watchNetwork{view: a.view, sync: a.fs, log: log}
 	if cfg.DatapathType == "netdev" {
-		w.newPeer = a.resolvePeer
+		a.neighbors = newTunnelNeighbors(cfg.HostNetNS, cfg.OVSRunDir, a.view.peers, log)
+		w.newPeer = func(netip.Addr) { a.neighbors.kick() }
 	}
 	ws := &watchServices{view: a.view, sync: a.fs, log: log.WithName("services")}
 	net := a.netInformers.Network().V1()
@@ -304,7 +307,7 @@ func (a *Agent) openBridge(ctx context.Context) error {
 		if err := a.host.ensure(ctx); err != nil {
 			return err
 		}
-		a.warmPeers()
+		a.neighbors.kick() // a restarted ovs-vswitchd starts with an empty tunnel neighbour cache
 		if err := a.fs.resync(ctx); err != nil {
 			return err
 		}
@@ -391,8 +394,7 @@ func (a *Agent) setUpNode(ctx context.Context) error {
 		return err
 	}
 	a.host.set(nc)
-	// Peers seen before vxlan0 existed were not learnt: OVS snoops only once it tunnels.
-	a.warmPeers()
+	go a.neighbors.run(ctx) // once vxlan0 exists: OVS snoops ARP only when it tunnels
 	return nil
 }
 
@@ -451,23 +453,6 @@ func (a *Agent) applyHost(ctx context.Context, st pipeline.NodeState, stale []op
 		return fmt.Errorf("NodePort and hostPort forwarding: %w", err)
 	}
 	return nil
-}
-
-// resolvePeer makes the node's kernel resolve a tunnel peer now: a userspace datapath drops the first
-// packet to a peer it has not learnt (shared/LAB.md).
-func (a *Agent) resolvePeer(peer netip.Addr) {
-	if err := nodenet.ResolveNeighbor(a.cfg.HostNetNS, peer); err != nil {
-		a.log.V(2).Info("tunnel peer warm-up failed", "peer", peer, "err", err)
-	}
-}
-
-func (a *Agent) warmPeers() {
-	if a.cfg.DatapathType != "netdev" {
-		return
-	}
-	for _, peer := range a.view.peers() {
-		a.resolvePeer(peer)
-	}
 }
 
 // saveOwnerIndex writes the owner index flowctl names flows' owners with.

@@ -23,6 +23,8 @@
 //     are released; the janitor serves the DELs the plugin left while no agent could take them.
 //   - flowsync.go: render, diff per owner, one Apply; concurrent callers coalesce; failing owners keep
 //     their last good flows and are retried with back-off; resyncs (reconnect, periodic) run in its loop.
+//   - tunnelneigh.go: userspace datapath only — ovs-vswitchd's tunnel neighbour cache (through unixctl/)
+//     checked against the kernel's neighbour table for every peer's next hop, and corrected.
 //   - round.go: the reconciliation round stamped in cookies (kept in br0's external_ids), so a restarted
 //     agent installs its flows beside the previous round's and only then deletes those: no datapath gap.
 //   - metrics.go: the agent's Prometheus metrics.

@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"os/exec"
 	"regexp"
 	"sort"
@@ -47,14 +48,20 @@ func round(t *testing.T, ctx context.Context, n *cluster.Node) string {
 	return strings.TrimSpace(out)
 }
 
-// pinger pings 10 times a second from a pod until stopped and reports what it sent and got back.
+// pingInterval: every restart test pings at 100 packets/s each way, so a gap of 10 ms shows.
+const pingInterval = "0.01"
+
+// pinger pings from a pod 100 times a second for a fixed count and reports what it sent and got back.
+// A fixed count (not a signal) ends it, so no packet is still in flight when it stops.
 type pinger struct {
-	cmd *exec.Cmd
-	out strings.Builder
+	name string
+	cmd  *exec.Cmd
+	out  strings.Builder
 }
 
 func startPinger(t *testing.T, from, to *cluster.Pod, count int) *pinger {
-	p := &pinger{cmd: exec.Command("ip", "netns", "exec", from.NetNS, "ping", "-n", "-q", "-i", "0.1", "-W", "1", "-c", strconv.Itoa(count), to.IP.String())}
+	p := &pinger{name: from.Name + " → " + to.Name,
+		cmd: exec.Command("ip", "netns", "exec", from.NetNS, "ping", "-n", "-q", "-i", pingInterval, "-W", "1", "-c", strconv.Itoa(count), to.IP.String())}
 	p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -76,18 +83,52 @@ func (p *pinger) wait() (sent, got int, out string) {
 	return sent, got, p.out.String()
 }
 
+// TestAgentRestartLosesNothing restarts agents, gracefully and with SIGKILL, three times each, while pods
+// ping each other at 100 packets/s both ways, across nodes and on one node: not one packet may be lost
+// (issue 10: a restart used to re-ARP the tunnel peers, and a wrong MAC left in ovs-vswitchd's tunnel
+// neighbour cache cut cross-node traffic for 30-60 s). Every round alternates the node, and the flows
+// after each restart must equal those before it but for the round.
 func TestAgentRestartLosesNothing(t *testing.T) {
-	ctx := ctxT(t, 5*time.Minute)
-	pods := runPods(t, ctx, "rs", []string{"e2e-restart"}, lc.Nodes[:2])
-	a, b := pods[0], pods[1]
-	n := lc.Node(a.Node)
-	for _, crash := range []bool{false, true} {
-		name := map[bool]string{false: "graceful", true: "crash"}[crash]
+	ctx := ctxT(t, 10*time.Minute)
+	nodes := lc.Nodes[:2]
+	first := runPods(t, ctx, "rs1", []string{"e2e-restart"}, nodes)
+	second := runPods(t, ctx, "rs2", []string{"e2e-restart"}, nodes)
+	onNode := func(pods []*cluster.Pod, n *cluster.Node) *cluster.Pod {
+		for _, p := range pods {
+			if p.Node == n.Name {
+				return p
+			}
+		}
+		t.Fatalf("no pod on %s", n.Name)
+		return nil
+	}
+	a1, a2, b1, b2 := onNode(first, nodes[0]), onNode(second, nodes[0]), onNode(first, nodes[1]), onNode(second, nodes[1])
+	pairs := [][2]*cluster.Pod{{a1, b1}, {b1, a1}, {a2, b2}, {b2, a2}, {a1, a2}, {b2, b1}}
+	// Each pair must work before the restarts; the first packet to a new tunnel peer may be dropped
+	// while OVS resolves it (shared/LAB.md), which is not what this test is about.
+	for _, pr := range pairs {
+		deadline := time.Now().Add(10 * time.Second)
+		for !pr[0].Ping(ctx, pr[1].IP) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s cannot reach %s before any restart", pr[0].Name, pr[1].Name)
+			}
+		}
+	}
+	const window = 15 * time.Second // each round pings this long: 1,500 packets each way per pair
+	count := int(window / (10 * time.Millisecond))
+	for i := range 6 {
+		crash := i >= 3
+		n := nodes[i%2]
+		name := fmt.Sprintf("%s-%d-%s", map[bool]string{false: "graceful", true: "crash"}[crash], i%3+1, n.Name)
 		t.Run(name, func(t *testing.T) {
 			before := flowsButRound(t, ctx, n)
 			roundBefore := round(t, ctx, n)
-			ab, ba := startPinger(t, a, b, 80), startPinger(t, b, a, 80)
-			time.Sleep(2 * time.Second)
+			var pingers []*pinger
+			for _, pr := range pairs {
+				pingers = append(pingers, startPinger(t, pr[0], pr[1], count))
+			}
+			began := time.Now()
+			time.Sleep(time.Second)
 			lc.StopAgent(n, crash)
 			if err := lc.StartAgent(n); err != nil {
 				t.Fatal(err)
@@ -100,11 +141,25 @@ func TestAgentRestartLosesNothing(t *testing.T) {
 				}
 				time.Sleep(50 * time.Millisecond)
 			}
-			for _, p := range []*pinger{ab, ba} {
+			restarted := time.Since(began)
+			// The neighbour checks of the new agent run right after its start; leave them time inside
+			// the window too.
+			if restarted > window-5*time.Second {
+				t.Fatalf("the restart took %s: too long for the %s ping window", restarted, window)
+			}
+			lost := 0
+			for _, p := range pingers {
 				sent, got, out := p.wait()
-				if sent == 0 || got != sent {
-					t.Errorf("pings across the restart: %d sent, %d received\n%s", sent, got, out)
+				if sent != count || got != sent {
+					t.Errorf("%s: %d sent, %d received (want %d of %d)\n%s", p.name, sent, got, count, count, out)
 				}
+				lost += sent - got
+			}
+			t.Logf("restart of %s's agent finished %s into the window; %d packets lost over %d pairs at 100/s", n.Name,
+				restarted.Round(time.Millisecond), lost, len(pairs))
+			// The restarted agent left ovs-vswitchd's tunnel neighbours right: each peer's br-ul MAC.
+			if wrong := wrongNeighbours(t, ctx, n); len(wrong) > 0 {
+				t.Errorf("tunnel neighbours of %s after the restart: %v", n.Name, wrong)
 			}
 			after := flowsButRound(t, ctx, n)
 			if strings.Join(before, "\n") != strings.Join(after, "\n") {

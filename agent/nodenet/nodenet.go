@@ -464,35 +464,3 @@ func prefixOf(n *net.IPNet) netip.Prefix {
 	}
 	return netip.PrefixFrom(ip, ones)
 }
-
-// ResolveNeighbor makes the node's kernel resolve a peer node's address now, by forgetting its neighbour
-// entry and sending it one datagram (to the discard port). A userspace ovs-vswitchd learns tunnel
-// neighbours only by snooping ARP on the bridge that holds the node's address, and drops the first
-// packet to a peer it has not learnt (shared/LAB.md): resolving each peer when it appears, and again
-// after ovs-vswitchd restarts, keeps that first packet from being a pod's.
-func ResolveNeighbor(hostNetNS string, peer netip.Addr) error {
-	h, ns, err := handleAt(hostNetNS)
-	if err != nil {
-		return err
-	}
-	defer h.Close()
-	defer ns.Close()
-	neighs, err := h.NeighList(0, netlink.FAMILY_V4)
-	if err != nil {
-		return fmt.Errorf("nodenet: neighbours: %w", err)
-	}
-	for _, n := range neighs {
-		if ip, ok := netip.AddrFromSlice(n.IP); ok && ip.Unmap() == peer && n.State&netlink.NUD_PERMANENT == 0 {
-			_ = h.NeighDel(&n) // a stale entry only delays the ARP; never fatal
-		}
-	}
-	return inNetNS(ns, func() error {
-		c, err := net.Dial("udp4", netip.AddrPortFrom(peer, 9).String())
-		if err != nil {
-			return fmt.Errorf("nodenet: resolve %s: %w", peer, err)
-		}
-		defer c.Close()
-		_, err = c.Write([]byte{0})
-		return err
-	})
-}

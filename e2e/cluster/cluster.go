@@ -286,7 +286,9 @@ func (c *Cluster) startController(ctx context.Context) error {
 	}
 	args := []string{"--kubeconfig", kc, "--cluster-cidrs", c.opts.ClusterCIDR, "--host-subnet-length", strconv.Itoa(c.opts.HostSubnetLength),
 		"--service-network", c.opts.ServiceCIDR, "--plugin-mode", string(c.opts.Mode), "--mtu", strconv.Itoa(c.Lab.PodMTU()),
-		"--metrics-address", "127.0.0.1:0", "--leader-elect-namespace", systemNamespace}
+		"--metrics-address", "127.0.0.1:0", "--leader-elect-namespace", systemNamespace,
+		// deploy/ names each replica after its pod (POD_NAME): one stable name, as a pod's would be.
+		"--leader-elect-identity", "ofsdn-controller-0"}
 	c.controller, err = startProcess(filepath.Join(c.BinDir, "ofsdn-controller"), filepath.Join(c.Dir, "ofsdn-controller.log"), "", args...)
 	return err
 }

@@ -29,6 +29,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -583,6 +584,28 @@ func (c *Cluster) PIDs() map[string]int {
 		}
 	}
 	return m
+}
+
+// Pause freezes a running component (Etcd, APIServer, ControllerManager, Scheduler) with SIGSTOP, as a
+// hung process: its sockets stay open, connections are still accepted by the kernel and requests wait
+// for an answer. resume (SIGCONT) lets it go on; it is safe to call more than once, and Stop resumes a
+// paused component before stopping it.
+func (c *Cluster) Pause(name string) (resume func(), err error) {
+	c.mu.Lock()
+	var p *daemon
+	for _, q := range c.procs {
+		if exited, _ := q.Exited(); q.name == name && !exited {
+			p = q
+		}
+	}
+	c.mu.Unlock()
+	if p == nil {
+		return nil, fmt.Errorf("kubelab: no running %s to pause", name)
+	}
+	if err := syscall.Kill(-p.PID(), syscall.SIGSTOP); err != nil {
+		return nil, fmt.Errorf("kubelab: pause %s: %w", name, err)
+	}
+	return func() { _ = syscall.Kill(-p.PID(), syscall.SIGCONT) }, nil
 }
 
 // Stop stops every daemon (reverse start order: SIGTERM to its process group, SIGKILL after a grace

@@ -146,6 +146,41 @@ func TestAPIServer(t *testing.T) {
 	})
 }
 
+// TestPause: a paused API server accepts connections but answers nothing until it is resumed, the way
+// an overloaded or stalled one does; outage tests stand on it.
+func TestPause(t *testing.T) {
+	c := Start(t, Options{})
+	admin := clientFor(t, c.AdminConfig())
+	get := func(d time.Duration) error {
+		ctx, cancel := context.WithTimeout(context.Background(), d)
+		defer cancel()
+		_, err := admin.CoreV1().Namespaces().Get(ctx, "default", metav1.GetOptions{})
+		return err
+	}
+	if err := get(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	resume, err := c.Pause(APIServer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(resume)
+	if err := get(time.Second); err == nil || !strings.Contains(err.Error(), "deadline") {
+		t.Fatalf("request to a paused API server: %v, want it to time out", err)
+	}
+	resume()
+	if err := get(10 * time.Second); err != nil {
+		t.Fatalf("after resume: %v", err)
+	}
+	if _, err := c.Pause(Scheduler); err == nil {
+		t.Error("pausing a component that does not run succeeded")
+	}
+	// Left paused: Stop (t.Cleanup) resumes it to stop it.
+	if _, err := c.Pause(APIServer); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestControllerManagerAndScheduler(t *testing.T) {
 	c := Start(t, Options{ControllerManager: true, Scheduler: true})
 	ctx := testContext(t)

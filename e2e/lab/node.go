@@ -2,6 +2,7 @@ package lab
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -80,6 +81,9 @@ func (l *Lab) buildNode(ctx context.Context, n *Node) error {
 	if err := l.attach(ctx, n.Name, n.NetNS, Uplink); err != nil {
 		return err
 	}
+	if err := oneNICARP(n.NetNS); err != nil {
+		return fmt.Errorf("%s: %w", n.Name, err)
+	}
 	if err := runAll(ctx, [][]string{
 		{"ip", "-n", n.NetNS, "link", "set", "lo", "up"},
 		{"ip", "netns", "exec", n.NetNS, "ethtool", "-K", Uplink, "tx", "off"},
@@ -120,6 +124,32 @@ func (l *Lab) buildNode(ctx context.Context, n *Node) error {
 	}
 	l.log.Debug("node up", "node", n.Name, "netns", n.NetNS, "ip", n.IP, "took", time.Since(t0))
 	return nil
+}
+
+// oneNICARP makes a node's kernel answer ARP the way a host with one NIC does. The userspace datapath
+// reads the uplink eth0 through AF_PACKET, which leaves every frame to the kernel too, and by default
+// Linux answers ARP for any of its addresses on any interface: a who-has for the underlay address would
+// get two replies, one with br-ul's MAC and one with eth0's, and a snooping ovs-vswitchd on the asking
+// node keeps whichever came last (a wrong one black-holes the tunnel; shared/LAB.md, issue 10).
+// arp_ignore=1 answers only on the interface that holds the address (br-ul), arp_announce=2 never
+// advertises an address on an interface that does not hold it. "all" covers every interface, including
+// those an agent adds later (the kernel takes the larger of "all" and the interface's own value). These
+// are the node namespace's own settings; the root namespace is never touched.
+func oneNICARP(netns string) error {
+	if netns == "" { // InNetNS would write the caller's (the root namespace's) settings
+		return errors.New("ARP settings: no namespace")
+	}
+	return InNetNS(netns, func() error {
+		for _, kv := range [][2]string{
+			{"/proc/sys/net/ipv4/conf/all/arp_ignore", "1"},
+			{"/proc/sys/net/ipv4/conf/all/arp_announce", "2"},
+		} {
+			if err := os.WriteFile(kv[0], []byte(kv[1]+"\n"), 0o644); err != nil {
+				return fmt.Errorf("ARP settings in %s: %w", netns, err)
+			}
+		}
+		return nil
+	})
 }
 
 // startOVS follows LAB.md: a database of its own, then ovsdb-server and ovs-vswitchd in the node's

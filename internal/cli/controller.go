@@ -40,7 +40,10 @@ func Controller(args []string) int {
 		globals        = fs.String("global-namespaces", "kube-system", "comma-separated namespaces with VNID 0 besides default")
 		leaseNS        = fs.String("leader-elect-namespace", "ofsdn", "namespace of the leader election Lease")
 		leaseName      = fs.String("leader-elect-name", "ofsdn-controller", "name of the leader election Lease")
-		leaseDur       = fs.Duration("leader-elect-lease-duration", 15*time.Second, "how long a dead leader blocks the others")
+		leaseID        = fs.String("leader-elect-identity", controller.DefaultIdentity(), "this replica's name in the Lease: unique among replicas, the same across restarts (default $POD_NAME, else hostname_pid)")
+		leaseDur       = fs.Duration("leader-elect-lease-duration", controller.DefaultLeaseDuration, "how long a leader that stopped renewing blocks the others")
+		renewDeadline  = fs.Duration("leader-elect-renew-deadline", controller.DefaultRenewDeadline, "how long the leader tries to renew before it stops leading (and exits)")
+		retryPeriod    = fs.Duration("leader-elect-retry-period", controller.DefaultRetryPeriod, "how often candidates try to acquire and the leader to renew")
 		metricsAddr    = fs.String("metrics-address", ":9102", "address of /metrics, /healthz and /readyz")
 		workers        = fs.Int("workers", 4, "concurrent syncs per node and namespace queue (change-network requests always run one at a time)")
 		showVersion    = fs.Bool("version", false, "print the version and exit")
@@ -53,15 +56,17 @@ func Controller(args []string) int {
 	defer klog.Flush()
 	log := klog.Background().WithName("ofsdn-controller")
 	log.Info("starting", "version", version.String())
-	if err := runController(log, *kubeconfigPath, *cidrs, *hostBits, *svcNet, *mode, *vxlanPort, *mtu, *globals, *leaseNS, *leaseName, *leaseDur, *metricsAddr, *workers); err != nil {
+	lc := controller.LeaderConfig{Namespace: *leaseNS, Name: *leaseName, Identity: *leaseID, LeaseDuration: *leaseDur,
+		RenewDeadline: *renewDeadline, RetryPeriod: *retryPeriod}
+	if err := runController(log, *kubeconfigPath, *cidrs, *hostBits, *svcNet, *mode, *vxlanPort, *mtu, *globals, lc, *metricsAddr, *workers); err != nil {
 		log.Error(err, "exiting")
 		return 1
 	}
 	return 0
 }
 
-func runController(log klog.Logger, kubeconfigPath, cidrs string, hostBits int, svcNet, mode string, vxlanPort, mtu int, globals, leaseNS, leaseName string,
-	leaseDur time.Duration, metricsAddr string, workers int) error {
+func runController(log klog.Logger, kubeconfigPath, cidrs string, hostBits int, svcNet, mode string, vxlanPort, mtu int, globals string,
+	lc controller.LeaderConfig, metricsAddr string, workers int) error {
 	cfg, err := kubeconfig.Load(kubeconfigPath)
 	if err != nil {
 		return err
@@ -112,7 +117,6 @@ func runController(log klog.Logger, kubeconfigPath, cidrs string, hostBits int, 
 	defer srv.Close()
 	log.Info("metrics, health and readiness", "address", ln.Addr().String())
 
-	id, _ := os.Hostname()
-	id = fmt.Sprintf("%s_%d", id, os.Getpid())
-	return controller.RunLeader(ctx, kube, controller.LeaderConfig{Namespace: leaseNS, Name: leaseName, Identity: id, LeaseDuration: leaseDur}, c)
+	// SIGTERM cancels ctx: RunLeader stops the controller, then releases the Lease for the next leader.
+	return controller.RunLeader(ctx, kube, lc, c)
 }

@@ -55,6 +55,7 @@ func (d *Daemon) Exited() (bool, error) {
 // is reaped and nothing of its group is left. It is idempotent.
 func (d *Daemon) Stop(grace time.Duration) {
 	pgid := d.PID()
+	_ = syscall.Kill(-pgid, syscall.SIGCONT) // a paused (SIGSTOP) daemon handles SIGTERM only once resumed
 	_ = syscall.Kill(-pgid, syscall.SIGTERM)
 	select {
 	case <-d.done:
