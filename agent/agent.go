@@ -24,8 +24,6 @@ import (
 	"github.com/ofsdn/ofsdn/ofswitch"
 	"github.com/ofsdn/ofsdn/ovsdb"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	kubeinformers "k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
@@ -120,14 +118,14 @@ type Agent struct {
 	pods    *podNetwork
 	metrics *Metrics
 	events  record.EventRecorder
-	// conflicts tells each hostPort conflict once.
-	conflicts *conflictReporter
+	// conflicts tells each hostPort conflict once; policyProblems each NetworkPolicy problem.
+	conflicts      *conflictReporter
+	policyProblems *policyProblemReporter
 	// neighbors keeps ovs-vswitchd's tunnel neighbours right (tunnelneigh.go); nil but for netdev.
 	neighbors *tunnelNeighbors
 
 	netInformers  networkinformers.SharedInformerFactory
 	kubeInformers kubeinformers.SharedInformerFactory
-	localPods     kubeinformers.SharedInformerFactory
 	// handlersSynced report whether each handler has seen every object its informer listed at start.
 	handlersSynced []cache.InformerSynced
 
@@ -153,6 +151,7 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	a := &Agent{cfg: cfg, deps: deps, log: log, view: newNodeView(cfg.NodeName), host: &hostSide{}, metrics: deps.Metrics,
 		events: deps.Events}
 	a.conflicts = &conflictReporter{log: log.WithName("hostports")}
+	a.policyProblems = &policyProblemReporter{log: log.WithName("netpol")}
 	// The flow sync's reconciler comes with the bridge in Run; everything that feeds it exists now.
 	a.fs = newFlowSync(a.view, nil, log)
 	a.fs.metrics = deps.Metrics
@@ -165,19 +164,19 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 		pendingDeletes: cni.PendingDeletesDirFor(cfg.CNISocket), absentGrace: cfg.AbsentPodGrace, bridgeUp: func() bool { return a.sess != nil && a.sess.Connected() }}
 
 	a.netInformers = networkinformers.NewSharedInformerFactory(deps.Net, 0)
-	a.kubeInformers = kubeinformers.NewSharedInformerFactory(deps.Kube, 0)
-	a.localPods = kubeinformers.NewSharedInformerFactoryWithOptions(deps.Kube, 0, kubeinformers.WithTweakListOptions(func(o *metav1.ListOptions) {
-		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", cfg.NodeName).String()
-	}))
+	// Every pod of the cluster (NetworkPolicy peers), trimmed to what the agent reads (trimForAgent).
+	a.kubeInformers = kubeinformers.NewSharedInformerFactoryWithOptions(deps.Kube, 0, kubeinformers.WithTransform(trimForAgent))
 	// Restore asks it whether a restored attachment's pod still exists.
-	a.pods.apiPods = apiPods{lister: a.localPods.Core().V1().Pods().Lister(), client: deps.Kube.CoreV1()}
+	a.pods.apiPods = apiPods{lister: a.kubeInformers.Core().V1().Pods().Lister(), client: deps.Kube.CoreV1(), nodeName: cfg.NodeName}
 	w := &watchNetwork{view: a.view, sync: a.fs, log: log}
 	if cfg.DatapathType == "netdev" {
 		a.neighbors = newTunnelNeighbors(cfg.HostNetNS, cfg.OVSRunDir, a.view.peers, log)
 		w.newPeer = func(netip.Addr) { a.neighbors.kick() }
 	}
 	ws := &watchServices{view: a.view, sync: a.fs, log: log.WithName("services")}
+	wp := &watchPolicies{view: a.view, sync: a.fs}
 	net := a.netInformers.Network().V1()
+	pods := a.kubeInformers.Core().V1().Pods().Informer()
 	for _, h := range []struct {
 		informer cache.SharedIndexInformer
 		handle   func(obj any, deleted bool)
@@ -189,7 +188,11 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 		{a.kubeInformers.Core().V1().Services().Informer(), ws.service},
 		{a.kubeInformers.Discovery().V1().EndpointSlices().Informer(), ws.endpointSlice},
 		// The pods bound to this node: their hostPorts.
-		{a.localPods.Core().V1().Pods().Informer(), (&watchHostPorts{view: a.view, sync: a.fs}).pod},
+		{pods, (&watchHostPorts{view: a.view, sync: a.fs}).pod},
+		// NetworkPolicies and what their selectors select (every mode; enforced in networkpolicy mode).
+		{pods, wp.pod},
+		{a.kubeInformers.Core().V1().Namespaces().Informer(), wp.namespace},
+		{a.kubeInformers.Networking().V1().NetworkPolicies().Informer(), wp.networkPolicy},
 	} {
 		reg, err := h.informer.AddEventHandler(handlers(h.handle))
 		if err != nil {
@@ -247,6 +250,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.events = broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "ofsdn-agent", Host: a.cfg.NodeName})
 	}
 	a.conflicts.recorder = a.events
+	a.policyProblems.recorder = a.events
 	steps := []struct {
 		name string
 		run  func(context.Context) error
@@ -323,10 +327,7 @@ func (a *Agent) openBridge(ctx context.Context) error {
 func (a *Agent) syncInformers(ctx context.Context) error {
 	a.netInformers.Start(ctx.Done())
 	a.kubeInformers.Start(ctx.Done())
-	a.localPods.Start(ctx.Done())
-	for _, wait := range []func(<-chan struct{}) map[reflect.Type]bool{
-		a.netInformers.WaitForCacheSync, a.kubeInformers.WaitForCacheSync, a.localPods.WaitForCacheSync,
-	} {
+	for _, wait := range []func(<-chan struct{}) map[reflect.Type]bool{a.netInformers.WaitForCacheSync, a.kubeInformers.WaitForCacheSync} {
 		for typ, ok := range wait(ctx.Done()) {
 			if !ok {
 				return fmt.Errorf("informer for %v did not sync", typ)
@@ -432,8 +433,10 @@ func (a *Agent) serveCNI(ctx context.Context) error {
 	return srv.Serve(ctx)
 }
 
-// applyHost carries a synced state to the host: conntrack flushes, forwards, hostPort conflicts.
+// applyHost carries a synced state to the host: conntrack flushes, forwards, hostPort conflicts; and
+// reports the NetworkPolicy problems the sync found.
 func (a *Agent) applyHost(ctx context.Context, st pipeline.NodeState, stale []openflow.ConntrackFlush) error {
+	a.policyProblems.report(a.view.problemsOfPolicies())
 	// UDP and SCTP entries towards endpoints a service no longer uses would keep their clients on
 	// them: flush them in br0's service zone.
 	if len(stale) > 0 && a.sess != nil {

@@ -7,14 +7,20 @@
 //   - agent.go: New wires the view, informers and handlers from its Deps (clients, OVSDB, a way to
 //     dial the bridge) without I/O; Run takes the named start-up steps in order (open the bridge, sync
 //     informers, wait for the node's subnet, set up the node, restore pods, install this round, serve
-//     CNI); the package-level Run makes real Deps from a Config. Owner failures become Warning Events.
+//     CNI); the package-level Run makes real Deps from a Config. Owner failures become Warning Events
+//     (FlowsNotInstalled, on the Pod, Service, NetworkPolicy or Node the owner renders).
 //   - view.go: nodeView, the one picture of the node every flow is rendered from; its generation counter
 //     lets a CNI ADD wait for exactly its own change.
 //   - informers.go: ClusterNetwork, HostSubnets and NetNamespaces into the view.
 //   - services.go: Services and EndpointSlices into pipeline.ServiceState (with a conversion cache, so
 //     one endpoint change converts one service).
+//   - netpol.go: NetworkPolicy resolution — policies, every pod of the cluster and namespaces into
+//     pipeline.PolicyState for the policies that select a local pod, and the pods' isolation
+//     (networkpolicy mode); incremental, so one pod's change resolves only the policies it can affect.
+//     netpol_watch.go: their informers (pods cluster-wide, trimmed by trimForAgent to what the agent
+//     reads) and the Warning Events of policies enforced only in part.
 //   - hostside.go: the node's own side through nodenet — routes, tun0, nf_tables SNAT, NodePort and
-//     hostPort forwards, HostPortConflict Events — and hostSync, the loop that carries synced states there
+//     hostPort forwards (of this node's pods, from the cluster-wide pod informer), HostPortConflict Events — and hostSync, the loop that carries synced states there
 //     (and flushes stale UDP conntrack) off the flow path.
 //   - cnihandler.go: the CNI verbs (IPAM in ipam/, the veth in podnet/, the OVS port with its external_ids);
 //     a repeated ADD of an intact attachment answers with its result and changes nothing.

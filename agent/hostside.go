@@ -103,7 +103,8 @@ func (w *watchHostPorts) pod(obj any, deleted bool) {
 	}
 	key := podKey(pod.Namespace, pod.Name)
 	var ports []corev1.ContainerPort
-	if !deleted && pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed && !pod.Spec.HostNetwork {
+	// The informer holds every pod of the cluster: only this node's publish hostPorts here.
+	if !deleted && pod.Spec.NodeName == w.view.nodeName && pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed && !pod.Spec.HostNetwork {
 		for _, c := range pod.Spec.Containers {
 			for _, p := range c.Ports {
 				if p.HostPort > 0 {

@@ -55,14 +55,16 @@ func (w *watchNetwork) clusterNetwork(obj any, deleted bool) {
 	}
 	mode := pipeline.Mode(cn.Spec.PluginMode)
 	switch mode {
-	case pipeline.ModeSubnet, pipeline.ModeMultitenant:
-	case pipeline.ModeNetworkPolicy:
-		w.log.Info("pluginMode networkpolicy: NetworkPolicy rendering has not landed yet; the network is flat meanwhile")
+	case pipeline.ModeSubnet, pipeline.ModeMultitenant, pipeline.ModeNetworkPolicy:
 	default:
 		w.log.Error(fmt.Errorf("unknown pluginMode %q", cn.Spec.PluginMode), "treating the network as flat (subnet)")
 		mode = pipeline.ModeSubnet
 	}
-	w.view.update(func(v *nodeView) { v.mode, v.clusterNets = mode, nets })
+	var was pipeline.Mode
+	w.view.update(func(v *nodeView) { was, v.mode, v.clusterNets = v.mode, mode, nets })
+	if was != mode {
+		w.log.Info("pluginMode", "mode", mode, "networkPolicyEnforced", mode == pipeline.ModeNetworkPolicy)
+	}
 	w.sync.trigger()
 }
 

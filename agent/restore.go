@@ -182,16 +182,17 @@ type podLookup interface {
 	Get(ctx context.Context, namespace, name string) podPresence
 }
 
-// apiPods is podLookup on the local-pods informer and the API server.
+// apiPods is podLookup on the pod informer (this node's pods) and the API server.
 type apiPods struct {
-	lister corelisters.PodLister
-	client typedcorev1.PodsGetter
+	lister   corelisters.PodLister
+	client   typedcorev1.PodsGetter
+	nodeName string
 }
 
 func (a apiPods) Cached(namespace, name string) (string, string, bool) {
 	pod, err := a.lister.Pods(namespace).Get(name)
-	if err != nil {
-		return "", "", false
+	if err != nil || pod.Spec.NodeName != a.nodeName {
+		return "", "", false // the informer holds the whole cluster: a pod elsewhere is a question for the API server
 	}
 	return string(pod.UID), pod.Annotations[mirrorAnnotation], true
 }

@@ -46,6 +46,10 @@ type nodeView struct {
 	converted serviceCache // the last conversion of each service, reused while its objects stay
 	// hostPorts of the pods bound to this node, by namespace/name (pod informer).
 	hostPorts map[string]hostPortPod
+	// netpol holds the cluster's NetworkPolicies, pods and namespaces and resolves the policies
+	// (networkpolicy mode; netpol.go); policyProblems are its problems as of the last snapshot.
+	netpol         *policyIndex
+	policyProblems map[string][]policyProblem
 	// generation counts changes, so a sync knows whether it saw the latest state.
 	generation uint64
 }
@@ -53,7 +57,8 @@ type nodeView struct {
 func newNodeView(nodeName string) *nodeView {
 	return &nodeView{nodeName: nodeName, mode: pipeline.ModeSubnet, remote: map[string]pipeline.RemoteNode{},
 		vnids: map[string]uint32{}, pods: map[string]localPod{}, services: map[string]*corev1.Service{},
-		slices: map[string]*discoveryv1.EndpointSlice{}, hostPorts: map[string]hostPortPod{}, converted: serviceCache{}}
+		slices: map[string]*discoveryv1.EndpointSlice{}, hostPorts: map[string]hostPortPod{}, converted: serviceCache{},
+		netpol: newPolicyIndex(nodeName)}
 }
 
 // update applies f and returns the view's new generation: a sync of that generation or later includes f.
@@ -96,6 +101,38 @@ func (v *nodeView) ready() error {
 	return nil
 }
 
+// nodeAddresses are the addresses each node's hostNetwork pods have as policy peers: its InternalIP
+// (the HostSubnet's hostIP) and its tun0 gateway, the source of what its host sends into the overlay.
+func (v *nodeView) nodeAddresses() map[string][]netip.Addr {
+	out := make(map[string][]netip.Addr, len(v.remote)+1)
+	add := func(name string, ip netip.Addr, subnet netip.Prefix) {
+		var a []netip.Addr
+		if ip.IsValid() {
+			a = append(a, ip)
+		}
+		if subnet.IsValid() {
+			a = append(a, pipeline.Gateway(subnet))
+		}
+		if len(a) > 0 {
+			out[name] = a
+		}
+	}
+	for name, n := range v.remote {
+		if name != v.nodeName {
+			add(name, n.NodeIP, n.Subnet)
+		}
+	}
+	add(v.nodeName, v.nodeIP, v.localSubnet)
+	return out
+}
+
+// problemsOfPolicies returns the policy problems of the last snapshot, by namespace/name.
+func (v *nodeView) problemsOfPolicies() map[string][]policyProblem {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.policyProblems
+}
+
 // resolvedHostPorts returns the hostPorts to publish and the conflicts to report.
 func (v *nodeView) resolvedHostPorts() ([]nodenet.HostPort, []hostPortConflict) {
 	v.mu.Lock()
@@ -128,6 +165,18 @@ func (v *nodeView) snapshot() (st pipeline.NodeState, pending []string, generati
 	}
 	st.Services = serviceStates(v.services, v.slices, v.nodeName, v.vnids, v.converted)
 	st.NodePortAddresses = []netip.Addr{pipeline.ServiceNodePortIP}
+	v.policyProblems = nil
+	if v.mode == pipeline.ModeNetworkPolicy {
+		v.netpol.setLocal(v.pods)
+		v.netpol.setNodes(v.nodeAddresses(), v.clusterNets)
+		st.Policies = v.netpol.resolve()
+		v.policyProblems = v.netpol.problems()
+		iso := isolation(st.Policies)
+		for i := range st.Pods {
+			p := &st.Pods[i]
+			p.IngressIsolated, p.EgressIsolated = iso[p.OFPort][0], iso[p.OFPort][1]
+		}
+	}
 	sort.Slice(st.Pods, func(i, j int) bool { return st.Pods[i].OFPort < st.Pods[j].OFPort })
 	sort.Slice(st.RemoteNodes, func(i, j int) bool { return st.RemoteNodes[i].Name < st.RemoteNodes[j].Name })
 	sort.Strings(pending)

@@ -1,0 +1,333 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
+	netfake "github.com/ofsdn/ofsdn/client/clientset/versioned/fake"
+	"github.com/ofsdn/ofsdn/flows/openflow"
+	"github.com/ofsdn/ofsdn/flows/pipeline"
+	"github.com/ofsdn/ofsdn/flows/reconcile"
+	"github.com/ofsdn/ofsdn/internal/fakeswitch"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	kubefake "k8s.io/client-go/kubernetes/fake"
+	"k8s.io/klog/v2"
+)
+
+// recordedEvent is an Event a test recorder saw.
+type recordedEvent struct {
+	Kind, Namespace, Name, Type, Reason, Message string
+}
+
+// eventLog records Events with the object they are about (client-go's FakeRecorder drops it).
+type eventLog struct {
+	mu     sync.Mutex
+	events []recordedEvent
+}
+
+func (l *eventLog) Event(obj runtime.Object, eventType, reason, message string) {
+	ref, _ := obj.(*corev1.ObjectReference)
+	if ref == nil {
+		ref = &corev1.ObjectReference{}
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.events = append(l.events, recordedEvent{ref.Kind, ref.Namespace, ref.Name, eventType, reason, message})
+}
+
+func (l *eventLog) Eventf(obj runtime.Object, eventType, reason, format string, args ...any) {
+	l.Event(obj, eventType, reason, fmt.Sprintf(format, args...))
+}
+
+func (l *eventLog) AnnotatedEventf(obj runtime.Object, _ map[string]string, eventType, reason, format string, args ...any) {
+	l.Eventf(obj, eventType, reason, format, args...)
+}
+
+func (l *eventLog) with(reason string) []recordedEvent {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []recordedEvent
+	for _, e := range l.events {
+		if e.Reason == reason {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// policyAgent is an agent made by New against fake API clients, its flows on an in-memory switch.
+type policyAgent struct {
+	*Agent
+	sw     *fakeswitch.Switch
+	kube   *kubefake.Clientset
+	net    *netfake.Clientset
+	events *eventLog
+}
+
+// defaultNetwork is the test cluster's ClusterNetwork in a mode.
+func defaultNetwork(mode networkv1.PluginMode) *networkv1.ClusterNetwork {
+	return clusterNetwork(networkv1.ClusterNetworkName, mode, "10.128.0.0/14")
+}
+
+// newPolicyAgent starts the agent's informers on fake clients holding objs, the node n1
+// (192.0.2.11, 10.128.0.0/23), n2 (192.0.2.12, 10.128.2.0/23), and the namespaces' NetNamespaces.
+func newPolicyAgent(t testing.TB, mode networkv1.PluginMode, objs ...runtime.Object) *policyAgent {
+	netObjs := []runtime.Object{defaultNetwork(mode),
+		&networkv1.HostSubnet{ObjectMeta: metav1.ObjectMeta{Name: "n1"}, Host: "n1", HostIP: "192.0.2.11", Subnet: "10.128.0.0/23"},
+		&networkv1.HostSubnet{ObjectMeta: metav1.ObjectMeta{Name: "n2"}, Host: "n2", HostIP: "192.0.2.12", Subnet: "10.128.2.0/23"}}
+	for i, o := range objs {
+		if ns, ok := o.(*corev1.Namespace); ok {
+			netObjs = append(netObjs, &networkv1.NetNamespace{ObjectMeta: metav1.ObjectMeta{Name: ns.Name}, NetName: ns.Name, NetID: uint32(100 + i)})
+		}
+	}
+	pa := &policyAgent{sw: fakeswitch.New(), kube: kubefake.NewClientset(objs...), net: netfake.NewSimpleClientset(netObjs...), events: &eventLog{}}
+	a, err := New(Config{NodeName: "n1", Logger: klog.Background()}, Deps{Kube: pa.kube, Net: pa.net, Events: pa.events})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pa.Agent = a
+	a.recon = reconcile.New(pa.sw, reconcile.Config{Round: 1, PipelineVersion: pipeline.PipelineVersion, VersionOf: pipeline.VersionOf})
+	a.fs.r = a.recon
+	a.conflicts.recorder, a.policyProblems.recorder = pa.events, pa.events
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	if err := a.syncInformers(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.view.ready(); err != nil {
+		t.Fatal(err)
+	}
+	go a.hostFwd.run(ctx)
+	return pa
+}
+
+// attach puts a pod on the bridge as a CNI ADD does.
+func (pa *policyAgent) attach(ns, name, ip string, ofport uint32) uint64 {
+	addr := netip.MustParseAddr(ip)
+	a4 := addr.As4()
+	return pa.view.update(func(v *nodeView) {
+		v.pods[podKey(ns, name)] = localPod{Namespace: ns, Name: name, IP: addr, OFPort: ofport,
+			MAC: net.HardwareAddr{0x0a, 0x58, a4[0], a4[1], a4[2], a4[3]}}
+	})
+}
+
+// flowsOf is an owner's flows on the switch, as ovs-ofctl prints them (without cookies).
+func (pa *policyAgent) flowsOf(o reconcile.Owner) []string {
+	var out []string
+	raw, _ := pa.sw.DumpFlows(context.Background(), uint64(reconcile.MakeCookie(0, o)), uint64(reconcile.CookieIdentityMask))
+	for _, r := range raw {
+		if f, err := openflow.DecodeFlowStats(r); err == nil {
+			out = append(out, f.String())
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// eventually syncs until ok holds: informer events reach the view asynchronously.
+func (pa *policyAgent) eventually(t *testing.T, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := pa.fs.syncNow(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if ok() {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not reached", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func anyContains(lines []string, s string) bool {
+	return slices.ContainsFunc(lines, func(l string) bool { return strings.Contains(l, s) })
+}
+
+func apiPod(ns, name, node, ip string, labels map[string]string, ports ...corev1.ContainerPort) *corev1.Pod {
+	return tpod{ns: ns, name: name, node: node, ip: ip, labels: labels, ports: ports}.api()
+}
+
+func apiNamespace(name string, labels map[string]string) *corev1.Namespace {
+	l := lbl("kubernetes.io/metadata.name", name)
+	for k, v := range labels {
+		l[k] = v
+	}
+	return &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: l}}
+}
+
+// TestAgentEnforcesPoliciesLive: through New's informers on fake API clients and the flow sync, a
+// policy's flows follow the API live — a peer relabelled in and out, a namespace relabelled, the policy
+// changed and deleted — and only in networkpolicy mode: switching the ClusterNetwork's mode away and
+// back removes and restores them, isolation included.
+func TestAgentEnforcesPoliciesLive(t *testing.T) {
+	ctx := context.Background()
+	web := apiPod("x", "web", "n1", "10.128.0.10", lbl("app", "web"), named("http", corev1.ProtocolTCP, 8080))
+	client := apiPod("x", "client", "n2", "10.128.2.20", lbl("app", "client"))
+	other := apiPod("y", "other", "n2", "10.128.2.30", lbl("app", "client"))
+	np := policy("x", "web", lbl("app", "web"), func(s *networkingv1.NetworkPolicySpec) {
+		s.Ingress = []networkingv1.NetworkPolicyIngressRule{{
+			From:  []networkingv1.NetworkPolicyPeer{podPeer(lbl("app", "client")), nsPeer(lbl("team", "blue"))},
+			Ports: []networkingv1.NetworkPolicyPort{namedPort(corev1.ProtocolTCP, "http")},
+		}}
+	})
+	pa := newPolicyAgent(t, networkv1.PluginModeNetworkPolicy, apiNamespace("x", nil), apiNamespace("y", nil), web, client, other, np)
+	if _, err := pa.fs.syncThrough(ctx, pa.attach("x", "web", "10.128.0.10", 10)); err != nil {
+		t.Fatal(err)
+	}
+	owner := pipeline.NetPolOwner("x", "web")
+	isolated := func() bool { return anyContains(pa.flowsOf(pipeline.PodOwner("x", "web")), "priority=500,ip,reg2=0xa") }
+	pa.eventually(t, "policy rendered, web isolated", func() bool {
+		fl := pa.flowsOf(owner)
+		return anyContains(fl, "nw_src=10.128.2.20") && anyContains(fl, "tp_dst=8080") && !anyContains(fl, "10.128.2.30") && isolated()
+	})
+
+	// y/other comes in when namespace y is labelled team=blue; goes again when unlabelled.
+	if _, err := pa.kube.CoreV1().Namespaces().Update(ctx, apiNamespace("y", lbl("team", "blue")), metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pa.eventually(t, "namespace relabelled in", func() bool { return anyContains(pa.flowsOf(owner), "nw_src=10.128.2.30") })
+	// x/client is relabelled out of the podSelector peer.
+	client.Labels = lbl("app", "gone")
+	if _, err := pa.kube.CoreV1().Pods("x").Update(ctx, client, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pa.eventually(t, "peer relabelled out", func() bool { return !anyContains(pa.flowsOf(owner), "nw_src=10.128.2.20") })
+
+	// The mode switches away: no policy flows, no isolation. And back.
+	if _, err := pa.net.NetworkV1().ClusterNetworks().Update(ctx, defaultNetwork(networkv1.PluginModeSubnet), metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pa.eventually(t, "subnet mode drops policies", func() bool { return len(pa.flowsOf(owner)) == 0 && !isolated() })
+	if _, err := pa.net.NetworkV1().ClusterNetworks().Update(ctx, defaultNetwork(networkv1.PluginModeNetworkPolicy), metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pa.eventually(t, "networkpolicy mode restores them", func() bool { return anyContains(pa.flowsOf(owner), "nw_src=10.128.2.30") && isolated() })
+
+	// The policy changes to an ipBlock, then goes: web is no longer isolated.
+	np.Spec.Ingress[0].From = []networkingv1.NetworkPolicyPeer{blockPeer("198.51.100.0/24")}
+	if _, err := pa.kube.NetworkingV1().NetworkPolicies("x").Update(ctx, np, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pa.eventually(t, "policy changed", func() bool {
+		fl := pa.flowsOf(owner)
+		return anyContains(fl, "nw_src=198.51.100.0/24") && !anyContains(fl, "10.128.2.30")
+	})
+	if err := pa.kube.NetworkingV1().NetworkPolicies("x").Delete(ctx, "web", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pa.eventually(t, "policy deleted", func() bool { return len(pa.flowsOf(owner)) == 0 && !isolated() })
+}
+
+// TestAgentReportsPolicyProblems: a policy that renders only in part (a named port no pod has) renders
+// the rest, and is told once as a Warning Event on the NetworkPolicy, however many syncs follow; a
+// policy whose flows the switch refuses keeps failing alone (FlowsNotInstalled on the NetworkPolicy)
+// while another policy and the pods keep syncing.
+func TestAgentReportsPolicyProblems(t *testing.T) {
+	ctx := context.Background()
+	partial := policy("x", "partial", nil, func(s *networkingv1.NetworkPolicySpec) {
+		s.Ingress = []networkingv1.NetworkPolicyIngressRule{{Ports: []networkingv1.NetworkPolicyPort{namedPort(corev1.ProtocolTCP, "nope"), tcpPort(80)}}}
+	})
+	refused := policy("x", "refused", nil, func(s *networkingv1.NetworkPolicySpec) {
+		s.Ingress = []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{blockPeer("203.0.113.0/24")}}}
+	})
+	pa := newPolicyAgent(t, networkv1.PluginModeNetworkPolicy, apiNamespace("x", nil),
+		apiPod("x", "a", "n1", "10.128.0.10", lbl("app", "a")), partial, refused)
+	pa.sw.Refuse = func(f openflow.Flow) error {
+		if strings.Contains(f.String(), "203.0.113.0/24") {
+			return errors.New("fake: refused")
+		}
+		return nil
+	}
+	if _, err := pa.fs.syncThrough(ctx, pa.attach("x", "a", "10.128.0.10", 10)); err != nil {
+		t.Fatal(err)
+	}
+	pa.eventually(t, "the partial policy renders its numbered port", func() bool {
+		return anyContains(pa.flowsOf(pipeline.NetPolOwner("x", "partial")), "tp_dst=80")
+	})
+	for range 3 {
+		pa.attach("x", "b", "10.128.0.11", 11) // other changes keep syncing
+		if _, err := pa.fs.syncNow(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for len(pa.events.with(ReasonPolicyNotFullyEnforced)) == 0 || len(pa.events.with("FlowsNotInstalled")) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("events: %+v", pa.events.events)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond) // let further (wrong) Events arrive
+	got := pa.events.with(ReasonPolicyNotFullyEnforced)
+	if len(got) != 1 || got[0].Kind != "NetworkPolicy" || got[0].Namespace != "x" || got[0].Name != "partial" || got[0].Type != corev1.EventTypeWarning ||
+		!strings.Contains(got[0].Message, `container port named "nope"`) {
+		t.Errorf("problem Events %+v; want one Warning on x/partial naming the port", got)
+	}
+	failed := pa.events.with("FlowsNotInstalled")
+	if len(failed) != 1 || failed[0].Kind != "NetworkPolicy" || failed[0].Name != "refused" {
+		t.Errorf("failure Events %+v; want one on NetworkPolicy x/refused", failed)
+	}
+	if f := pa.fs.failingOwners(); len(f) != 1 || f[pipeline.NetPolOwner("x", "refused")] == nil {
+		t.Errorf("failing owners %v; want x/refused alone", f)
+	}
+	if !anyContains(pa.flowsOf(pipeline.PodOwner("x", "b")), "nw_dst=10.128.0.11") {
+		t.Error("pod x/b's flows were not installed while a policy failed")
+	}
+}
+
+// TestTrimForAgent: the informers' caches keep what the agent reads and nothing else, and trimming is
+// idempotent.
+func TestTrimForAgent(t *testing.T) {
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "x", Name: "a", UID: "u1", ResourceVersion: "7", Labels: lbl("app", "a"),
+			Annotations:   map[string]string{"big": strings.Repeat("x", 1000)},
+			ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubectl"}}, CreationTimestamp: metav1.Unix(100, 0)},
+		Spec: corev1.PodSpec{NodeName: "n1", HostNetwork: true, Volumes: []corev1.Volume{{Name: "v"}},
+			Containers: []corev1.Container{
+				{Name: "c", Image: "img", Env: []corev1.EnvVar{{Name: "E", Value: "v"}},
+					Ports: []corev1.ContainerPort{{Name: "http", Protocol: corev1.ProtocolTCP, ContainerPort: 80, HostPort: 8080, HostIP: "192.0.2.11"}}},
+				{Name: "sidecar", Image: "img"}}},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.128.0.10", PodIPs: []corev1.PodIP{{IP: "10.128.0.10"}},
+			Conditions: []corev1.PodCondition{{Type: corev1.PodReady}}, ContainerStatuses: []corev1.ContainerStatus{{Name: "c"}}},
+	}
+	want := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "x", Name: "a", UID: "u1", ResourceVersion: "7", Labels: lbl("app", "a"), CreationTimestamp: metav1.Unix(100, 0)},
+		Spec: corev1.PodSpec{NodeName: "n1", HostNetwork: true, Containers: []corev1.Container{{Name: "c",
+			Ports: []corev1.ContainerPort{{Name: "http", Protocol: corev1.ProtocolTCP, ContainerPort: 80, HostPort: 8080, HostIP: "192.0.2.11"}}}}},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.128.0.10", PodIPs: []corev1.PodIP{{IP: "10.128.0.10"}}},
+	}
+	got, err := trimForAgent(pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, _ := trimForAgent(got)
+	for _, g := range []any{got, again} {
+		if !equalObjects(g, want) {
+			t.Errorf("trimmed pod\n%+v\nwant\n%+v", g, want)
+		}
+	}
+	np := policy("x", "p", nil, nil)
+	np.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "kubectl"}}
+	np.Annotations = map[string]string{corev1.LastAppliedConfigAnnotation: "{...}", "keep": "1"}
+	out, _ := trimForAgent(np)
+	if p := out.(*networkingv1.NetworkPolicy); p.ManagedFields != nil || len(p.Annotations) != 1 {
+		t.Errorf("policy keeps managedFields %v and annotations %v", p.ManagedFields, p.Annotations)
+	}
+}
+
+func equalObjects(a, b any) bool { return fmt.Sprintf("%#v", a) == fmt.Sprintf("%#v", b) }
