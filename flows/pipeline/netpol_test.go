@@ -3,6 +3,7 @@ package pipeline
 import (
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"net/netip"
 	"slices"
 	"strings"
@@ -243,6 +244,43 @@ func TestPoliciesOnlyInNetworkPolicyMode(t *testing.T) {
 					t.Errorf("%s mode renders isolation flow %s", mode, f)
 				}
 			}
+		}
+	}
+}
+
+// The Renderer hands an unchanged pod's flows back as the very same slices (the agent compares
+// owners with what is installed; equal slices are a pointer check), and renders a pod again when its
+// isolation or the mode changes.
+func TestRendererKeepsUnchangedPods(t *testing.T) {
+	st := sampleNodeState()
+	st.Mode = ModeNetworkPolicy
+	var r Renderer
+	first, _, err := r.Render(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := PodOwner(st.Pods[0].Namespace, st.Pods[0].Name)
+	st.Pods = slices.Clone(st.Pods)
+	st.Pods[0].MAC = slices.Clone(st.Pods[0].MAC) // equal content in new memory, as each snapshot has
+	again, _, _ := r.Render(st)
+	if &again[o].Flows[0] != &first[o].Flows[0] {
+		t.Error("an unchanged pod was rendered again")
+	}
+	for _, change := range []func(s *NodeState){
+		func(s *NodeState) { s.Pods[0].IngressIsolated = true },
+		func(s *NodeState) { s.Pods[0].EgressIsolated = true },
+		func(s *NodeState) { s.Mode = ModeSubnet },
+		func(s *NodeState) { s.Pods[0].MAC = net.HardwareAddr{0x0a, 0x58, 1, 2, 3, 4} },
+	} {
+		before, _, _ := r.Render(st)
+		change(&st)
+		after, _, _ := r.Render(st)
+		fresh, err := Render(st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.EqualFunc(after[o].Flows, fresh[o].Flows, func(a, b Flow) bool { return a.String() == b.String() }) || len(after[o].Flows) > 0 && len(before[o].Flows) > 0 && &after[o].Flows[0] == &before[o].Flows[0] {
+			t.Errorf("after a change the Renderer gave\n%v\nwant\n%v", after[o].Flows, fresh[o].Flows)
 		}
 	}
 }

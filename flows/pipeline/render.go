@@ -1,10 +1,12 @@
 package pipeline
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 
 	. "github.com/ofsdn/ofsdn/flows/openflow"
 	"github.com/ofsdn/ofsdn/flows/reconcile"
@@ -86,8 +88,23 @@ func Render(s NodeState) (map[reconcile.Owner]reconcile.OwnerState, error) {
 // cheap. With 1,000 services, one endpoint change re-renders one owner instead of all. The zero value
 // is ready; a Renderer is not safe for concurrent use.
 type Renderer struct {
+	pods     map[reconcile.Owner]podMemo
 	services map[reconcile.Owner]serviceMemo
 	policies map[reconcile.Owner]policyMemo
+}
+
+// podMemo is a pod's last render and what it was rendered from: an unchanged pod keeps its very
+// slices, so the agent's comparison with what is installed is a pointer check, not a walk through
+// every flow of every local pod.
+type podMemo struct {
+	st        PodState
+	isolation bool // with its isolation flows (networkpolicy mode)
+	out       reconcile.OwnerState
+}
+
+func podEqual(a, b PodState) bool {
+	return a.Namespace == b.Namespace && a.Name == b.Name && a.IP == b.IP && bytes.Equal(a.MAC, b.MAC) && a.OFPort == b.OFPort &&
+		a.VNID == b.VNID && a.IngressIsolated == b.IngressIsolated && a.EgressIsolated == b.EgressIsolated
 }
 
 // Render renders s, reusing what it can from the previous call. An owner that cannot be rendered (a
@@ -104,14 +121,25 @@ func (r *Renderer) Render(s NodeState) (owners map[reconcile.Owner]reconcile.Own
 	}
 	failed = map[reconcile.Owner]error{}
 	vnids := map[uint32]bool{}
+	pods := make(map[reconcile.Owner]podMemo, len(s.Pods))
+	isolation := s.Mode == ModeNetworkPolicy
 	for _, p := range s.Pods {
-		flows := RenderPod(p)
-		if s.Mode == ModeNetworkPolicy {
-			flows = append(flows, isolationFlows(p)...)
+		o := PodOwner(p.Namespace, p.Name)
+		m, ok := r.pods[o]
+		if !ok || m.isolation != isolation || !podEqual(m.st, p) {
+			flows := RenderPod(p)
+			if isolation {
+				flows = append(flows, isolationFlows(p)...)
+			}
+			flows = append(flows, HairpinFlows(p.OFPort)...) // services reach the pod from itself (services.go)
+			p.MAC = slices.Clone(p.MAC)
+			m = podMemo{st: p, isolation: isolation, out: reconcile.OwnerState{Flows: flows}}
 		}
-		out[PodOwner(p.Namespace, p.Name)] = reconcile.OwnerState{Flows: flows}
+		out[o] = m.out
+		pods[o] = m
 		vnids[p.VNID] = true
 	}
+	r.pods = pods
 	if s.Mode == ModeMultitenant {
 		for v := range vnids {
 			if v != GlobalVNID {

@@ -283,16 +283,10 @@ func (m *serviceMemo) reusable(s NodeState, svc ServiceState, p ServicePort, ids
 	return true
 }
 
-// renderServices adds the services' owners to out, and each local pod's hairpin flows to its owner. A
-// service port that cannot be rendered is recorded in failed, and the others render.
+// renderServices adds the services' owners to out (each local pod's hairpin flows are its own, see
+// Render). A service port that cannot be rendered is recorded in failed, and the others render.
 func (r *Renderer) renderServices(s NodeState, out map[reconcile.Owner]reconcile.OwnerState, failed map[reconcile.Owner]error) {
 	out[ServicesOwner] = reconcile.OwnerState{Flows: renderServicesBase(s)}
-	for _, p := range s.Pods {
-		o := PodOwner(p.Namespace, p.Name)
-		st := out[o]
-		st.Flows = append(st.Flows, HairpinFlows(p.OFPort)...)
-		out[o] = st
-	}
 	type item struct {
 		owner reconcile.Owner
 		key   string // owner.String(), the sort key
