@@ -27,10 +27,12 @@ package agent
 // reports it once as a Warning Event on the NetworkPolicy (policyProblemReporter).
 //
 // Resolution is incremental: each policy keeps its last PolicyState and is computed again only once a
-// change could alter it — the policy itself; a pod that its podSelector matches on this node, or (while
-// it selects a local pod) that one of its peers matches, before or after the change; a namespace whose
-// labels a namespaceSelector of it matches before and not after, or the other way round; a node whose
-// addresses stand for hostNetwork peers. A policy that selects no local pod resolves no peers at all.
+// change could alter it — the policy itself; a pod on which one of its selectors (its podSelector for
+// pods attached here; while it selects a local pod, its peers) changes its verdict, or which one of
+// them matches while the pod's addresses, named ports or phase change; a namespace on which a
+// namespaceSelector of it changes its verdict; a local attachment or a node's addresses (hostNetwork
+// peers) that one of its selectors' pods depends on. A policy that selects no local pod resolves no
+// peers at all.
 
 import (
 	"cmp"
@@ -404,17 +406,77 @@ func (x *policyIndex) setPod(key string, p *policyPod) bool {
 		return false
 	}
 	_, local := x.local[key]
-	dirty := false
+	marked := x.markChanged(old, p, local)
 	if old != nil {
-		dirty = x.markAffected(old, local) || dirty
 		x.unindex(key, old)
 	}
 	if p != nil {
 		x.pods[key] = p
 		x.index(key, p)
-		dirty = x.markAffected(p, local) || dirty
 	}
-	return dirty
+	return marked
+}
+
+// markChanged marks the policies whose resolution a pod's change from old to p (either nil) alters:
+// those where a selector's verdict on it changed, and those that select it or count it as a peer when
+// what they take of it (addresses, named ports, phase) changed. It reports whether it marked one.
+func (x *policyIndex) markChanged(old, p *policyPod, local bool) bool {
+	taken := old == nil || p == nil || !old.sameAddressing(p)
+	marked := false
+	for _, e := range x.policies {
+		if e.dirty {
+			continue
+		}
+		was, exact1 := x.verdicts(e, old, local)
+		is, exact2 := x.verdicts(e, p, local)
+		if was != is || (was|is) != 0 && (taken || !exact1 || !exact2) {
+			e.dirty, marked = true, true
+		}
+	}
+	return marked
+}
+
+// sameAddressing: what resolution takes of a pod beyond its labels is the same.
+func (p *policyPod) sameAddressing(q *policyPod) bool {
+	return p.Node == q.Node && p.HostNetwork == q.HostNetwork && p.Terminal == q.Terminal && slices.Equal(p.IPs, q.IPs) &&
+		slices.Equal(p.NamedPorts, q.NamedPorts)
+}
+
+// verdicts is one bit per selector of policy e that pod p (nil: none) takes part in — the selection,
+// then each peer and each rule's named-port peers — so that comparing two states of a pod says
+// whether any verdict changed. exact is false when the policy has more selectors than bits; then a
+// non-zero value only says some selector matched. Peers count only while e selects a local pod.
+func (x *policyIndex) verdicts(e *policyEntry, p *policyPod, local bool) (bits uint64, exact bool) {
+	if p == nil {
+		return 0, true
+	}
+	pp := e.parsed
+	n, exact := 0, true
+	set := func(v bool) {
+		if v {
+			if n < 64 {
+				bits |= 1 << n
+			} else {
+				bits |= 1 << 63
+				exact = false
+			}
+		}
+		n++
+	}
+	set(local && p.Namespace == pp.namespace && pp.podSelector != nil && pp.podSelector.Matches(labels.Set(p.Labels)))
+	if len(e.state.Pods) == 0 {
+		return bits, exact // selects no local pod: its peers are not resolved
+	}
+	for _, rules := range [][]parsedRule{pp.ingressRules, pp.egressRules} {
+		for i := range rules {
+			r := &rules[i]
+			for j := range r.peers {
+				set(x.peerMatches(pp, &r.peers[j], p))
+			}
+			set(r.namedPods && slices.ContainsFunc(r.named, p.hasNamed))
+		}
+	}
+	return bits, exact
 }
 
 func (x *policyIndex) index(key string, p *policyPod) {
@@ -452,41 +514,14 @@ func removeFrom[K comparable](m map[K]map[string]*policyPod, k K, key string) {
 	}
 }
 
-// markAffected marks every policy whose resolution the pod's state p takes part in; it reports
-// whether it marked one.
-func (x *policyIndex) markAffected(p *policyPod, local bool) bool {
-	marked := false
+// markAffected marks every policy whose resolution pod p takes part in (its attachment here or its
+// node's addresses changed).
+func (x *policyIndex) markAffected(p *policyPod, local bool) {
 	for _, e := range x.policies {
-		if !e.dirty && x.affects(e, p, local) {
-			e.dirty, marked = true, true
+		if bits, _ := x.verdicts(e, p, local); !e.dirty && bits != 0 {
+			e.dirty = true
 		}
 	}
-	return marked
-}
-
-// affects reports whether pod p (attached here or not) takes part in policy e's resolution.
-func (x *policyIndex) affects(e *policyEntry, p *policyPod, local bool) bool {
-	pp := e.parsed
-	if local && p.Namespace == pp.namespace && pp.podSelector != nil && pp.podSelector.Matches(labels.Set(p.Labels)) {
-		return true
-	}
-	if len(e.state.Pods) == 0 {
-		return false // selects no local pod: its peers are not resolved
-	}
-	for _, rules := range [][]parsedRule{pp.ingressRules, pp.egressRules} {
-		for i := range rules {
-			r := &rules[i]
-			for j := range r.peers {
-				if x.peerMatches(pp, &r.peers[j], p) {
-					return true
-				}
-			}
-			if r.namedPods && slices.ContainsFunc(r.named, p.hasNamed) {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 func (x *policyIndex) peerMatches(pp *parsedPolicy, peer *parsedPeer, p *policyPod) bool {
@@ -679,12 +714,12 @@ func (x *policyIndex) resolveRule(e *policyEntry, r *parsedRule, selected []pipe
 		}
 		return onlyNamed(p.NamedPorts, r.named)
 	}
-	seen := map[string]bool{}
+	seen := map[*policyPod]bool{} // the index holds one object per pod
 	addPod := func(p *policyPod) {
-		if seen[p.key()] {
+		if seen[p] {
 			return
 		}
-		seen[p.key()] = true
+		seen[p] = true
 		named := peerNamed(p)
 		for _, a := range x.addrsOf(p) {
 			out.Peers = append(out.Peers, pipeline.PolicyPeer{Net: netip.PrefixFrom(a, 32), NamedPorts: named})
@@ -730,7 +765,7 @@ func (x *policyIndex) resolveRule(e *policyEntry, r *parsedRule, selected []pipe
 		// the blocks) are the peers those names resolve against.
 		for _, k := range r.named {
 			for _, p := range x.byNamed[k] {
-				if seen[p.key()] {
+				if seen[p] {
 					continue
 				}
 				if r.allPeers || slices.ContainsFunc(x.addrsOf(p), func(a netip.Addr) bool { return inBlocks(blocks, a) }) {

@@ -70,7 +70,7 @@ func (l *eventLog) with(reason string) []recordedEvent {
 // policyAgent is an agent made by New against fake API clients, its flows on an in-memory switch.
 type policyAgent struct {
 	*Agent
-	sw     *fakeswitch.Switch
+	sw     *fakeswitch.Switch // nil when on another switch
 	kube   *kubefake.Clientset
 	net    *netfake.Clientset
 	events *eventLog
@@ -82,8 +82,17 @@ func defaultNetwork(mode networkv1.PluginMode) *networkv1.ClusterNetwork {
 }
 
 // newPolicyAgent starts the agent's informers on fake clients holding objs, the node n1
-// (192.0.2.11, 10.128.0.0/23), n2 (192.0.2.12, 10.128.2.0/23), and the namespaces' NetNamespaces.
+// (192.0.2.11, 10.128.0.0/23), n2 (192.0.2.12, 10.128.2.0/23), and the namespaces' NetNamespaces; its
+// flows go to an in-memory switch.
 func newPolicyAgent(t testing.TB, mode networkv1.PluginMode, objs ...runtime.Object) *policyAgent {
+	sw := fakeswitch.New()
+	pa := newPolicyAgentOn(t, sw, mode, objs...)
+	pa.sw = sw
+	return pa
+}
+
+// newPolicyAgentOn is newPolicyAgent with its flows on sw.
+func newPolicyAgentOn(t testing.TB, sw reconcile.Switch, mode networkv1.PluginMode, objs ...runtime.Object) *policyAgent {
 	netObjs := []runtime.Object{defaultNetwork(mode),
 		&networkv1.HostSubnet{ObjectMeta: metav1.ObjectMeta{Name: "n1"}, Host: "n1", HostIP: "192.0.2.11", Subnet: "10.128.0.0/23"},
 		&networkv1.HostSubnet{ObjectMeta: metav1.ObjectMeta{Name: "n2"}, Host: "n2", HostIP: "192.0.2.12", Subnet: "10.128.2.0/23"}}
@@ -92,13 +101,13 @@ func newPolicyAgent(t testing.TB, mode networkv1.PluginMode, objs ...runtime.Obj
 			netObjs = append(netObjs, &networkv1.NetNamespace{ObjectMeta: metav1.ObjectMeta{Name: ns.Name}, NetName: ns.Name, NetID: uint32(100 + i)})
 		}
 	}
-	pa := &policyAgent{sw: fakeswitch.New(), kube: kubefake.NewClientset(objs...), net: netfake.NewSimpleClientset(netObjs...), events: &eventLog{}}
+	pa := &policyAgent{kube: kubefake.NewClientset(objs...), net: netfake.NewSimpleClientset(netObjs...), events: &eventLog{}}
 	a, err := New(Config{NodeName: "n1", Logger: klog.Background()}, Deps{Kube: pa.kube, Net: pa.net, Events: pa.events})
 	if err != nil {
 		t.Fatal(err)
 	}
 	pa.Agent = a
-	a.recon = reconcile.New(pa.sw, reconcile.Config{Round: 1, PipelineVersion: pipeline.PipelineVersion, VersionOf: pipeline.VersionOf})
+	a.recon = reconcile.New(sw, reconcile.Config{Round: 1, PipelineVersion: pipeline.PipelineVersion, VersionOf: pipeline.VersionOf})
 	a.fs.r = a.recon
 	a.conflicts.recorder, a.policyProblems.recorder = pa.events, pa.events
 	ctx, cancel := context.WithCancel(context.Background())

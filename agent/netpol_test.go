@@ -545,3 +545,46 @@ func TestIncrementalResolutionMatchesFromScratch(t *testing.T) {
 	}
 	t.Logf("%d policy resolutions over 3000 steps (%d policies at the end)", computed, len(w.policies))
 }
+
+// TestPodChangeMarksOnlyPoliciesItAlters: a label no selector's verdict depends on marks nothing, even
+// where selectors match the pod; a label that moves the pod out of one peer marks that policy alone; an
+// address change marks every policy that counts the pod as a peer.
+func TestPodChangeMarksOnlyPoliciesItAlters(t *testing.T) {
+	from := func(peers ...networkingv1.NetworkPolicyPeer) func(s *networkingv1.NetworkPolicySpec) {
+		return func(s *networkingv1.NetworkPolicySpec) {
+			s.Ingress = []networkingv1.NetworkPolicyIngressRule{{From: peers}}
+		}
+	}
+	x := newTestIndex(testPods,
+		policy("x", "from-c", lbl("app", "a"), from(podPeer(lbl("app", "c")))),
+		policy("x", "from-db", lbl("app", "b"), from(podPeer(lbl("role", "db")))),
+		policy("y", "from-team-a", nil, from(nsPeer(lbl("team", "a")))))
+	x.resolve()
+	dirty := func() []string {
+		var out []string
+		for k, e := range x.policies {
+			if e.dirty {
+				out = append(out, k)
+			}
+		}
+		slices.Sort(out)
+		x.resolve()
+		return out
+	}
+	c := testPods[2] // x/c on n2, app=c: a peer of x/from-c and y/from-team-a
+	for _, step := range []struct {
+		what string
+		pod  tpod
+		want []string
+	}{
+		{"a label nobody selects on", tpod{ns: c.ns, name: c.name, node: c.node, ip: c.ip, labels: lbl("app", "c", "version", "2"), ports: c.ports}, nil},
+		{"out of one peer", tpod{ns: c.ns, name: c.name, node: c.node, ip: c.ip, labels: lbl("app", "z"), ports: c.ports}, []string{"x/from-c"}},
+		{"into another", tpod{ns: c.ns, name: c.name, node: c.node, ip: c.ip, labels: lbl("app", "z", "role", "db"), ports: c.ports}, []string{"x/from-db"}},
+		{"a new address", tpod{ns: c.ns, name: c.name, node: c.node, ip: "10.128.2.99", labels: lbl("app", "z", "role", "db"), ports: c.ports}, []string{"x/from-db", "y/from-team-a"}},
+	} {
+		x.setPod(podKey(c.ns, c.name), policyPodOf(step.pod.api()))
+		if got := dirty(); !slices.Equal(got, step.want) {
+			t.Errorf("%s: marked %v, want %v", step.what, got, step.want)
+		}
+	}
+}
