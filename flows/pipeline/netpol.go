@@ -19,7 +19,9 @@ package pipeline
 //
 // and a flow conj_id=<id> that allows the packet — one per rule, so its counters show the rule's hits.
 // Two rules of one policy that need the same clause flow share it: one flow, several conjunction()
-// actions. Named ports split a rule into one conjunction per port number the name resolves to (per
+// actions. A flow must fit an OpenFlow message (64 KiB, 16 bytes per conjunction action), so a policy
+// with more than maxConjunctionsPerPriority conjunctions (thousands of rules, say) spreads them over
+// further priorities of its own, each a complete set of clause flows. Named ports split a rule into one conjunction per port number the name resolves to (per
 // selected pod for ingress, per peer pod for egress), still O(N+M). OVS evaluates overlapping
 // conjunctions at one priority and falls through to lower priorities when none completes (checked on
 // OVS 3.1), so policies are additive: any rule of any policy allows.
@@ -171,13 +173,22 @@ func isolationFlows(p PodState) []Flow {
 	return out
 }
 
-// policyMemo is one policy's last render: its input, the priority and IDs it was given, its output.
+// maxConjunctionsPerPriority bounds the conjunctions one priority of a policy holds, and so the
+// conjunction() actions of any of its clause flows: 3,000 × 16 bytes leave room for the flow's match
+// within an OpenFlow message.
+const maxConjunctionsPerPriority = 3000
+
+// policyMemo is one policy's last render: its input, the priorities and IDs it was given, its output.
 type policyMemo struct {
 	st       PolicyState
 	priority uint16
+	extra    []uint16 // the priorities of its further chunks (see maxConjunctionsPerPriority)
 	ids      []idGrant
 	out      reconcile.OwnerState
 }
+
+// chunkKey names a policy's further priority for the band allocator.
+func chunkKey(key string, chunk int) string { return key + "#" + strconv.Itoa(chunk) }
 
 // renderPolicies adds every policy's owner to out (networkpolicy mode). A policy that cannot be
 // rendered is recorded in failed and the others render.
@@ -211,13 +222,21 @@ func (r *Renderer) renderPolicies(s NodeState, out map[reconcile.Owner]reconcile
 			failed[it.owner] = err
 			continue
 		}
-		if m, ok := r.policies[it.owner]; ok && m.priority == prio && policyEqual(&m.st, it.st) && m.regrant(ids) {
+		if m, ok := r.policies[it.owner]; ok && m.priority == prio && policyEqual(&m.st, it.st) && m.regrantBands(bands, it.key) && m.regrant(ids) {
 			out[it.owner] = m.out
 			memos[it.owner] = m
 			continue
 		}
 		ids.record = ids.record[:0]
-		st, err := renderPolicy(it.st, prio, ids)
+		var extra []uint16
+		st, err := renderPolicy(it.st, func(chunk int) (uint16, error) {
+			if chunk == 0 {
+				return prio, nil
+			}
+			p, err := bands.get(chunkKey(it.key, chunk))
+			extra = append(extra, p)
+			return p, err
+		}, ids)
 		if err != nil {
 			failed[it.owner] = err
 			continue
@@ -225,9 +244,22 @@ func (r *Renderer) renderPolicies(s NodeState, out map[reconcile.Owner]reconcile
 		if len(st.Flows) > 0 {
 			out[it.owner] = st
 		}
-		memos[it.owner] = policyMemo{st: clonePolicy(it.st), priority: prio, ids: slices.Clone(ids.record), out: st}
+		memos[it.owner] = policyMemo{st: clonePolicy(it.st), priority: prio, extra: extra, ids: slices.Clone(ids.record), out: st}
 	}
 	r.policies = memos
+}
+
+// regrantBands asks the band allocator for the memo's further priorities again; false when one moved.
+func (m *policyMemo) regrantBands(bands *bandAllocator, key string) bool {
+	for i, p := range m.extra {
+		if got := bands.peek(chunkKey(key, i+1)); got != p {
+			return false
+		}
+	}
+	for i := range m.extra {
+		_, _ = bands.get(chunkKey(key, i+1))
+	}
+	return true
 }
 
 // regrant asks the allocator for the memo's conjunction IDs again, in order; false when one moved.
@@ -243,22 +275,26 @@ func (m *policyMemo) regrant(ids *idAllocator) bool {
 	return true
 }
 
-// renderPolicy renders one policy at its priority.
-func renderPolicy(p *PolicyState, prio uint16, ids *idAllocator) (reconcile.OwnerState, error) {
-	// Clause flows by match: two rules needing one match share the flow.
+// renderPolicy renders one policy: its first maxConjunctionsPerPriority conjunctions at prio(0), the
+// next ones (if any) at prio(1), and so on.
+func renderPolicy(p *PolicyState, prio func(chunk int) (uint16, error), ids *idAllocator) (reconcile.OwnerState, error) {
+	// Clause flows by priority and match: two rules needing one match share the flow.
 	type clauseFlow struct {
 		match Match
 		table TableID
+		prio  uint16
 		conj  []Conjunction
 	}
 	clauses := map[string]*clauseFlow{}
 	var order []string
 	var allows []Flow
+	conjunctions, chunk := 0, -1
+	var at uint16 // the priority of the conjunction being rendered
 	addClause := func(table TableID, m Match, c Conjunction) {
-		k := strconv.Itoa(int(table)) + "|" + m.String()
+		k := strconv.Itoa(int(table)) + "|" + strconv.Itoa(int(at)) + "|" + m.String()
 		cf := clauses[k]
 		if cf == nil {
-			cf = &clauseFlow{match: m, table: table}
+			cf = &clauseFlow{match: m, table: table, prio: at}
 			clauses[k] = cf
 			order = append(order, k)
 		}
@@ -282,6 +318,13 @@ func renderPolicy(p *PolicyState, prio uint16, ids *idAllocator) (reconcile.Owne
 				if err != nil {
 					return reconcile.OwnerState{}, err
 				}
+				if c := conjunctions / maxConjunctionsPerPriority; c != chunk {
+					if at, err = prio(c); err != nil {
+						return reconcile.OwnerState{}, err
+					}
+					chunk = c
+				}
+				conjunctions++
 				n := uint8(2)
 				if sub.peers != nil {
 					n = 3
@@ -298,7 +341,7 @@ func renderPolicy(p *PolicyState, prio uint16, ids *idAllocator) (reconcile.Owne
 				for _, peer := range sub.peers {
 					addClause(dir.table, M(append(IP, dir.peer(peer))...), Conjunction{ID: id, Clause: 3, NClauses: n})
 				}
-				allows = append(allows, F(dir.table, prio, M(append(IP, ConjID(id))...), dir.allow...))
+				allows = append(allows, F(dir.table, at, M(append(IP, ConjID(id))...), dir.allow...))
 			}
 		}
 	}
@@ -310,7 +353,7 @@ func renderPolicy(p *PolicyState, prio uint16, ids *idAllocator) (reconcile.Owne
 		for i, c := range cf.conj {
 			acts[i] = c
 		}
-		out = append(out, F(cf.table, prio, cf.match, acts...))
+		out = append(out, F(cf.table, cf.prio, cf.match, acts...))
 	}
 	return reconcile.OwnerState{Flows: append(out, allows...)}, nil
 }
@@ -513,6 +556,16 @@ type bandAllocator struct{ used map[uint16]bool }
 func newBandAllocator() *bandAllocator { return &bandAllocator{used: map[uint16]bool{}} }
 
 func (b *bandAllocator) get(key string) (uint16, error) {
+	p := b.peek(key)
+	if p == 0 {
+		return 0, fmt.Errorf("no free policy priority for %s: more than %d policies", key, policyMaxPriority-policyMinPriority)
+	}
+	b.used[p] = true
+	return p, nil
+}
+
+// peek returns the priority get would grant key (0: none is free), granting nothing.
+func (b *bandAllocator) peek(key string) uint16 {
 	h := fnv.New32a()
 	_, _ = h.Write([]byte(key))
 	span := uint32(policyMaxPriority - policyMinPriority)
@@ -520,11 +573,10 @@ func (b *bandAllocator) get(key string) (uint16, error) {
 	for i := uint32(0); i < span; i++ {
 		p := uint16((start+i)%span) + policyMinPriority
 		if !b.used[p] {
-			b.used[p] = true
-			return p, nil
+			return p
 		}
 	}
-	return 0, fmt.Errorf("no free policy priority for %s: more than %d policies", key, span)
+	return 0
 }
 
 func policyEqual(a, b *PolicyState) bool {

@@ -104,7 +104,7 @@ func TestPolicyFlowsAreNPlusM(t *testing.T) {
 		rule.Peers = append(rule.Peers, PolicyPeer{Net: netip.PrefixFrom(addrN("10.129.0.0", i), 32)})
 	}
 	p.IngressRules = []PolicyRule{rule}
-	st, err := renderPolicy(&p, 5000, newIDAllocator())
+	st, err := renderPolicy(&p, atPriority(5000), newIDAllocator())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,7 +127,7 @@ func TestNamedPortsResolvePerPod(t *testing.T) {
 			{Net: netip.MustParsePrefix("10.129.0.3/32")},
 		}, Ports: []PolicyPort{{Protocol: IPProtoTCP, Name: "http"}}}},
 	}
-	st, err := renderPolicy(&p, 5000, newIDAllocator())
+	st, err := renderPolicy(&p, atPriority(5000), newIDAllocator())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -282,5 +282,74 @@ func TestRendererKeepsUnchangedPods(t *testing.T) {
 		if !slices.EqualFunc(after[o].Flows, fresh[o].Flows, func(a, b Flow) bool { return a.String() == b.String() }) || len(after[o].Flows) > 0 && len(before[o].Flows) > 0 && &after[o].Flows[0] == &before[o].Flows[0] {
 			t.Errorf("after a change the Renderer gave\n%v\nwant\n%v", after[o].Flows, fresh[o].Flows)
 		}
+	}
+}
+
+// atPriority renders every chunk of a policy at one priority (tests of a policy's flows, whatever its
+// band).
+func atPriority(p uint16) func(int) (uint16, error) {
+	return func(int) (uint16, error) { return p, nil }
+}
+
+// A policy with more conjunctions than one priority can carry in a flow (5,000 rules, one CIDR each)
+// spreads them over priorities of its own: every conjunction's clauses and its allow flow sit at one
+// priority, no flow carries more than maxConjunctionsPerPriority conjunction actions, and the whole
+// installs (every flow fits an OpenFlow message). It keeps its priorities while it does not change.
+func TestLargePolicySpreadsOverPriorities(t *testing.T) {
+	st := sampleNodeState()
+	st.Mode = ModeNetworkPolicy
+	p := PolicyState{Namespace: "a", Name: "many", Ingress: true, Pods: []PolicyPod{{OFPort: 3}}}
+	for i := range 5000 {
+		p.IngressRules = append(p.IngressRules, PolicyRule{Peers: []PolicyPeer{{Net: netip.PrefixFrom(addrN("100.64.0.0", i), 32)}},
+			Ports: []PolicyPort{{Protocol: IPProtoTCP, Port: 443}}})
+	}
+	st.Policies = []PolicyState{p}
+	var r Renderer
+	owners, failed, err := r.Render(st)
+	if err != nil || len(failed) > 0 {
+		t.Fatal(err, failed)
+	}
+	flows := owners[NetPolOwner("a", "many")].Flows
+	prioOf := map[uint32]map[uint16]bool{} // conj_id → the priorities its flows sit at
+	perPrio := map[uint16]map[uint32]bool{}
+	note := func(id uint32, prio uint16) {
+		if prioOf[id] == nil {
+			prioOf[id] = map[uint16]bool{}
+		}
+		prioOf[id][prio] = true
+		if perPrio[prio] == nil {
+			perPrio[prio] = map[uint32]bool{}
+		}
+		perPrio[prio][id] = true
+	}
+	for _, f := range flows {
+		n := 0
+		for _, a := range f.Actions {
+			if c, ok := a.(Conjunction); ok {
+				note(c.ID, f.Priority)
+				n++
+			}
+		}
+		if n > maxConjunctionsPerPriority {
+			t.Fatalf("a flow carries %d conjunctions: %.200s", n, f)
+		}
+		if m, ok := f.Match.Get(FieldConjID); ok {
+			note(uint32(m.Value), f.Priority)
+		}
+	}
+	if len(prioOf) != 5000 || len(perPrio) != 2 {
+		t.Fatalf("%d conjunctions over %d priorities; want 5000 over 2", len(prioOf), len(perPrio))
+	}
+	for id, ps := range prioOf {
+		if len(ps) != 1 {
+			t.Fatalf("conjunction %d spans priorities %v", id, ps)
+		}
+	}
+	if _, err := install(t.Context(), newReconciler(fakeswitch.New(), 1), owners); err != nil {
+		t.Fatal(err)
+	}
+	again, _, _ := r.Render(st)
+	if &again[NetPolOwner("a", "many")].Flows[0] != &flows[0] {
+		t.Error("an unchanged large policy was rendered again")
 	}
 }
