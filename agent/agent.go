@@ -167,7 +167,7 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	// Every pod of the cluster (NetworkPolicy peers), trimmed to what the agent reads (trimForAgent).
 	a.kubeInformers = kubeinformers.NewSharedInformerFactoryWithOptions(deps.Kube, 0, kubeinformers.WithTransform(trimForAgent))
 	// Restore asks it whether a restored attachment's pod still exists.
-	a.pods.apiPods = apiPods{lister: a.kubeInformers.Core().V1().Pods().Lister(), client: deps.Kube.CoreV1(), nodeName: cfg.NodeName}
+	a.pods.apiPods = apiPods{cache: a.kubeInformers.Core().V1().Pods().Informer().GetStore(), client: deps.Kube.CoreV1(), nodeName: cfg.NodeName}
 	w := &watchNetwork{view: a.view, sync: a.fs, log: log}
 	if cfg.DatapathType == "netdev" {
 		a.neighbors = newTunnelNeighbors(cfg.HostNetNS, cfg.OVSRunDir, a.view.peers, log)

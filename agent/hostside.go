@@ -97,19 +97,17 @@ type watchHostPorts struct {
 }
 
 func (w *watchHostPorts) pod(obj any, deleted bool) {
-	pod, ok := obj.(*corev1.Pod)
+	pod, ok := obj.(*agentPod)
 	if !ok {
 		return
 	}
 	key := podKey(pod.Namespace, pod.Name)
 	var ports []corev1.ContainerPort
 	// The informer holds every pod of the cluster: only this node's publish hostPorts here.
-	if !deleted && pod.Spec.NodeName == w.view.nodeName && pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed && !pod.Spec.HostNetwork {
-		for _, c := range pod.Spec.Containers {
-			for _, p := range c.Ports {
-				if p.HostPort > 0 {
-					ports = append(ports, p)
-				}
+	if !deleted && pod.NodeName == w.view.nodeName && pod.Phase != corev1.PodSucceeded && pod.Phase != corev1.PodFailed && !pod.HostNetwork {
+		for _, p := range pod.Ports {
+			if p.HostPort > 0 {
+				ports = append(ports, p)
 			}
 		}
 	}

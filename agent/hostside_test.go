@@ -66,7 +66,7 @@ func TestWatchHostPortsOnlyThisNode(t *testing.T) {
 	w := &watchHostPorts{view: v, sync: newFlowSync(v, nil, klog.Background())}
 	pod := func(node string, phase corev1.PodPhase) *corev1.Pod {
 		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "web"},
-			Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Ports: []corev1.ContainerPort{{ContainerPort: 80, HostPort: 8080}}}}},
+			Spec:   corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Ports: []corev1.ContainerPort{{ContainerPort: 80, HostPort: 8080}}}}},
 			Status: corev1.PodStatus{Phase: phase}}
 	}
 	for _, step := range []struct {
@@ -80,7 +80,7 @@ func TestWatchHostPortsOnlyThisNode(t *testing.T) {
 		{pod("n1", corev1.PodRunning), false, true},
 		{pod("n1", corev1.PodRunning), true, false},
 	} {
-		w.pod(step.pod, step.deleted)
+		w.pod(agentPodOf(step.pod), step.deleted)
 		if _, got := v.hostPorts["a/web"]; got != step.want {
 			t.Errorf("pod on %s (%s, deleted %v): hostPorts held %v, want %v", step.pod.Spec.NodeName, step.pod.Status.Phase, step.deleted, got, step.want)
 		}

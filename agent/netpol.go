@@ -80,27 +80,21 @@ func (p *policyPod) hasNamed(k namedPortKey) bool {
 	return false
 }
 
-// policyPodOf converts an API pod.
-func policyPodOf(pod *corev1.Pod) *policyPod {
-	p := &policyPod{Namespace: pod.Namespace, Name: pod.Name, Labels: pod.Labels, Node: pod.Spec.NodeName,
-		HostNetwork: pod.Spec.HostNetwork, Terminal: pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed}
-	ips := pod.Status.PodIPs
-	if len(ips) == 0 && pod.Status.PodIP != "" {
-		ips = []corev1.PodIP{{IP: pod.Status.PodIP}}
-	}
-	for _, ip := range ips {
-		if a, err := netip.ParseAddr(ip.IP); err == nil && a.Is4() && !slices.Contains(p.IPs, a) {
+// policyPodOf converts a pod as the informer keeps it.
+func policyPodOf(pod *agentPod) *policyPod {
+	p := &policyPod{Namespace: pod.Namespace, Name: pod.Name, Labels: pod.Labels, Node: pod.NodeName,
+		HostNetwork: pod.HostNetwork, Terminal: pod.Phase == corev1.PodSucceeded || pod.Phase == corev1.PodFailed}
+	for _, ip := range pod.IPs {
+		if a, err := netip.ParseAddr(ip); err == nil && a.Is4() && !slices.Contains(p.IPs, a) {
 			p.IPs = append(p.IPs, a)
 		}
 	}
-	for _, c := range pod.Spec.Containers {
-		for _, cp := range c.Ports {
-			proto, ok := protocolNumber(cp.Protocol)
-			if cp.Name == "" || !ok || cp.ContainerPort <= 0 || cp.ContainerPort > 65535 {
-				continue
-			}
-			p.NamedPorts = append(p.NamedPorts, pipeline.NamedPort{Name: cp.Name, Protocol: proto, Port: uint16(cp.ContainerPort)})
+	for _, cp := range pod.Ports {
+		proto, ok := protocolNumber(cp.Protocol)
+		if cp.Name == "" || !ok || cp.ContainerPort <= 0 || cp.ContainerPort > 65535 {
+			continue
 		}
+		p.NamedPorts = append(p.NamedPorts, pipeline.NamedPort{Name: cp.Name, Protocol: proto, Port: uint16(cp.ContainerPort)})
 	}
 	slices.SortFunc(p.NamedPorts, func(a, b pipeline.NamedPort) int {
 		return cmp.Or(cmp.Compare(a.Name, b.Name), cmp.Compare(a.Protocol, b.Protocol), cmp.Compare(a.Port, b.Port))

@@ -314,18 +314,17 @@ func TestTrimForAgent(t *testing.T) {
 		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.128.0.10", PodIPs: []corev1.PodIP{{IP: "10.128.0.10"}},
 			Conditions: []corev1.PodCondition{{Type: corev1.PodReady}}, ContainerStatuses: []corev1.ContainerStatus{{Name: "c"}}},
 	}
-	want := &corev1.Pod{
+	want := &agentPod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "x", Name: "a", UID: "u1", ResourceVersion: "7", Labels: lbl("app", "a"), CreationTimestamp: metav1.Unix(100, 0)},
-		Spec: corev1.PodSpec{NodeName: "n1", HostNetwork: true, Containers: []corev1.Container{{Name: "c",
-			Ports: []corev1.ContainerPort{{Name: "http", Protocol: corev1.ProtocolTCP, ContainerPort: 80, HostPort: 8080, HostIP: "192.0.2.11"}}}}},
-		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.128.0.10", PodIPs: []corev1.PodIP{{IP: "10.128.0.10"}}},
+		NodeName:   "n1", HostNetwork: true, Phase: corev1.PodRunning, IPs: []string{"10.128.0.10"},
+		Ports: []corev1.ContainerPort{{Name: "http", Protocol: corev1.ProtocolTCP, ContainerPort: 80, HostPort: 8080, HostIP: "192.0.2.11"}},
 	}
 	got, err := trimForAgent(pod)
 	if err != nil {
 		t.Fatal(err)
 	}
 	again, _ := trimForAgent(got)
-	for _, g := range []any{got, again} {
+	for _, g := range []any{got, again, got.(*agentPod).DeepCopyObject()} {
 		if !equalObjects(g, want) {
 			t.Errorf("trimmed pod\n%+v\nwant\n%+v", g, want)
 		}
@@ -340,3 +339,21 @@ func TestTrimForAgent(t *testing.T) {
 }
 
 func equalObjects(a, b any) bool { return fmt.Sprintf("%#v", a) == fmt.Sprintf("%#v", b) }
+
+// TestRestoreLooksUpPodsInTheAgentPodCache: restore's cache lookup reads the cluster-wide informer's
+// agentPods: a pod of this node is found with its UID and its static pod's UID (mirror); a pod bound
+// elsewhere, or unknown, is left to the API server.
+func TestRestoreLooksUpPodsInTheAgentPodCache(t *testing.T) {
+	here := apiPod("x", "here", "n1", "10.128.0.10", nil)
+	here.UID, here.Annotations = "uid-here", map[string]string{mirrorAnnotation: "uid-static"}
+	there := apiPod("x", "there", "n2", "10.128.2.10", nil)
+	pa := newPolicyAgent(t, networkv1.PluginModeSubnet, apiNamespace("x", nil), here, there)
+	if uid, mirror, ok := pa.pods.apiPods.Cached("x", "here"); !ok || uid != "uid-here" || mirror != "uid-static" {
+		t.Errorf("x/here: %q %q %v", uid, mirror, ok)
+	}
+	for _, name := range []string{"there", "absent"} {
+		if _, _, ok := pa.pods.apiPods.Cached("x", name); ok {
+			t.Errorf("x/%s found in this node's cache", name)
+		}
+	}
+}

@@ -92,7 +92,7 @@ func BenchmarkPolicyPodRelabel(b *testing.B) {
 					next.Labels = lbl("app", "a3", "role", pod.Labels["role"])
 				}
 				t0 := time.Now()
-				handler(trimPod(next), false)
+				handler(agentPodOf(next), false)
 				st, err := pa.fs.syncThrough(ctx, pa.view.update(func(*nodeView) {}))
 				if err != nil {
 					b.Fatal(err)

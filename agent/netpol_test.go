@@ -104,7 +104,7 @@ func newTestIndex(pods []tpod, policies ...*networkingv1.NetworkPolicy) *policyI
 	}
 	local := map[string]localPod{}
 	for _, p := range pods {
-		x.setPod(podKey(p.ns, p.name), policyPodOf(p.api()))
+		x.setPod(podKey(p.ns, p.name), policyPodOf(agentPodOf(p.api())))
 		if att, ok := p.attachment(); ok {
 			local[podKey(p.ns, p.name)] = att
 		}
@@ -361,7 +361,7 @@ func (w *world) fromScratch() ([]pipeline.PolicyState, map[string][]policyProble
 		x.setNamespace(ns, l, false)
 	}
 	for k, p := range w.pods {
-		x.setPod(k, policyPodOf(p.api()))
+		x.setPod(k, policyPodOf(agentPodOf(p.api())))
 	}
 	for k, np := range w.policies {
 		x.setPolicy(k, np)
@@ -470,7 +470,7 @@ func TestIncrementalResolutionMatchesFromScratch(t *testing.T) {
 				p.ports = []corev1.ContainerPort{named(pick("http", "metrics"), corev1.ProtocolTCP, int32(8000+r.IntN(3)))}
 			}
 			w.pods[key] = p
-			x.setPod(key, policyPodOf(p.api()))
+			x.setPod(key, policyPodOf(agentPodOf(p.api())))
 			what = fmt.Sprintf("set pod %+v", p)
 		case op < 6: // a policy comes, changes or goes
 			ns := namespaces[r.IntN(3)]
@@ -582,7 +582,7 @@ func TestPodChangeMarksOnlyPoliciesItAlters(t *testing.T) {
 		{"into another", tpod{ns: c.ns, name: c.name, node: c.node, ip: c.ip, labels: lbl("app", "z", "role", "db"), ports: c.ports}, []string{"x/from-db"}},
 		{"a new address", tpod{ns: c.ns, name: c.name, node: c.node, ip: "10.128.2.99", labels: lbl("app", "z", "role", "db"), ports: c.ports}, []string{"x/from-db", "y/from-team-a"}},
 	} {
-		x.setPod(podKey(c.ns, c.name), policyPodOf(step.pod.api()))
+		x.setPod(podKey(c.ns, c.name), policyPodOf(agentPodOf(step.pod.api())))
 		if got := dirty(); !slices.Equal(got, step.want) {
 			t.Errorf("%s: marked %v, want %v", step.what, got, step.want)
 		}

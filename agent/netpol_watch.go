@@ -8,6 +8,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
@@ -33,7 +34,7 @@ func (w *watchPolicies) changed(f func(v *nodeView) bool) {
 }
 
 func (w *watchPolicies) pod(obj any, deleted bool) {
-	pod, ok := obj.(*corev1.Pod)
+	pod, ok := obj.(*agentPod)
 	if !ok {
 		return
 	}
@@ -68,13 +69,14 @@ func (w *watchPolicies) networkPolicy(obj any, deleted bool) {
 }
 
 // trimForAgent is the transform of the agent's Kubernetes informers: their caches keep only what the
-// agent reads, so that every pod of the cluster fits in its memory budget. Pods keep identity, labels,
-// node, hostNetwork, container ports and addresses; namespaces their labels; every other object loses
-// its managedFields and kubectl's last-applied copy of itself. Idempotent, as client-go asks.
+// agent reads, so that every pod of the cluster fits in its memory budget. Pods become agentPods
+// (identity, labels, node, hostNetwork, container ports, phase and addresses); namespaces keep their
+// labels; every other object loses its managedFields and kubectl's last-applied copy of itself.
+// Idempotent, as client-go asks.
 func trimForAgent(obj any) (any, error) {
 	switch o := obj.(type) {
 	case *corev1.Pod:
-		return trimPod(o), nil
+		return agentPodOf(o), nil
 	case *corev1.Namespace:
 		return &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: o.Name, UID: o.UID, ResourceVersion: o.ResourceVersion,
 			Labels: o.Labels, CreationTimestamp: o.CreationTimestamp, DeletionTimestamp: o.DeletionTimestamp}}, nil
@@ -87,23 +89,47 @@ func trimForAgent(obj any) (any, error) {
 	return obj, nil
 }
 
-// trimPod keeps of a pod what hostPorts and NetworkPolicy need.
-func trimPod(p *corev1.Pod) *corev1.Pod {
-	out := &corev1.Pod{
+// agentPod is what the agent's pod informer keeps of a Pod: about a third of a corev1.Pod's memory
+// (whose structs alone take 1.5 KB), for every pod of the cluster.
+type agentPod struct {
+	metav1.TypeMeta
+	// Name, namespace, UID, resourceVersion, labels, creation and deletion timestamps.
+	metav1.ObjectMeta
+	NodeName    string
+	HostNetwork bool
+	Phase       corev1.PodPhase
+	IPs         []string // status.podIPs (status.podIP when the list is empty)
+	// Ports are its containers' ports: name, protocol, containerPort, hostPort, hostIP.
+	Ports []corev1.ContainerPort
+}
+
+// DeepCopyObject makes agentPod a runtime.Object, as an informer's cache wants.
+func (p *agentPod) DeepCopyObject() runtime.Object {
+	c := *p
+	p.ObjectMeta.DeepCopyInto(&c.ObjectMeta)
+	c.IPs = slices.Clone(p.IPs)
+	c.Ports = slices.Clone(p.Ports)
+	return &c
+}
+
+// agentPodOf keeps of a pod what hostPorts and NetworkPolicy need.
+func agentPodOf(p *corev1.Pod) *agentPod {
+	out := &agentPod{
 		ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, UID: p.UID, ResourceVersion: p.ResourceVersion,
 			Labels: p.Labels, CreationTimestamp: p.CreationTimestamp, DeletionTimestamp: p.DeletionTimestamp},
-		Spec:   corev1.PodSpec{NodeName: p.Spec.NodeName, HostNetwork: p.Spec.HostNetwork},
-		Status: corev1.PodStatus{Phase: p.Status.Phase, PodIP: p.Status.PodIP, PodIPs: p.Status.PodIPs},
+		NodeName: p.Spec.NodeName, HostNetwork: p.Spec.HostNetwork, Phase: p.Status.Phase,
+	}
+	for _, ip := range p.Status.PodIPs {
+		out.IPs = append(out.IPs, ip.IP)
+	}
+	if len(out.IPs) == 0 && p.Status.PodIP != "" {
+		out.IPs = []string{p.Status.PodIP}
 	}
 	for _, c := range p.Spec.Containers {
-		if len(c.Ports) == 0 {
-			continue
+		for _, cp := range c.Ports {
+			out.Ports = append(out.Ports, corev1.ContainerPort{Name: cp.Name, Protocol: cp.Protocol, ContainerPort: cp.ContainerPort,
+				HostPort: cp.HostPort, HostIP: cp.HostIP})
 		}
-		tc := corev1.Container{Name: c.Name, Ports: make([]corev1.ContainerPort, len(c.Ports))}
-		for i, cp := range c.Ports {
-			tc.Ports[i] = corev1.ContainerPort{Name: cp.Name, Protocol: cp.Protocol, ContainerPort: cp.ContainerPort, HostPort: cp.HostPort, HostIP: cp.HostIP}
-		}
-		out.Spec.Containers = append(out.Spec.Containers, tc)
 	}
 	if m := p.Annotations[mirrorAnnotation]; m != "" {
 		out.Annotations = map[string]string{mirrorAnnotation: m} // restore asks whether a static pod's mirror is its pod

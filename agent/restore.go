@@ -16,7 +16,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
-	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
 )
 
 // A restarting agent finds its pods' attachments in pieces: OVS ports with ofsdn's external IDs, address
@@ -182,16 +182,17 @@ type podLookup interface {
 	Get(ctx context.Context, namespace, name string) podPresence
 }
 
-// apiPods is podLookup on the pod informer (this node's pods) and the API server.
+// apiPods is podLookup on the pod informer's cache (agentPods, this node's) and the API server.
 type apiPods struct {
-	lister   corelisters.PodLister
+	cache    cache.Store
 	client   typedcorev1.PodsGetter
 	nodeName string
 }
 
 func (a apiPods) Cached(namespace, name string) (string, string, bool) {
-	pod, err := a.lister.Pods(namespace).Get(name)
-	if err != nil || pod.Spec.NodeName != a.nodeName {
+	obj, found, err := a.cache.GetByKey(podKey(namespace, name))
+	pod, ok := obj.(*agentPod)
+	if err != nil || !found || !ok || pod.NodeName != a.nodeName {
 		return "", "", false // the informer holds the whole cluster: a pod elsewhere is a question for the API server
 	}
 	return string(pod.UID), pod.Annotations[mirrorAnnotation], true
