@@ -17,8 +17,8 @@
 //   - netpol.go: NetworkPolicy resolution — policies, every pod of the cluster and namespaces into
 //     pipeline.PolicyState for the policies that select a local pod, and the pods' isolation
 //     (networkpolicy mode); incremental, so one pod's change resolves only the policies it can affect.
-//     netpol_watch.go: their informers (pods cluster-wide, trimmed by trimForAgent to what the agent
-//     reads) and the Warning Events of policies enforced only in part.
+//     netpol_watch.go: their informers (pods cluster-wide, kept as compact agentPods by the informers'
+//     transform trimForAgent) and the Warning Events of policies enforced only in part.
 //   - hostside.go: the node's own side through nodenet — routes, tun0, nf_tables SNAT, NodePort and
 //     hostPort forwards (of this node's pods, from the cluster-wide pod informer), HostPortConflict Events — and hostSync, the loop that carries synced states there
 //     (and flushes stale UDP conntrack) off the flow path.
