@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
+	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
 	"github.com/ofsdn/ofsdn/e2e/cluster"
 	"github.com/ofsdn/ofsdn/e2e/nodesim"
 	"github.com/ofsdn/ofsdn/flows/openflow"
@@ -26,9 +27,13 @@ import (
 	"github.com/ofsdn/ofsdn/flows/reconcile"
 	"github.com/ofsdn/ofsdn/ofswitch"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
 )
 
 func percentile(d []time.Duration, p float64) time.Duration {
@@ -319,6 +324,53 @@ func BenchmarkConvergence(b *testing.B) {
 		b.ReportMetric(ms(percentile(took, 0.5)), "p50-ms")
 		b.ReportMetric(ms(percentile(took, 0.99)), "p99-ms")
 	})
+	b.Run("policy", func(b *testing.B) {
+		// A NetworkPolicy created is enforced once each node's bridge holds its flows (the policy selects
+		// a pod on every node, so every node renders it).
+		const ns = "bench-np"
+		if err := lc.EnsureNamespace(ctx, ns); err != nil {
+			b.Fatal(err)
+		}
+		for _, n := range lc.Nodes {
+			spec := cluster.PodSpec(ns, "target-"+n.Name, n.Name)
+			spec.Labels["role"] = "target"
+			if _, err := lc.RunPod(ctx, spec); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.Cleanup(func() { deleteAll(b, ns) })
+		setModeFor(b, networkv1.PluginModeNetworkPolicy)
+		var took []time.Duration
+		for b.Loop() {
+			for i := -1; i < 20; i++ { // -1: a warm-up, not counted
+				name := fmt.Sprintf("p%d", i+1)
+				np := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+					Spec: networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"role": "target"}},
+						Ingress: []networkingv1.NetworkPolicyIngressRule{{Ports: []networkingv1.NetworkPolicyPort{
+							{Port: ptr.To(intstr.FromInt32(cluster.TestPort))}}}}}}
+				start := time.Now()
+				if _, err := lc.Client.NetworkingV1().NetworkPolicies(ns).Create(ctx, np, metav1.CreateOptions{}); err != nil {
+					b.Fatal(err)
+				}
+				d, err := w.until(ctx, start, pipeline.NetPolOwner(ns, name), func(_ int, fl []string) bool {
+					return slices.ContainsFunc(fl, func(s string) bool { return strings.Contains(s, "conj_id=") })
+				})
+				if err != nil {
+					b.Fatal(err)
+				}
+				if i >= 0 {
+					took = append(took, d)
+				}
+				if err := lc.Client.NetworkingV1().NetworkPolicies(ns).Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+		b.ReportMetric(ms(percentile(took, 0.5)), "p50-ms")
+		b.ReportMetric(ms(percentile(took, 0.99)), "p99-ms")
+		b.Logf("policy created → flows on all %d nodes, %d changes: p50 %s, p99 %s (target p99 < 250 ms)",
+			len(lc.Nodes), len(took), percentile(took, 0.5), percentile(took, 0.99))
+	})
 	b.Run("new-node", func(b *testing.B) {
 		var took []time.Duration
 		for b.Loop() {
@@ -365,14 +417,33 @@ func registerNode(ctx context.Context, name string, ip netip.Addr) error {
 
 func hex(v uint32) string { return "0x" + strconv.FormatUint(uint64(v), 16) }
 
-// BenchmarkAgentRSS: the agent's resident memory with 110 local pods and 500 remote HostSubnets.
-// Target < 80 MB.
+// setModeFor switches the cluster to mode for the rest of the benchmark and back to multitenant (the
+// lab's mode) after it.
+func setModeFor(b *testing.B, mode networkv1.PluginMode) {
+	ctx := context.Background()
+	if err := lc.SetMode(ctx, mode); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		if err := lc.SetMode(ctx, networkv1.PluginModeMultitenant); err != nil {
+			b.Error(err)
+		}
+	})
+}
+
+// BenchmarkAgentRSS: the agent's resident memory with 110 local pods and 500 remote HostSubnets (target
+// < 80 MB), then in networkpolicy mode with 5,000 pods in the cluster and 500 NetworkPolicies (target
+// < 100 MB). The other 4,890 pods are API objects bound to the 500 remote nodes with a Running status
+// and an address: every agent watches them (policy peers) though no node runs them. Of the policies,
+// 100 select the local pods (this node renders them: peers are pods of other namespaces by label), 400
+// select pods elsewhere (this node parses them and renders nothing).
 func BenchmarkAgentRSS(b *testing.B) {
 	ctx := context.Background()
 	n := lc.Nodes[2]
 	if err := lc.EnsureNamespace(ctx, "bench-rss"); err != nil {
 		b.Fatal(err)
 	}
+	setModeFor(b, networkv1.PluginModeNetworkPolicy)
 	for b.Loop() {
 		// 500 remote nodes: Node objects with addresses; the controller gives each a HostSubnet.
 		var wg sync.WaitGroup
@@ -395,7 +466,9 @@ func BenchmarkAgentRSS(b *testing.B) {
 			go func() {
 				defer wg.Done()
 				defer func() { <-sem }()
-				if _, err := lc.RunPod(ctx, cluster.PodSpec("bench-rss", fmt.Sprintf("p%d", i), n.Name)); err != nil {
+				spec := cluster.PodSpec("bench-rss", fmt.Sprintf("p%d", i), n.Name)
+				spec.Labels["tier"] = fmt.Sprint("t", i%10)
+				if _, err := lc.RunPod(ctx, spec); err != nil {
 					b.Error(err)
 				}
 			}()
@@ -410,14 +483,163 @@ func BenchmarkAgentRSS(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		b.ReportMetric(rss/1024, "agent-RSS-MB")
+		b.ReportMetric(rss/1024, "agent-RSS-MB-base")
+		b.Cleanup(func() { deleteClusterPods(b) })
+		if err := createClusterPods(ctx, 4890, 500); err != nil {
+			b.Fatal(err)
+		}
+		if err := createPolicies(ctx); err != nil {
+			b.Fatal(err)
+		}
+		flows, err := settleFlows(ctx, n)
+		if err != nil {
+			b.Fatal(err)
+		}
+		withPolicies, err := vmRSS(n.AgentPID())
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ReportMetric(withPolicies/1024, "agent-RSS-MB")
+		b.ReportMetric(float64(flows), "node-flows")
+		b.Logf("agent RSS: %.1f MB with 110 local pods and 500 remote nodes (target < 80 MB); %.1f MB with 5,000 pods and 500 policies, "+
+			"%d flows on the node (target < 100 MB)", rss/1024, withPolicies/1024, flows)
 		b.StopTimer()
+		deleteClusterPods(b)
 		deleteAll(b, "bench-rss")
 		for i := 0; i < 500; i++ {
 			_ = lc.Client.CoreV1().Nodes().Delete(ctx, fmt.Sprintf("bench-remote-%d", i), metav1.DeleteOptions{})
 		}
 		b.StartTimer()
 	}
+}
+
+// benchRSSNamespaces hold the pods of the cluster that no lab node runs: team t0..t2.
+var benchRSSNamespaces = func() []string {
+	var out []string
+	for i := range 10 {
+		out = append(out, fmt.Sprint("bench-rss-", i))
+	}
+	return out
+}()
+
+// createClusterPods creates n pods bound to the remote nodes bench-remote-0..nodes-1, each Running with
+// an address (10.131.128.0/17, which no lab node hosts), labels app=a<i%10>, role=r<i%7> and a
+// container port "http".
+func createClusterPods(ctx context.Context, n, nodes int) error {
+	for i, ns := range benchRSSNamespaces {
+		if _, err := lc.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns,
+			Labels: map[string]string{"team": fmt.Sprint("t", i%3)}}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			return err
+		}
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	sem := make(chan struct{}, 20)
+	for i := range n {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			ns := benchRSSNamespaces[i%len(benchRSSNamespaces)]
+			pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprint("c", i),
+				Labels: map[string]string{"app": fmt.Sprint("a", i%10), "role": fmt.Sprint("r", i%7)}},
+				Spec: corev1.PodSpec{NodeName: fmt.Sprint("bench-remote-", i%nodes), TerminationGracePeriodSeconds: ptr.To[int64](0),
+					Containers: []corev1.Container{{Name: "c", Image: "ofsdn-testpod",
+						Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080, Protocol: corev1.ProtocolTCP}}}}}}
+			created, err := lc.Client.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
+			if err != nil {
+				errs <- err
+				return
+			}
+			ip := netip.AddrFrom4([4]byte{10, 131, byte(128 + i>>8), byte(i)}).String()
+			created.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip, PodIPs: []corev1.PodIP{{IP: ip}}}
+			if _, err := lc.Client.CoreV1().Pods(ns).UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+				errs <- err
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
+}
+
+// createPolicies creates 500 NetworkPolicies: 100 in bench-rss selecting its local pods by tier, with
+// ingress from app=a<k%10>,role=r<k%7> in the namespaces of team t<k%3> on tcp/8080 and http, and
+// egress to app=a<(k+1)%10> in namespace bench-rss-<k%10>; and 40 in each bench-rss-<i>, selecting pods
+// there, with ingress from role=r<k%7> in any namespace.
+func createPolicies(ctx context.Context) error {
+	sel := func(kv ...string) *metav1.LabelSelector {
+		m := map[string]string{}
+		for i := 0; i+1 < len(kv); i += 2 {
+			m[kv[i]] = kv[i+1]
+		}
+		return &metav1.LabelSelector{MatchLabels: m}
+	}
+	var nps []*networkingv1.NetworkPolicy
+	for k := range 100 {
+		nps = append(nps, &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "bench-rss", Name: fmt.Sprint("local-", k)},
+			Spec: networkingv1.NetworkPolicySpec{PodSelector: *sel("tier", fmt.Sprint("t", k%10)),
+				Ingress: []networkingv1.NetworkPolicyIngressRule{{
+					From: []networkingv1.NetworkPolicyPeer{{NamespaceSelector: sel("team", fmt.Sprint("t", k%3)),
+						PodSelector: sel("app", fmt.Sprint("a", k%10), "role", fmt.Sprint("r", k%7))}},
+					Ports: []networkingv1.NetworkPolicyPort{{Port: ptr.To(intstr.FromInt32(8080))}, {Port: ptr.To(intstr.FromString("http"))}}}},
+				Egress: []networkingv1.NetworkPolicyEgressRule{{
+					To: []networkingv1.NetworkPolicyPeer{{NamespaceSelector: sel("kubernetes.io/metadata.name", benchRSSNamespaces[k%10]),
+						PodSelector: sel("app", fmt.Sprint("a", (k+1)%10))}}}}}})
+	}
+	for i, ns := range benchRSSNamespaces {
+		for k := range 40 {
+			nps = append(nps, &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprint("remote-", k)},
+				Spec: networkingv1.NetworkPolicySpec{PodSelector: *sel("app", fmt.Sprint("a", (i+k)%10)),
+					Ingress: []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{
+						NamespaceSelector: &metav1.LabelSelector{}, PodSelector: sel("role", fmt.Sprint("r", k%7))}}}}}})
+		}
+	}
+	for _, np := range nps {
+		if _, err := lc.Client.NetworkingV1().NetworkPolicies(np.Namespace).Create(ctx, np, metav1.CreateOptions{}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// deleteClusterPods removes the API-only pods (at once: no kubelet will confirm) and their namespaces.
+func deleteClusterPods(b *testing.B) {
+	ctx := context.Background()
+	for _, ns := range benchRSSNamespaces {
+		_ = lc.Client.CoreV1().Pods(ns).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}, metav1.ListOptions{})
+		_ = lc.Client.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{})
+	}
+	_ = lc.Client.NetworkingV1().NetworkPolicies("bench-rss").DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})
+}
+
+// settleFlows waits until the node's bridge stops changing (its flow count holds for 3 s) and returns
+// the count.
+func settleFlows(ctx context.Context, n *cluster.Node) (int, error) {
+	s, err := ofswitch.Dial(ctx, ofswitch.Config{Socket: n.MgmtSocket("br0"), Bridge: "br0", Logger: klog.Background()})
+	if err != nil {
+		return 0, err
+	}
+	defer s.Close()
+	last, same := -1, 0
+	deadline := time.Now().Add(5 * time.Minute)
+	for same < 6 {
+		raw, err := s.DumpFlows(ctx, ofswitch.FlowFilter{TableID: openflow.AllTables})
+		if err != nil {
+			return 0, err
+		}
+		if len(raw) == last {
+			same++
+		} else {
+			last, same = len(raw), 0
+		}
+		if time.Now().After(deadline) {
+			return 0, fmt.Errorf("node %s's flows never settled (%d)", n.Name, last)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	return last, nil
 }
 
 // vmRSS reads a process's resident set in KiB.
