@@ -10,8 +10,6 @@ import (
 	"github.com/ofsdn/ofsdn/flows/openflow"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/klog/v2"
 )
 
 func TestHostPortsOf(t *testing.T) {
@@ -56,33 +54,5 @@ func TestNodePortsOf(t *testing.T) {
 	want := []nodenet.NodePort{{Protocol: openflow.IPProtoUDP, Port: 30053}, {Protocol: openflow.IPProtoTCP, Port: 30080, Masquerade: true}}
 	if got := nodePortsOf(svcs); !reflect.DeepEqual(got, want) {
 		t.Errorf("got %+v, want %+v", got, want)
-	}
-}
-
-// The pod informer holds the whole cluster: only pods bound to this node publish hostPorts, and a pod
-// that leaves the node (or ends) withdraws them.
-func TestWatchHostPortsOnlyThisNode(t *testing.T) {
-	v := newNodeView("n1")
-	w := &watchHostPorts{view: v, sync: newFlowSync(v, nil, klog.Background())}
-	pod := func(node string, phase corev1.PodPhase) *corev1.Pod {
-		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "web"},
-			Spec:   corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Ports: []corev1.ContainerPort{{ContainerPort: 80, HostPort: 8080}}}}},
-			Status: corev1.PodStatus{Phase: phase}}
-	}
-	for _, step := range []struct {
-		pod     *corev1.Pod
-		deleted bool
-		want    bool
-	}{
-		{pod("n2", corev1.PodRunning), false, false},
-		{pod("n1", corev1.PodRunning), false, true},
-		{pod("n1", corev1.PodSucceeded), false, false},
-		{pod("n1", corev1.PodRunning), false, true},
-		{pod("n1", corev1.PodRunning), true, false},
-	} {
-		w.pod(agentPodOf(step.pod), step.deleted)
-		if _, got := v.hostPorts["a/web"]; got != step.want {
-			t.Errorf("pod on %s (%s, deleted %v): hostPorts held %v, want %v", step.pod.Spec.NodeName, step.pod.Status.Phase, step.deleted, got, step.want)
-		}
 	}
 }

@@ -24,9 +24,7 @@ import (
 	networkfake "github.com/ofsdn/ofsdn/client/clientset/versioned/fake"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
 	"github.com/ofsdn/ofsdn/internal/proc"
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
 	kubefake "k8s.io/client-go/kubernetes/fake"
@@ -37,7 +35,7 @@ const testNode = "n1"
 
 // The informers the agent runs, by resource: all of them must watch before a test changes anything
 // (the fake API drops events between an informer's list and its watch).
-var agentWatches = []string{"clusternetworks", "hostsubnets", "netnamespaces", "services", "endpointslices", "pods"}
+var agentWatches = []string{"clusternetworks", "hostsubnets", "netnamespaces", "services", "endpointslices", "pods", "namespaces", "networkpolicies"}
 
 // waitTimeout bounds every wait for an informer event: a guard against a hang, not a speed target.
 const waitTimeout = time.Minute
@@ -84,7 +82,7 @@ func (l *logLines) count(s string) int {
 
 // startAgent builds an agent on fake clientsets holding objects, runs its informers until the test ends
 // and returns once every informer watches.
-func startAgent(t *testing.T, objects ...runtime.Object) (*Agent, *fakeAPI) {
+func startAgent(t testing.TB, objects ...runtime.Object) (*Agent, *fakeAPI) {
 	t.Helper()
 	a, api, watching := newTestAgent(t, objects...)
 	if err := a.syncInformers(api.ctx); err != nil {
@@ -110,7 +108,7 @@ func startAgent(t *testing.T, objects ...runtime.Object) (*Agent, *fakeAPI) {
 }
 
 // newTestAgent builds an agent on fake clientsets holding objects; watching tells each watch opened.
-func newTestAgent(t *testing.T, objects ...runtime.Object) (*Agent, *fakeAPI, chan string) {
+func newTestAgent(t testing.TB, objects ...runtime.Object) (*Agent, *fakeAPI, chan string) {
 	t.Helper()
 	var kubeObjs, netObjs []runtime.Object
 	for _, o := range objects {
@@ -134,44 +132,16 @@ func newTestAgent(t *testing.T, objects ...runtime.Object) (*Agent, *fakeAPI, ch
 			if err != nil {
 				return false, nil, err
 			}
-			if sel := action.(k8stesting.WatchActionImpl).GetWatchRestrictions().Fields; sel != nil && !sel.Empty() {
-				w = watch.Filter(w, func(e watch.Event) (watch.Event, bool) { return e, matchFields(sel, e.Object) })
-			}
 			watching <- action.GetResource().Resource
 			return true, w, nil
 		})
 	}
-	// The API server filters pods by field selector; the fake only by label: do what the server does.
-	api.kube.PrependReactor("list", "pods", func(action k8stesting.Action) (bool, runtime.Object, error) {
-		la := action.(k8stesting.ListAction)
-		obj, err := api.kube.Tracker().List(corev1.SchemeGroupVersion.WithResource("pods"), corev1.SchemeGroupVersion.WithKind("Pod"), la.GetNamespace())
-		if err != nil {
-			return true, nil, err
-		}
-		list := obj.(*corev1.PodList)
-		out := &corev1.PodList{ListMeta: list.ListMeta}
-		for i := range list.Items {
-			if sel := la.GetListRestrictions().Fields; sel == nil || matchFields(sel, &list.Items[i]) {
-				out.Items = append(out.Items, list.Items[i])
-			}
-		}
-		return true, out, nil
-	})
 
 	a, err := New(Config{NodeName: testNode, Logger: api.logs.logger()}, Deps{Kube: api.kube, Net: api.net})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return a, api, watching
-}
-
-// matchFields applies a field selector the way the API server does for the fields ofsdn selects on.
-func matchFields(sel fields.Selector, obj runtime.Object) bool {
-	pod, ok := obj.(*corev1.Pod)
-	if !ok {
-		return true
-	}
-	return sel.Matches(fields.Set{"spec.nodeName": pod.Spec.NodeName, "metadata.name": pod.Name, "metadata.namespace": pod.Namespace})
 }
 
 // waitSnapshot waits until the view's snapshot satisfies ok and returns it; on a timeout it fails
@@ -346,9 +316,10 @@ func TestHostSubnetHandler(t *testing.T) {
 	}
 }
 
-// attach puts a pod on the node's bridge in the view, as a CNI ADD does.
-func attach(a *Agent, namespace, name, ip string, ofport uint32) {
-	a.view.update(func(v *nodeView) {
+// attach puts a pod on the node's bridge in the view, as a CNI ADD does, and returns the view's
+// generation with it.
+func attach(a *Agent, namespace, name, ip string, ofport uint32) uint64 {
+	return a.view.update(func(v *nodeView) {
 		v.pods[podKey(namespace, name)] = localPod{Namespace: namespace, Name: name, IP: netip.MustParseAddr(ip),
 			MAC: net.HardwareAddr{0x0a, 0x58, 10, 128, 0, byte(ofport)}, OFPort: ofport}
 	})

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -13,17 +11,15 @@ import (
 	"time"
 
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
-	netfake "github.com/ofsdn/ofsdn/client/clientset/versioned/fake"
 	"github.com/ofsdn/ofsdn/flows/openflow"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
 	"github.com/ofsdn/ofsdn/flows/reconcile"
 	"github.com/ofsdn/ofsdn/internal/fakeswitch"
+	"github.com/ofsdn/ofsdn/internal/proc"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	kubefake "k8s.io/client-go/kubernetes/fake"
-	"k8s.io/klog/v2"
 )
 
 // recordedEvent is an Event a test recorder saw.
@@ -67,18 +63,12 @@ func (l *eventLog) with(reason string) []recordedEvent {
 	return out
 }
 
-// policyAgent is an agent made by New against fake API clients, its flows on an in-memory switch.
+// policyAgent is an agent made by New against fake API clients (startAgent), its flows on a switch.
 type policyAgent struct {
 	*Agent
 	sw     *fakeswitch.Switch // nil when on another switch
-	kube   *kubefake.Clientset
-	net    *netfake.Clientset
+	api    *fakeAPI
 	events *eventLog
-}
-
-// defaultNetwork is the test cluster's ClusterNetwork in a mode.
-func defaultNetwork(mode networkv1.PluginMode) *networkv1.ClusterNetwork {
-	return clusterNetwork(networkv1.ClusterNetworkName, mode, "10.128.0.0/14")
 }
 
 // newPolicyAgent starts the agent's informers on fake clients holding objs, the node n1
@@ -93,43 +83,26 @@ func newPolicyAgent(t testing.TB, mode networkv1.PluginMode, objs ...runtime.Obj
 
 // newPolicyAgentOn is newPolicyAgent with its flows on sw.
 func newPolicyAgentOn(t testing.TB, sw reconcile.Switch, mode networkv1.PluginMode, objs ...runtime.Object) *policyAgent {
-	netObjs := []runtime.Object{defaultNetwork(mode),
-		&networkv1.HostSubnet{ObjectMeta: metav1.ObjectMeta{Name: "n1"}, Host: "n1", HostIP: "192.0.2.11", Subnet: "10.128.0.0/23"},
-		&networkv1.HostSubnet{ObjectMeta: metav1.ObjectMeta{Name: "n2"}, Host: "n2", HostIP: "192.0.2.12", Subnet: "10.128.2.0/23"}}
+	all := append([]runtime.Object{clusterNetwork(networkv1.ClusterNetworkName, mode, "10.128.0.0/14"),
+		hostSubnet("n1", testNode, "192.0.2.11", "10.128.0.0/23"), hostSubnet("n2", "n2", "192.0.2.12", "10.128.2.0/23")}, objs...)
 	for i, o := range objs {
 		if ns, ok := o.(*corev1.Namespace); ok {
-			netObjs = append(netObjs, &networkv1.NetNamespace{ObjectMeta: metav1.ObjectMeta{Name: ns.Name}, NetName: ns.Name, NetID: uint32(100 + i)})
+			all = append(all, netNamespace(ns.Name, uint32(100+i)))
 		}
 	}
-	pa := &policyAgent{kube: kubefake.NewClientset(objs...), net: netfake.NewSimpleClientset(netObjs...), events: &eventLog{}}
-	a, err := New(Config{NodeName: "n1", Logger: klog.Background()}, Deps{Kube: pa.kube, Net: pa.net, Events: pa.events})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pa.Agent = a
+	a, api := startAgent(t, all...)
+	pa := &policyAgent{Agent: a, api: api, events: &eventLog{}}
+	a.events, a.conflicts.recorder, a.policyProblems.recorder = pa.events, pa.events, pa.events
 	a.recon = reconcile.New(sw, reconcile.Config{Round: 1, PipelineVersion: pipeline.PipelineVersion, VersionOf: pipeline.VersionOf})
 	a.fs.r = a.recon
-	a.conflicts.recorder, a.policyProblems.recorder = pa.events, pa.events
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	if err := a.syncInformers(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := a.view.ready(); err != nil {
-		t.Fatal(err)
-	}
-	go a.hostFwd.run(ctx)
+	proc.Eventually(t, waitTimeout, "the node's subnet and cluster network", func() bool { return a.view.ready() == nil })
+	go a.hostFwd.run(api.ctx)
 	return pa
 }
 
 // attach puts a pod on the bridge as a CNI ADD does.
 func (pa *policyAgent) attach(ns, name, ip string, ofport uint32) uint64 {
-	addr := netip.MustParseAddr(ip)
-	a4 := addr.As4()
-	return pa.view.update(func(v *nodeView) {
-		v.pods[podKey(ns, name)] = localPod{Namespace: ns, Name: name, IP: addr, OFPort: ofport,
-			MAC: net.HardwareAddr{0x0a, 0x58, a4[0], a4[1], a4[2], a4[3]}}
-	})
+	return attach(pa.Agent, ns, name, ip, ofport)
 }
 
 // flowsOf is an owner's flows on the switch, as ovs-ofctl prints them (without cookies).
@@ -206,37 +179,37 @@ func TestAgentEnforcesPoliciesLive(t *testing.T) {
 	})
 
 	// y/other comes in when namespace y is labelled team=blue; goes again when unlabelled.
-	if _, err := pa.kube.CoreV1().Namespaces().Update(ctx, apiNamespace("y", lbl("team", "blue")), metav1.UpdateOptions{}); err != nil {
+	if _, err := pa.api.kube.CoreV1().Namespaces().Update(ctx, apiNamespace("y", lbl("team", "blue")), metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	pa.eventually(t, "namespace relabelled in", func() bool { return anyContains(pa.flowsOf(owner), "nw_src=10.128.2.30") })
 	// x/client is relabelled out of the podSelector peer.
 	client.Labels = lbl("app", "gone")
-	if _, err := pa.kube.CoreV1().Pods("x").Update(ctx, client, metav1.UpdateOptions{}); err != nil {
+	if _, err := pa.api.kube.CoreV1().Pods("x").Update(ctx, client, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	pa.eventually(t, "peer relabelled out", func() bool { return !anyContains(pa.flowsOf(owner), "nw_src=10.128.2.20") })
 
 	// The mode switches away: no policy flows, no isolation. And back.
-	if _, err := pa.net.NetworkV1().ClusterNetworks().Update(ctx, defaultNetwork(networkv1.PluginModeSubnet), metav1.UpdateOptions{}); err != nil {
+	if _, err := pa.api.net.NetworkV1().ClusterNetworks().Update(ctx, clusterNetwork(networkv1.ClusterNetworkName, networkv1.PluginModeSubnet, "10.128.0.0/14"), metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	pa.eventually(t, "subnet mode drops policies", func() bool { return len(pa.flowsOf(owner)) == 0 && !isolated() })
-	if _, err := pa.net.NetworkV1().ClusterNetworks().Update(ctx, defaultNetwork(networkv1.PluginModeNetworkPolicy), metav1.UpdateOptions{}); err != nil {
+	if _, err := pa.api.net.NetworkV1().ClusterNetworks().Update(ctx, clusterNetwork(networkv1.ClusterNetworkName, networkv1.PluginModeNetworkPolicy, "10.128.0.0/14"), metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	pa.eventually(t, "networkpolicy mode restores them", func() bool { return anyContains(pa.flowsOf(owner), "nw_src=10.128.2.30") && isolated() })
 
 	// The policy changes to an ipBlock, then goes: web is no longer isolated.
 	np.Spec.Ingress[0].From = []networkingv1.NetworkPolicyPeer{blockPeer("198.51.100.0/24")}
-	if _, err := pa.kube.NetworkingV1().NetworkPolicies("x").Update(ctx, np, metav1.UpdateOptions{}); err != nil {
+	if _, err := pa.api.kube.NetworkingV1().NetworkPolicies("x").Update(ctx, np, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	pa.eventually(t, "policy changed", func() bool {
 		fl := pa.flowsOf(owner)
 		return anyContains(fl, "nw_src=198.51.100.0/24") && !anyContains(fl, "10.128.2.30")
 	})
-	if err := pa.kube.NetworkingV1().NetworkPolicies("x").Delete(ctx, "web", metav1.DeleteOptions{}); err != nil {
+	if err := pa.api.kube.NetworkingV1().NetworkPolicies("x").Delete(ctx, "web", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	pa.eventually(t, "policy deleted", func() bool { return len(pa.flowsOf(owner)) == 0 && !isolated() })

@@ -271,7 +271,7 @@ func TestServiceInformers(t *testing.T) {
 	check("lb gone, np a ClusterIP service", multi, np, web)
 }
 
-// The hostPort watch follows this node's pods only (the API server filters by spec.nodeName), skips
+// The hostPort watch follows this node's pods only (the pod informer holds the whole cluster), skips
 // hostNetwork pods (their ports are the node's already) and finished ones, and hands a port to the next
 // pod when its holder goes.
 func TestHostPortWatch(t *testing.T) {
