@@ -18,9 +18,6 @@ type plan struct {
 	stats                    SyncStats
 	// rebuilds is set when the bundle clears and rebuilds the bridge.
 	rebuilds bool
-	// planned keeps an entry from being planned twice (a flow handed between two owners in scope).
-	plannedFlows  map[openflow.FlowKey]bool
-	plannedGroups map[uint32]bool
 }
 
 type segment struct {
@@ -72,9 +69,7 @@ func (it planItem) String() string {
 	return it.verb
 }
 
-func newPlan() *plan {
-	return &plan{plannedFlows: map[openflow.FlowKey]bool{}, plannedGroups: map[uint32]bool{}}
-}
+func newPlan() *plan { return &plan{} }
 
 // added records the message just appended to s.buf.
 func (p *plan) added(s *segment, it planItem) {
@@ -116,10 +111,6 @@ func (p *plan) blame(err error) *ownerState {
 
 // planFlow decides what one desired flow needs against what is installed under its key.
 func (r *Reconciler) planFlow(p *plan, d *flowEntry) {
-	if p.plannedFlows[d.c.Key] {
-		return
-	}
-	p.plannedFlows[d.c.Key] = true
 	inst := r.flows.installed[d.c.Key]
 	switch {
 	case inst == nil:
@@ -141,19 +132,11 @@ func (r *Reconciler) planFlow(p *plan, d *flowEntry) {
 // planFlowDelete removes an installed flow that nobody (or not its owner) wants, matching its cookie
 // exactly so a flow another owner has meanwhile replaced is never touched.
 func (r *Reconciler) planFlowDelete(p *plan, inst *flowEntry) {
-	if p.plannedFlows[inst.c.Key] {
-		return
-	}
-	p.plannedFlows[inst.c.Key] = true
 	p.flowMod(inst, openflow.FlowDeleteStrict, inst.c.Cookie, ^uint64(0), planItem{op: opDeleteFlow, verb: "delete", flow: inst})
 	p.stats.FlowDeletes++
 }
 
 func (r *Reconciler) planGroup(p *plan, d *groupEntry) {
-	if p.plannedGroups[d.c.ID] {
-		return
-	}
-	p.plannedGroups[d.c.ID] = true
 	inst := r.groups.installed[d.c.ID]
 	switch {
 	case inst == nil:
@@ -168,10 +151,6 @@ func (r *Reconciler) planGroup(p *plan, d *groupEntry) {
 }
 
 func (r *Reconciler) planGroupDelete(p *plan, g *groupEntry) {
-	if p.plannedGroups[g.c.ID] {
-		return
-	}
-	p.plannedGroups[g.c.ID] = true
 	p.groupMod(&p.last, g, openflow.GroupDelete, planItem{op: opDeleteGroup, verb: "delete", group: g})
 	p.stats.GroupDeletes++
 }
@@ -180,6 +159,10 @@ func (r *Reconciler) planGroupDelete(p *plan, g *groupEntry) {
 // have installed and no longer want (handed to another owner that wants it, else deleted).
 func (r *Reconciler) planOwners(scope []*ownerState) *plan {
 	p := newPlan()
+	inScope := make(map[*ownerState]bool, len(scope))
+	for _, st := range scope {
+		inScope[st] = true
+	}
 	for _, st := range scope {
 		for _, id := range sortedIDs(st.groups.desired) {
 			r.planGroup(p, st.groups.desired[id])
@@ -194,7 +177,10 @@ func (r *Reconciler) planOwners(scope []*ownerState) *plan {
 				continue
 			}
 			if other := r.flows.desired[k]; other != nil {
-				r.planFlow(p, other) // another owner wants this entry now: hand it over, no gap
+				// Another owner wants this entry now: hand it over, no gap (planned above when in scope).
+				if !inScope[other.owner] {
+					r.planFlow(p, other)
+				}
 			} else {
 				r.planFlowDelete(p, st.flows.installed[k])
 			}
@@ -204,7 +190,9 @@ func (r *Reconciler) planOwners(scope []*ownerState) *plan {
 				continue
 			}
 			if other := r.groups.desired[id]; other != nil {
-				r.planGroup(p, other)
+				if !inScope[other.owner] {
+					r.planGroup(p, other)
+				}
 			} else {
 				r.planGroupDelete(p, st.groups.installed[id])
 			}
@@ -237,7 +225,6 @@ func (r *Reconciler) planAll(maskOldRounds bool) *plan {
 		p.flows.buf = make([]byte, 0, len(r.flows.desired)*(openflow.FlowModFixedLen+96))
 		p.flows.ends = make([]int, 0, len(r.flows.desired))
 		p.flows.items = make([]planItem, 0, len(r.flows.desired))
-		p.plannedFlows = make(map[openflow.FlowKey]bool, len(r.flows.desired))
 	}
 	for _, d := range r.flows.desired {
 		r.planFlow(p, d)
