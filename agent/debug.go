@@ -197,7 +197,8 @@ func (d debugBackend) Node(ctx context.Context) (*debugapi.NodeInfo, error) {
 		info.RemoteNodes = append(info.RemoteNodes, debugapi.RemoteNode{Name: n.Name, NodeIP: n.NodeIP, Subnet: n.Subnet})
 	}
 	for _, s := range st.Services {
-		svc := debugapi.Service{Namespace: s.Namespace, Name: s.Name, ClusterIP: s.ClusterIP, Affinity: s.AffinityTimeout > 0}
+		svc := debugapi.Service{Namespace: s.Namespace, Name: s.Name, ClusterIP: s.ClusterIP, Affinity: s.AffinityTimeout > 0,
+			ExternalLocal: s.ExternalLocal, InternalLocal: s.InternalLocal}
 		for _, p := range s.Ports {
 			sp := debugapi.ServicePort{Name: p.Name, Protocol: openflow.ProtoName(p.Protocol), Port: p.Port, NodePort: p.NodePort,
 				Owner: pipeline.ServicePortOwner(s, p).String()}
@@ -211,6 +212,11 @@ func (d debugBackend) Node(ctx context.Context) (*debugapi.NodeInfo, error) {
 	sort.Slice(info.Services, func(i, j int) bool {
 		return info.Services[i].Namespace+"/"+info.Services[i].Name < info.Services[j].Namespace+"/"+info.Services[j].Name
 	})
+	if _, r, _ := a.health.parts(); r != nil {
+		for _, o := range r.Owners() {
+			info.Owners = append(info.Owners, o.String())
+		}
+	}
 	if a.deps.DB != nil {
 		ports, err := a.deps.DB.ListPorts(ctx, a.cfg.Bridge)
 		if err != nil {

@@ -50,6 +50,8 @@ type NodeInfo struct {
 	Services    []Service         `json:"services"`
 	// NodePortAddress is where the host forwards NodePorts into br0 (nf_tables DNAT).
 	NodePortAddress netip.Addr `json:"nodePortAddress"`
+	// Owners are the owner keys the agent has flows for: they name cookies (reconcile.OwnerIndex).
+	Owners []string `json:"owners"`
 }
 
 // Port is one port of the bridge.
@@ -87,6 +89,10 @@ type Service struct {
 	ClusterIP netip.Addr    `json:"clusterIP"`
 	Ports     []ServicePort `json:"ports"`
 	Affinity  bool          `json:"affinity,omitempty"`
+	// ExternalLocal: externalTrafficPolicy Local (NodePorts keep the client's address, local
+	// endpoints only); otherwise the host masquerades NodePort traffic to the gateway address.
+	ExternalLocal bool `json:"externalLocal,omitempty"`
+	InternalLocal bool `json:"internalLocal,omitempty"`
 }
 
 // ServicePort is one port of a service and its endpoints.
