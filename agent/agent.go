@@ -448,6 +448,9 @@ func (a *Agent) serveCNI(ctx context.Context) error {
 	if err := srv.Listen(); err != nil {
 		return err
 	}
+	// Listening: connections queue until Serve takes them. Ready before the conflist tells the runtime.
+	a.health.setCNIListening(true)
+	defer a.health.setCNIListening(false)
 	if err := installCNI(a.cfg, a.pods.mtu); err != nil {
 		return err
 	}
@@ -456,8 +459,6 @@ func (a *Agent) serveCNI(ctx context.Context) error {
 	go a.pods.runJanitor(ctx) // DELs the plugin left while no agent listened, from now on too
 	go a.fs.resyncEvery(ctx, a.cfg.ResyncPeriod)
 	go a.health.watch(ctx)
-	a.health.setCNIListening(true)
-	defer a.health.setCNIListening(false)
 	a.health.setStep("")
 	a.log.Info("agent running", "bridge", a.cfg.Bridge, "cniSocket", a.cfg.CNISocket)
 	return srv.Serve(ctx)

@@ -74,6 +74,10 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 15)}, []string{"verb", "result"}),
 		Registry: reg,
 	}
+	for _, trigger := range []string{resyncPeriodic, resyncReconnect} {
+		m.DriftChecks.WithLabelValues(trigger)
+		m.DriftRepairs.WithLabelValues(trigger)
+	}
 	reg.MustRegister(m.OwnerFailures, m.FailingOwners, m.SyncDuration, m.FlowMods, m.GroupMods, m.Bundles, m.BundleFailures,
 		m.DriftChecks, m.DriftRepairs, m.CNIRequests, m.CNIDuration,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

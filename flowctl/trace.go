@@ -147,6 +147,8 @@ type Hop struct {
 	Steps  []HopStep     `json:"steps,omitempty"`
 	Leaves string        `json:"leaves,omitempty"`
 	Notes  []string      `json:"notes,omitempty"`
+	// OFProtoTrace is ovs-vswitchd's own answer (the last run), for a live trace.
+	OFProtoTrace string `json:"ofprotoTrace,omitempty"`
 }
 
 // HopStep is one table a packet went through.
@@ -582,7 +584,7 @@ func follow(ctx context.Context, w world, n *traceNode, p trace.Packet, via stri
 			return fmt.Errorf("node %s: %w", n.info.Name, err)
 		}
 		pkt := p
-		h := Hop{Node: n.info.Name, Via: via, Packet: &pkt}
+		h := Hop{Node: n.info.Name, Via: via, Packet: &pkt, OFProtoTrace: path.Raw}
 		for _, f := range flags {
 			h.CtNext = append(h.CtNext, f.String())
 		}

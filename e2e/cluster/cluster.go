@@ -467,6 +467,7 @@ func (n *Node) AgentPID() int {
 	}
 	return n.agent.PID()
 }
+
 // agentManifestFlags are the flags of deploy/'s DaemonSet the lab's agents take as they are: the
 // metrics and health server its probes ask, the debug API flowctl reaches through the node proxy, and
 // the drift check period. The rest (paths, datapath type) differs in the lab.

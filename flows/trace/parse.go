@@ -13,7 +13,7 @@ import (
 // table line, the passes and where the packet went — and skips what it does not (megaflows,
 // datapath actions).
 func Parse(out string) (*Path, error) {
-	p := &Path{}
+	p := &Path{Raw: out}
 	var pass *Pass
 	var step *Step
 	var flow Fields  // the pass's packet as it started
@@ -31,6 +31,9 @@ func Parse(out string) (*Path, error) {
 	// Outputs take the packet as the pass ends (the Final flow: line), the port now.
 	output := func(port uint32) { p.Outputs = append(p.Outputs, Output{Port: port, Fields: flow}) }
 	inCT := false // the previous action line was a ct()
+	// The traced bridge is the first bridge("...") named; another one is where an output led (the
+	// underlay bridge a native tunnel sends through): not this bridge's pipeline, so skipped.
+	traced, elsewhere := "", false
 	for n, line := range strings.Split(out, "\n") {
 		trimmed := strings.TrimSpace(line)
 		wasCT := inCT
@@ -48,8 +51,21 @@ func Parse(out string) (*Path, error) {
 			state := trimmed[strings.Index(trimmed, "ct_state=")+len("ct_state="):]
 			state, _, _ = strings.Cut(state, " ")
 			ctState = normaliseCtState(state)
+		case strings.HasPrefix(trimmed, "bridge(\""):
+			name := strings.TrimSuffix(strings.TrimPrefix(trimmed, "bridge(\""), "\")")
+			if traced == "" {
+				traced = name
+			}
+			elsewhere = name != traced
+		case elsewhere && !strings.HasPrefix(trimmed, "Final flow: ") && !strings.HasPrefix(trimmed, "Datapath actions:") &&
+			!strings.HasPrefix(trimmed, "Megaflow:"):
+			// Another bridge's tables (an output's tunnel underlay): not this bridge's path.
 		case strings.HasPrefix(trimmed, "Final flow: "):
-			p.Final = parseFlowFields(strings.TrimPrefix(trimmed, "Final flow: "))
+			if v := strings.TrimPrefix(trimmed, "Final flow: "); v == "unchanged" {
+				p.Final = flow
+			} else {
+				p.Final = parseFlowFields(v)
+			}
 			if tunIDWritten {
 				p.Final.TunID = tunID
 			}
@@ -129,7 +145,7 @@ func Parse(out string) (*Path, error) {
 		case strings.HasPrefix(trimmed, "Megaflow:"), strings.HasPrefix(trimmed, "Datapath actions:"),
 			strings.HasPrefix(trimmed, "===="), strings.HasPrefix(trimmed, "Replacing src/dst"),
 			strings.HasPrefix(trimmed, "Initial flow:"), strings.HasPrefix(trimmed, "Modified flow:"),
-			strings.HasPrefix(trimmed, "bridge(\""), strings.Trim(trimmed, "-") == "":
+			strings.Trim(trimmed, "-") == "":
 		case wasCT && (trimmed == "drop" || trimmed == "nat" || strings.HasPrefix(trimmed, "nat(")):
 			// ofproto/trace lists a ct()'s nested actions after it ("drop" when there are none).
 		default:

@@ -21,6 +21,8 @@ type Path struct {
 	// StoppedAtGroup is a select group the trace could not go past because Packet.DPHash was not
 	// given (OVS hashes in the datapath and recirculates); 0 when it did not stop at one.
 	StoppedAtGroup uint32 `json:"stoppedAtGroup,omitempty"`
+	// Raw is ofproto/trace's own text, for a live trace.
+	Raw string `json:"-"`
 }
 
 // Pass is one run of the pipeline.
