@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/ofsdn/ofsdn/cni"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -47,7 +48,7 @@ func TestHealthChecks(t *testing.T) {
 	set := func(p *bool, v bool) { mu.Lock(); *p = v; mu.Unlock() }
 	viewErr := errors.New("no HostSubnet for node n1 yet")
 	h.viewReady = func() error { mu.Lock(); defer mu.Unlock(); return viewErr }
-	pods := &podNetwork{view: newNodeView("n1"), sync: &flowSync{health: h}}
+	pods := &podNetwork{view: testView(), sync: &flowSync{health: h}}
 
 	if err := failed(h.liveness()); err != nil {
 		t.Fatalf("not live during start-up: %v", err)
@@ -55,8 +56,10 @@ func TestHealthChecks(t *testing.T) {
 	if err := h.Ready(); err == nil || !strings.Contains(err.Error(), "first full sync not done") {
 		t.Fatalf("ready before the first sync: %v", err)
 	}
-	if err := pods.Status(context.Background()); err == nil || err.Error() != h.Ready().Error() {
-		t.Fatalf("CNI STATUS %v; want the readiness error %v", err, h.Ready())
+	var ce *types.Error
+	if err := pods.Status(context.Background()); !errors.As(err, &ce) || ce.Code != cni.ErrPluginNotAvailable ||
+		!strings.Contains(ce.Msg, h.Ready().Error()) {
+		t.Fatalf("CNI STATUS %v; want code 50 with the readiness error %v", err, h.Ready())
 	}
 
 	h.openflowUp, h.ovsdbUp = up(&ofUp), up(&dbUp)
@@ -115,8 +118,8 @@ func TestHealthChecks(t *testing.T) {
 	if err := h.Ready(); err == nil || !strings.Contains(err.Error(), "ovsdb: session down") {
 		t.Fatalf("ready with OVSDB down: %v", err)
 	}
-	if err := pods.Status(context.Background()); err == nil {
-		t.Fatal("CNI STATUS ok with OVSDB down")
+	if err := pods.Status(context.Background()); !errors.As(err, &ce) || ce.Code != cni.ErrPluginNotAvailable || !strings.Contains(ce.Msg, "ovsdb") {
+		t.Fatalf("CNI STATUS with OVSDB down: %v", err)
 	}
 	clock.add(ovsDownGrace - time.Second)
 	h.mu.Lock()
