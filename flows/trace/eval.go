@@ -53,8 +53,6 @@ type state struct {
 	dpHash uint32
 }
 
-func (s *state) get(f openflow.Field) uint64 { return s.f[f] }
-
 // getBits reads a sub-field.
 func (s *state) getBits(sf openflow.SubField) uint64 {
 	return (s.f[sf.Field] >> sf.Start) & bitMask(sf.NBits())

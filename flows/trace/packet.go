@@ -154,18 +154,3 @@ func (c CtFlags) bits() uint32 {
 	}
 	return v
 }
-
-// firstPacketFlags is what conntrack reports for the first packet of a connection after a ct action:
-// tracked and new, and NATed the way the action NATs.
-func firstPacketFlags(ct openflow.CT) CtFlags {
-	flags := CtFlags{"trk", "new"}
-	if ct.NAT != nil && ct.NAT.AddrMin.IsValid() {
-		switch ct.NAT.Kind {
-		case openflow.NATDst:
-			flags = append(flags, "dnat")
-		case openflow.NATSrc:
-			flags = append(flags, "snat")
-		}
-	}
-	return flags
-}
