@@ -412,4 +412,36 @@ func TestDriftRepairAndDiff(t *testing.T) {
 	if _, err := p2.Probe(ctx, "tcp", netip.AddrPortFrom(netip.MustParseAddr(svc.Spec.ClusterIP), 80), 0); err != nil {
 		t.Errorf("service after repair: %v", err)
 	}
+
+	// A restarted ovs-vswitchd has lost every flow and group: the reconnect's drift check puts back
+	// exactly the desired state, counted under its own trigger.
+	clean, err := diff()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.RestartVswitchd(ctx); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(time.Minute)
+	for {
+		m := scrape(t, ctx, n)
+		d, err := diff()
+		if err == nil && len(d.Entries) == 0 && m.get("ofsdn_agent_drift_checks_total", "trigger", "reconnect") > after.get("ofsdn_agent_drift_checks_total", "trigger", "reconnect") {
+			want := float64(clean.DesiredFlows + clean.DesiredGroups)
+			if got := m.get("ofsdn_agent_drift_repairs_total", "trigger", "reconnect") - after.get("ofsdn_agent_drift_repairs_total", "trigger", "reconnect"); got != want {
+				t.Errorf("the reconnect repair sent %v messages, want the %v desired flows and groups", got, want)
+			}
+			if got := m.get("ofsdn_agent_openflow_connections_total") - after.get("ofsdn_agent_openflow_connections_total"); got != 1 {
+				t.Errorf("OpenFlow connections moved by %v, want 1", got)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no reconnect repair within a minute: %+v %v", d, err)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	if _, err := p2.Probe(ctx, "tcp", netip.AddrPortFrom(netip.MustParseAddr(svc.Spec.ClusterIP), 80), 0); err != nil {
+		t.Errorf("service after the restart: %v", err)
+	}
 }

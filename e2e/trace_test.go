@@ -125,11 +125,16 @@ func TestTrace(t *testing.T) {
 		t.Errorf("service trace: %+v", s)
 	}
 
-	// The same questions offline, from each node's dump taken through its agent.
+	// The same questions offline, from each node's dump: the first node's taken on the node (its bridge
+	// and its agent's socket in its run directory), the others' through their agents and the API server.
 	dir := t.TempDir()
 	var dumps []string
-	for _, n := range lc.Nodes {
-		out, err := runFlowctl(ctx, "dump", "--node", n.Name, "-o", "json")
+	for i, n := range lc.Nodes {
+		where := []string{"--node", n.Name}
+		if i == 0 {
+			where = []string{"--rundir", n.Dir}
+		}
+		out, err := runFlowctl(ctx, append([]string{"dump", "-o", "json"}, where...)...)
 		if err != nil {
 			t.Fatal(err)
 		}
