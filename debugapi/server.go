@@ -28,8 +28,8 @@ var ErrUnavailable = errors.New("not available yet")
 // maxRequest bounds a request body (a trace request is a few hundred bytes).
 const maxRequest = 64 << 10
 
-// traceWait bounds how long a trace waits for the one running before it.
-const traceWait = 10 * time.Second
+// traceWait bounds how long a trace waits for the one running before it (a variable for tests).
+var traceWait = 10 * time.Second
 
 // Handler serves the API from a backend. Traces run one at a time.
 func Handler(b Backend, log logr.Logger) http.Handler {
@@ -61,16 +61,18 @@ func Handler(b Backend, log logr.Logger) http.Handler {
 			http.Error(w, "trace request: more than 16 --ct-next", http.StatusBadRequest)
 			return
 		}
-		ctx, cancel := context.WithTimeout(r.Context(), traceWait)
-		defer cancel()
+		wait := time.NewTimer(traceWait)
+		defer wait.Stop()
 		select {
 		case traceSlot <- struct{}{}:
 			defer func() { <-traceSlot }()
-		case <-ctx.Done():
+		case <-wait.C:
 			http.Error(w, "another trace is running on this node; try again", http.StatusTooManyRequests)
 			return
+		case <-r.Context().Done():
+			return
 		}
-		resp, err := b.Trace(ctx, req)
+		resp, err := b.Trace(r.Context(), req)
 		reply(w, log, r, resp, err)
 	})
 	return mux
