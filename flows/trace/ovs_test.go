@@ -287,7 +287,7 @@ func checkFate(t *testing.T, name string, p *Path, out uint32, dropAt openflow.T
 }
 
 // offlineBridge reads the bridge's flows and groups as flowctl dump does.
-func offlineBridge(t *testing.T, b *ofbridge.Bridge) *Bridge {
+func offlineBridge(t testing.TB, b *ofbridge.Bridge) *Bridge {
 	t.Helper()
 	ctx := context.Background()
 	raw, err := b.Switch.DumpFlows(ctx, 0, 0)
