@@ -26,11 +26,14 @@ type nodeFlags struct {
 	port                   int
 }
 
-func (n *nodeFlags) register(fs *flag.FlagSet) {
+// register adds the flags; withNode adds --node (trace finds its nodes itself).
+func (n *nodeFlags) register(fs *flag.FlagSet, withNode bool) {
 	fs.StringVar(&n.rundir, "rundir", defaultRunDir(), "Open vSwitch run directory on this node (holds <bridge>.mgmt and the agent's <bridge>.ofsdn.sock)")
 	fs.StringVar(&n.bridge, "bridge", "br0", "bridge name")
 	fs.StringVar(&n.socket, "socket", "", "the agent's debug socket (default <rundir>/<bridge>.ofsdn.sock)")
-	fs.StringVar(&n.node, "node", "", "ask this node's agent through the API server's node proxy instead of the local one")
+	if withNode {
+		fs.StringVar(&n.node, "node", "", "ask this node's agent through the API server's node proxy instead of the local one")
+	}
 	fs.StringVar(&n.kubeconfig, "kubeconfig", "", "kubeconfig for --node and names (default: $KUBECONFIG, else in-cluster)")
 	fs.IntVar(&n.port, "agent-port", DefaultAgentPort, "port of the agents' debug API (the node proxy connects to it)")
 }

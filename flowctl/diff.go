@@ -22,7 +22,7 @@ func RunDiff(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs := flag.NewFlagSet("diff", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var nf nodeFlags
-	nf.register(fs)
+	nf.register(fs, true)
 	output := fs.String("o", "text", "output format: text or json")
 	if err := fs.Parse(args); err != nil {
 		return err

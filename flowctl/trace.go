@@ -57,7 +57,7 @@ func RunTrace(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		fs.PrintDefaults()
 	}
 	var nf nodeFlags
-	nf.register(fs)
+	nf.register(fs, false)
 	var o TraceOptions
 	port := fs.Uint("port", 0, "destination port (default: the service's port, else 80)")
 	srcPort := fs.Uint("src-port", 40000, "source port")
