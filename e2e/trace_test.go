@@ -123,6 +123,25 @@ func TestTrace(t *testing.T) {
 			}
 		})
 	}
+	// On the node, without an API server to ask: the local agent alone answers a trace that stays on its
+	// node, and says what is missing for one that leaves it.
+	t.Run("on the node without an API server", func(t *testing.T) {
+		local := func(args ...string) (string, error) {
+			cmd := exec.CommandContext(ctx, filepath.Join(lc.BinDir, "flowctl"), append([]string{"trace", "--rundir", n1.Dir}, args...)...)
+			cmd.Env = []string{"PATH=" + os.Getenv("PATH")} // no KUBECONFIG, not in a cluster
+			out, err := cmd.CombinedOutput()
+			return string(out), err
+		}
+		out, err := local(a.Key(), a2.Key(), "--port", port)
+		if err != nil || !strings.Contains(out, "verdict: delivered to "+a2.Key()+" via node "+n1.Name) {
+			t.Errorf("same-node trace on the node: %v\n%s", err, out)
+		}
+		out, err = local(a.Key(), c.Key(), "--port", port)
+		if err == nil || !strings.Contains(out, "needs the API server") {
+			t.Errorf("cross-node trace without an API server: %v\n%s", err, out)
+		}
+	})
+
 	// Which endpoint: the service trace names every endpoint and the one followed.
 	if s := results["service, remote endpoint"].Service; s == nil || s.Chosen != netip.AddrPortFrom(c.IP, cluster.TestPort).String() ||
 		len(s.Endpoints) != 2 || !strings.HasPrefix(s.Owner, "svc/"+blue+"/web:") {

@@ -107,12 +107,14 @@ func RunTrace(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return err
 		}
 		w = ow
-	} else {
-		lw, err := newLiveWorld(nf)
-		if err != nil {
-			return err
-		}
+	} else if lw, err := newLiveWorld(nf); err == nil {
 		w = lw
+	} else if local, lerr := newLocalWorld(ctx, nf); lerr == nil {
+		// No API server to ask: this node's agent alone answers a trace that stays on this node.
+		fmt.Fprintf(stderr, "flowctl: %v; tracing on this node only\n", err)
+		w = local
+	} else {
+		return fmt.Errorf("%w (and on this node: %v)", err, lerr)
 	}
 	res, err := Trace(ctx, w, o)
 	if err != nil {

@@ -243,8 +243,34 @@ func (w *liveWorld) nodeByIP(ctx context.Context, ip netip.Addr) (string, bool, 
 	return "", false, nil
 }
 
-// offlineWorld is saved dumps.
-type offlineWorld struct{ nodes map[string]*traceNode }
+// offlineWorld is saved dumps — or, live, just this node's agent when there is no API server to ask
+// (flowctl on a node without a kubeconfig): then local is set and only this node can be traced.
+type offlineWorld struct {
+	nodes map[string]*traceNode
+	local string
+}
+
+// newLocalWorld is this node's agent alone, for a trace that stays on this node.
+func newLocalWorld(ctx context.Context, nf nodeFlags) (*offlineWorld, error) {
+	agent, err := nf.local()
+	if err != nil {
+		return nil, err
+	}
+	info, err := agent.Node(ctx)
+	if err != nil {
+		return nil, err
+	}
+	dump, err := agent.Dump(ctx)
+	if err != nil {
+		return nil, err
+	}
+	n, err := newTraceNode(info, dump.Flows, dump.Groups, dump.Owners)
+	if err != nil {
+		return nil, err
+	}
+	n.tracer = liveTracer{agent}
+	return &offlineWorld{nodes: map[string]*traceNode{info.Name: n}, local: info.Name}, nil
+}
 
 func newOfflineWorld(files []string) (*offlineWorld, error) {
 	w := &offlineWorld{nodes: map[string]*traceNode{}}
@@ -280,11 +306,14 @@ func newOfflineWorld(files []string) (*offlineWorld, error) {
 	return w, nil
 }
 
-func (w *offlineWorld) live() bool { return false }
+func (w *offlineWorld) live() bool { return w.local != "" }
 
 func (w *offlineWorld) node(_ context.Context, name string) (*traceNode, error) {
 	if n, ok := w.nodes[name]; ok {
 		return n, nil
+	}
+	if w.local != "" {
+		return nil, fmt.Errorf("the packet goes on to node %s: reaching it needs the API server (--kubeconfig or $KUBECONFIG)", name)
 	}
 	return nil, fmt.Errorf("no dump of node %s given (--dump FILE for each node the packet crosses)", name)
 }
@@ -296,6 +325,9 @@ func (w *offlineWorld) pod(_ context.Context, namespace, name string) (string, n
 				return n.info.Name, p.IP, nil
 			}
 		}
+	}
+	if w.local != "" {
+		return "", netip.Addr{}, fmt.Errorf("pod %s/%s is not on node %s: finding it needs the API server (--kubeconfig or $KUBECONFIG)", namespace, name, w.local)
 	}
 	return "", netip.Addr{}, fmt.Errorf("pod %s/%s is in none of the dumps", namespace, name)
 }
