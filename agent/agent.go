@@ -53,6 +53,13 @@ type Config struct {
 	// AbsentPodGrace is how long after its ADD an attached pod may be missing from the API before the
 	// agent releases its attachment (DefaultAbsentPodGrace).
 	AbsentPodGrace time.Duration
+	// MetricsAddress serves /metrics, /healthz and /readyz ("" = not served). DebugAddress serves the
+	// read-only debug API (debugapi/) over TCP for flowctl through the API server's node proxy ("" = not
+	// served); DebugSocket serves it on a root-only unix socket for flowctl on the node (default
+	// <ovs-rundir>/<bridge>.ofsdn.sock; "-" = not served).
+	MetricsAddress string
+	DebugAddress   string
+	DebugSocket    string
 	Logger         klog.Logger
 }
 
@@ -83,6 +90,9 @@ func (c *Config) defaults() error {
 	}
 	if c.AbsentPodGrace == 0 {
 		c.AbsentPodGrace = DefaultAbsentPodGrace
+	}
+	if c.DebugSocket == "" {
+		c.DebugSocket = DefaultDebugSocket(c.OVSRunDir, c.Bridge)
 	}
 	if c.Logger.GetSink() == nil {
 		c.Logger = klog.Background()
@@ -123,6 +133,8 @@ type Agent struct {
 	policyProblems *policyProblemReporter
 	// neighbors keeps ovs-vswitchd's tunnel neighbours right (tunnelneigh.go); nil but for netdev.
 	neighbors *tunnelNeighbors
+	// health answers /healthz, /readyz and CNI STATUS (health.go).
+	health *health
 
 	netInformers  networkinformers.SharedInformerFactory
 	kubeInformers kubeinformers.SharedInformerFactory
@@ -159,6 +171,11 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	a.hostFwd = newHostSync(log, a.applyHost)
 	a.fs.host = a.hostFwd
 	a.fs.onIndexChanged = a.saveOwnerIndex
+	a.health = newHealth()
+	a.health.viewReady, a.health.flowLoop, a.fs.health = a.view.ready, a.fs.ping, a.health
+	if err := deps.Metrics.Registry.Register(newStateCollector(a.counts)); err != nil {
+		return nil, fmt.Errorf("agent: metrics: %w", err)
+	}
 	a.pods = &podNetwork{view: a.view, sync: a.fs, db: deps.DB, bridge: cfg.Bridge, hostNetNS: cfg.HostNetNS,
 		netdev: cfg.DatapathType == "netdev", stateDir: filepath.Join(cfg.StateDir, "ipam"), log: log.WithName("cni"),
 		pendingDeletes: cni.PendingDeletesDirFor(cfg.CNISocket), absentGrace: cfg.AbsentPodGrace, bridgeUp: func() bool { return a.sess != nil && a.sess.Connected() }}
@@ -255,6 +272,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		name string
 		run  func(context.Context) error
 	}{
+		{"serve metrics, health and debug", a.serveObservability},
 		{"open the bridge", a.openBridge},
 		{"sync informers", a.syncInformers},
 		{"wait for the node's subnet", a.waitForNode},
@@ -265,6 +283,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	for _, s := range steps {
 		start := time.Now()
+		a.health.setStep(s.name)
 		if err := s.run(ctx); err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -293,9 +312,10 @@ func (a *Agent) openBridge(ctx context.Context) error {
 		return err
 	}
 	context.AfterFunc(ctx, func() { _ = a.sess.Close() })
-	a.recon = reconcile.New(ofswitch.FlowsSwitch(a.sess), reconcile.Config{Round: round, PipelineVersion: pipeline.PipelineVersion,
-		VersionOf: pipeline.VersionOf})
+	a.recon = reconcile.New(meteredSwitch{ofswitch.FlowsSwitch(a.sess), a.metrics}, reconcile.Config{Round: round,
+		PipelineVersion: pipeline.PipelineVersion, VersionOf: pipeline.VersionOf})
 	a.fs.r = a.recon
+	a.health.setSession(a.sess, a.recon, a.deps.DB)
 	rep, err := a.recon.LoadInstalled(ctx)
 	if err != nil {
 		return err
@@ -312,7 +332,7 @@ func (a *Agent) openBridge(ctx context.Context) error {
 			return err
 		}
 		a.neighbors.kick() // a restarted ovs-vswitchd starts with an empty tunnel neighbour cache
-		if err := a.fs.resync(ctx); err != nil {
+		if err := a.fs.resync(ctx, resyncReconnect); err != nil {
 			return err
 		}
 		a.log.Info("replayed flows after reconnecting")
@@ -405,7 +425,9 @@ func (a *Agent) installRound(ctx context.Context) error {
 	if _, err := a.fs.syncNow(ctx); err != nil {
 		return fmt.Errorf("first sync: %w", err)
 	}
+	start := time.Now()
 	res, err := a.recon.FinishRound(ctx)
+	a.metrics.observeSync("round", res.Stats, time.Since(start))
 	if err != nil {
 		return fmt.Errorf("finish round: %w", err)
 	}
@@ -413,15 +435,22 @@ func (a *Agent) installRound(ctx context.Context) error {
 		a.log.Error(ferr, "owner refused while finishing the round; it keeps its last good flows", "owner", o.String())
 	}
 	a.log.Info("pipeline installed", "stats", res.Stats.String())
-	return commitRound(ctx, a.deps.DB, a.cfg.Bridge, a.round)
+	if err := commitRound(ctx, a.deps.DB, a.cfg.Bridge, a.round); err != nil {
+		return err
+	}
+	a.health.setFirstSync()
+	return nil
 }
 
 // serveCNI starts the sync loops and serves the CNI plugin until ctx ends.
 func (a *Agent) serveCNI(ctx context.Context) error {
-	srv := &cni.Server{Socket: a.cfg.CNISocket, Handler: a.pods, Logger: a.log.WithName("cni-server")}
+	srv := &cni.Server{Socket: a.cfg.CNISocket, Handler: meteredCNI{a.pods, a.metrics}, Logger: a.log.WithName("cni-server")}
 	if err := srv.Listen(); err != nil {
 		return err
 	}
+	// Listening: connections queue until Serve takes them. Ready before the conflist tells the runtime.
+	a.health.setCNIListening(true)
+	defer a.health.setCNIListening(false)
 	if err := installCNI(a.cfg, a.pods.mtu); err != nil {
 		return err
 	}
@@ -429,6 +458,8 @@ func (a *Agent) serveCNI(ctx context.Context) error {
 	go a.hostFwd.run(ctx)
 	go a.pods.runJanitor(ctx) // DELs the plugin left while no agent listened, from now on too
 	go a.fs.resyncEvery(ctx, a.cfg.ResyncPeriod)
+	go a.health.watch(ctx)
+	a.health.setStep("")
 	a.log.Info("agent running", "bridge", a.cfg.Bridge, "cniSocket", a.cfg.CNISocket)
 	return srv.Serve(ctx)
 }

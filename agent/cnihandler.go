@@ -425,8 +425,9 @@ func (p *podNetwork) Check(ctx context.Context, req *cni.Request) error {
 	return cni.Errorf(cni.ErrInternal, "%s is not attached to %s", hostVeth, p.bridge)
 }
 
-// Status implements cni.Handler: 50 while the node cannot serve ADDs (not set up yet, or no address
-// left), 51 when the agent has lost its bridge (pods already running may have limited connectivity).
+// Status implements cni.Handler, from the agent's readiness (health.go, as /readyz): 50 while the
+// node cannot serve ADDs (not set up, not synced yet, OVSDB down, or no address left), 51 when the
+// agent has lost its bridge (pods already running may have limited connectivity).
 func (p *podNetwork) Status(context.Context) error {
 	if err := p.view.ready(); err != nil {
 		return cni.Errorf(cni.ErrPluginNotAvailable, "ofsdn agent not ready on this node: %v", err)
@@ -434,6 +435,9 @@ func (p *podNetwork) Status(context.Context) error {
 	if p.bridgeUp != nil && !p.bridgeUp() {
 		return cni.Errorf(cni.ErrPluginNotAvailableConn, "ofsdn agent lost its OpenFlow connection to %s (is ovs-vswitchd running?): "+
 			"pods may have limited connectivity", p.bridge)
+	}
+	if err := p.readiness(); err != nil {
+		return cni.Errorf(cni.ErrPluginNotAvailable, "ofsdn agent not ready on this node: %v", err)
 	}
 	if store := p.currentStore(); store != nil && store.Available() == 0 {
 		return cni.Errorf(cni.ErrPluginNotAvailable, "node subnet %s has no free address", store.Subnet())

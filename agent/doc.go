@@ -33,7 +33,13 @@
 //     checked against the kernel's neighbour table for every peer's next hop, and corrected.
 //   - round.go: the reconciliation round stamped in cookies (kept in br0's external_ids), so a restarted
 //     agent installs its flows beside the previous round's and only then deletes those: no datapath gap.
-//   - metrics.go: the agent's Prometheus metrics.
+//   - metrics.go: the agent's Prometheus metrics (counters where things happen, gauges of the node's
+//     state read at scrape time) and the CNI handler wrapper that counts and times each verb.
+//   - health.go: /healthz (the flow sync loop answers a ping, OVS sessions up or reconnecting) and
+//     /readyz, which CNI STATUS shares (first full sync done, CNI socket listening, sessions up).
+//   - debug.go: the read-only debug API flowctl asks (debugapi/): the node's view with OVSDB's ports,
+//     desired flows by owner, the drift report, the bridge's dump, ofproto/trace through unixctl; served
+//     on a root-only socket beside the bridge and on the node's address for the API server's node proxy.
 //
 // Tests: informers_test.go and services_test.go run the agent's own informers on fake clientsets and
 // check the view (make unit); flowsync_ovs_test.go runs flowSync against a real bridge.

@@ -33,7 +33,9 @@ type flowSync struct {
 	synced  uint64 // view generation of the last successful sync
 	kick    chan struct{}
 	// resyncWanted asks the loop for a full resync from the switch (after a reconnect, periodically).
-	resyncWanted chan chan error
+	resyncWanted chan resyncRequest
+	// ping is answered by the loop between syncs: the liveness check (health.go) of a loop that is stuck.
+	ping chan chan struct{}
 	// onSynced, when set, observes each sync that sent something (metrics, convergence benchmarks).
 	onSynced func(reconcile.SyncStats, time.Duration)
 	// onFailure, when set, tells the rest of the agent that an owner failed (again).
@@ -45,6 +47,7 @@ type flowSync struct {
 	onIndexChanged func(*reconcile.OwnerIndex)
 	indexGen       uint64
 	metrics        *Metrics // optional
+	health         *health  // optional: CNI STATUS answers from it (health.go)
 	clock          func() time.Time
 	// injected owners are added to every render: tests use it to make an owner the switch refuses.
 	injected map[reconcile.Owner]reconcile.OwnerState
@@ -68,7 +71,7 @@ const (
 func newFlowSync(view *nodeView, r *reconcile.Reconciler, log klog.Logger) *flowSync {
 	return &flowSync{view: view, r: r, log: log.WithName("flowsync"),
 		applied: map[reconcile.Owner]reconcile.OwnerState{}, failing: map[reconcile.Owner]*ownerFailure{},
-		kick: make(chan struct{}, 1), resyncWanted: make(chan chan error, 1), clock: time.Now}
+		kick: make(chan struct{}, 1), resyncWanted: make(chan resyncRequest, 1), ping: make(chan chan struct{}, 1), clock: time.Now}
 }
 
 // trigger asks the background loop for a sync; bursts of events coalesce into one.
@@ -193,6 +196,7 @@ func (f *flowSync) syncLocked(ctx context.Context) (reconcile.SyncStats, error) 
 		if f.onSynced != nil {
 			f.onSynced(res.Stats, f.clock().Sub(start))
 		}
+		f.metrics.observeSync("apply", res.Stats, f.clock().Sub(start))
 	}
 	return res.Stats, nil
 }
@@ -252,9 +256,26 @@ func (f *flowSync) indexChanged() {
 	}
 }
 
+// Triggers of a full resync (drift check), as the metrics label them.
+const (
+	resyncPeriodic  = "periodic"
+	resyncReconnect = "reconnect"
+)
+
+type resyncRequest struct {
+	trigger string
+	done    chan error
+}
+
 // resyncLocked re-reads the switch and repairs what differs from the desired state.
-func (f *flowSync) resyncLocked(ctx context.Context) error {
+func (f *flowSync) resyncLocked(ctx context.Context, trigger string) error {
+	start := f.clock()
 	res, err := f.r.Resync(ctx)
+	if f.metrics != nil {
+		f.metrics.DriftChecks.WithLabelValues(trigger).Inc()
+		f.metrics.DriftRepairs.WithLabelValues(trigger).Add(float64(res.Stats.Messages))
+		f.metrics.observeSync("resync", res.Stats, f.clock().Sub(start))
+	}
 	if err != nil {
 		return err
 	}
@@ -264,17 +285,18 @@ func (f *flowSync) resyncLocked(ctx context.Context) error {
 		delete(f.applied, o)
 	}
 	if res.Stats.Changes() > 0 {
-		f.log.Info("resync repaired drift", "stats", res.Stats.String())
+		f.log.Info("resync repaired drift", "trigger", trigger, "stats", res.Stats.String(), "owners", repairedOwners(res.Repaired))
 	}
 	f.indexChanged()
 	return nil
 }
 
-// resync runs a full resync in the sync loop and waits for it (the session's reconnect hook).
-func (f *flowSync) resync(ctx context.Context) error {
+// resync runs a full resync in the sync loop and waits for it (the session's reconnect hook, the
+// periodic drift check).
+func (f *flowSync) resync(ctx context.Context, trigger string) error {
 	done := make(chan error, 1)
 	select {
-	case f.resyncWanted <- done:
+	case f.resyncWanted <- resyncRequest{trigger: trigger, done: done}:
 	case <-ctx.Done():
 		return ctx.Err()
 	}
@@ -298,11 +320,14 @@ func (f *flowSync) run(ctx context.Context) {
 			return
 		case <-f.kick:
 		case <-retry.C:
-		case done := <-f.resyncWanted:
+		case pong := <-f.ping:
+			close(pong)
+			continue
+		case req := <-f.resyncWanted:
 			f.mu.Lock()
-			err := f.resyncLocked(ctx)
+			err := f.resyncLocked(ctx, req.trigger)
 			f.mu.Unlock()
-			done <- err
+			req.done <- err
 			if err != nil && ctx.Err() == nil {
 				f.log.Error(err, "resync from the switch")
 			}
@@ -334,7 +359,7 @@ func (f *flowSync) resyncEvery(ctx context.Context, period time.Duration) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			if err := f.resync(ctx); err != nil && ctx.Err() == nil {
+			if err := f.resync(ctx, resyncPeriodic); err != nil && ctx.Err() == nil {
 				f.log.Error(err, "periodic resync")
 			}
 		}

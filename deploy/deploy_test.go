@@ -7,8 +7,10 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ofsdn/ofsdn/e2e/kubelab"
 	appsv1 "k8s.io/api/apps/v1"
@@ -257,5 +259,75 @@ func readYAML(t *testing.T, path string, into any) {
 	}
 	if err := yaml.Unmarshal(data, into); err != nil {
 		t.Fatalf("%s: %v", path, err)
+	}
+}
+
+// TestAgentProbesMatchItsFlags: the DaemonSet's probes ask the port the agent's --metrics-address
+// binds (through the named container port), at the paths the agent serves, and the debug port is the
+// one --debug-address binds on the node's address. e2e's TestAgentProbes asks a running agent with
+// these same values.
+func TestAgentProbesMatchItsFlags(t *testing.T) {
+	var ds struct {
+		Spec struct {
+			Template corev1.PodTemplateSpec `json:"template"`
+		} `json:"spec"`
+	}
+	readYAML(t, "agent/daemonset.yaml", &ds)
+	var agent *corev1.Container
+	for i, c := range ds.Spec.Template.Spec.Containers {
+		if c.Name == "agent" {
+			agent = &ds.Spec.Template.Spec.Containers[i]
+		}
+	}
+	if agent == nil {
+		t.Fatal("no agent container")
+	}
+	flag := func(name string) string {
+		for _, a := range agent.Args {
+			if v, ok := strings.CutPrefix(a, name+"="); ok {
+				return v
+			}
+		}
+		t.Fatalf("agent container has no %s", name)
+		return ""
+	}
+	port := func(named string) int32 {
+		for _, p := range agent.Ports {
+			if p.Name == named {
+				return p.ContainerPort
+			}
+		}
+		t.Fatalf("no container port named %s", named)
+		return 0
+	}
+	metricsPort := port("metrics")
+	if want := ":" + strconv.Itoa(int(metricsPort)); !strings.HasSuffix(flag("--metrics-address"), want) {
+		t.Errorf("--metrics-address=%s does not bind the metrics port %d", flag("--metrics-address"), metricsPort)
+	}
+	if want := "$(HOST_IP):" + strconv.Itoa(int(port("debug"))); flag("--debug-address") != want {
+		t.Errorf("--debug-address=%s, want %s (the node's own address and the debug port)", flag("--debug-address"), want)
+	}
+	hostIP := slices.IndexFunc(agent.Env, func(e corev1.EnvVar) bool {
+		return e.Name == "HOST_IP" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "status.hostIP"
+	})
+	if hostIP < 0 {
+		t.Error("HOST_IP does not come from status.hostIP")
+	}
+	for _, p := range []struct {
+		name  string
+		probe *corev1.Probe
+		path  string
+	}{{"liveness", agent.LivenessProbe, "/healthz"}, {"readiness", agent.ReadinessProbe, "/readyz"}} {
+		if p.probe == nil || p.probe.HTTPGet == nil {
+			t.Errorf("no HTTP %s probe", p.name)
+			continue
+		}
+		g := p.probe.HTTPGet
+		if g.Path != p.path || g.Port.String() != "metrics" || g.Host != "" {
+			t.Errorf("%s probe asks %s:%s%s; want the pod's (node's) address, port metrics, %s", p.name, g.Host, g.Port.String(), g.Path, p.path)
+		}
+	}
+	if _, err := time.ParseDuration(flag("--drift-check-period")); err != nil {
+		t.Errorf("--drift-check-period: %v", err)
 	}
 }

@@ -40,7 +40,9 @@ func TestMain(m *testing.M) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	var err error
-	lc, err = cluster.Start(ctx, cluster.Options{Logger: logger, AgentArgs: []string{"-v=2", "--absent-pod-grace=" + absentPodGrace.String()}})
+	// Drift checks every few seconds (the DaemonSet says 5m): TestDriftRepairAndDiff waits for one.
+	lc, err = cluster.Start(ctx, cluster.Options{Logger: logger, AgentArgs: []string{"-v=2", "--absent-pod-grace=" + absentPodGrace.String(),
+		"--drift-check-period=3s"}})
 	cancel()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "e2e: cluster start:", err)

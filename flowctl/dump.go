@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/ofsdn/ofsdn/debugapi"
 	"github.com/ofsdn/ofsdn/flows/openflow"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
 	"github.com/ofsdn/ofsdn/flows/reconcile"
@@ -36,6 +37,8 @@ type DumpOptions struct {
 	Bridge      string
 	ShowGroups  bool
 	ShowDefault bool
+	// KeepRaw keeps every entry's wire encoding (JSON dumps: what flowctl trace --dump evaluates).
+	KeepRaw bool
 }
 
 // DumpedFlow is one flow of a dump, with its cookie decoded.
@@ -52,6 +55,8 @@ type DumpedFlow struct {
 	Packets   uint64           `json:"packets"`
 	Bytes     uint64           `json:"bytes"`
 	Flow      string           `json:"flow"`
+	// Raw is the ofp_flow_stats entry as the switch sent it (JSON dumps).
+	Raw []byte `json:"raw,omitempty"`
 }
 
 // Dump is a bridge's flows and groups, decoded.
@@ -59,8 +64,14 @@ type Dump struct {
 	Bridge string       `json:"bridge"`
 	Flows  []DumpedFlow `json:"flows"`
 	Groups []string     `json:"groups"`
+	// RawGroups are the ofp_group_desc entries as the switch sent them (JSON dumps).
+	RawGroups [][]byte `json:"rawGroups,omitempty"`
 	// Undecodable counts entries the codec could not read; they are listed with raw actions.
 	Undecodable int `json:"undecodable,omitempty"`
+	// Owners are the owner keys that name cookies, and Node the agent's view of the node, when the
+	// agent could be asked: with them a saved JSON dump answers flowctl trace --dump on its own.
+	Owners []string           `json:"owners,omitempty"`
+	Node   *debugapi.NodeInfo `json:"node,omitempty"`
 }
 
 // ReadDump fetches and decodes a bridge's flows and groups.
@@ -82,7 +93,11 @@ func ReadDump(ctx context.Context, src FlowSource, opts DumpOptions) (*Dump, err
 		if opts.Category != nil && reconcile.Cookie(f.Cookie).Category() != *opts.Category {
 			continue
 		}
-		d.Flows = append(d.Flows, describe(f, opts.Owners))
+		df := describe(f, opts.Owners)
+		if opts.KeepRaw {
+			df.Raw = b
+		}
+		d.Flows = append(d.Flows, df)
 	}
 	sort.SliceStable(d.Flows, func(i, j int) bool {
 		a, b := d.Flows[i], d.Flows[j]
@@ -106,6 +121,9 @@ func ReadDump(ctx context.Context, src FlowSource, opts DumpOptions) (*Dump, err
 				continue
 			}
 			d.Groups = append(d.Groups, g.String())
+			if opts.KeepRaw {
+				d.RawGroups = append(d.RawGroups, b)
+			}
 		}
 		sort.Strings(d.Groups)
 	}
@@ -184,10 +202,13 @@ func RunDump(ctx context.Context, args []string, stdout, stderr io.Writer, dial 
 	cookie := fs.String("cookie", "", "only flows whose cookie matches VALUE or VALUE/MASK (hex)")
 	output := fs.String("o", "text", "output format: text or json")
 	ownersPath := fs.String("owners", "", "owner index written by the agent (default <rundir>/<bridge>.owners.json when present)")
+	node := fs.String("node", "", "dump this node's bridge through its agent and the API server's node proxy")
+	kubeconfig := fs.String("kubeconfig", "", "kubeconfig for --node (default: $KUBECONFIG, else in-cluster)")
+	port := fs.Int("agent-port", DefaultAgentPort, "port of the agents' debug API")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	opts := DumpOptions{Bridge: *bridge, Output: *output, ShowGroups: true}
+	opts := DumpOptions{Bridge: *bridge, Output: *output, ShowGroups: true, KeepRaw: *output == "json"}
 	if *table != "" {
 		t, err := pipeline.ParseTable(*table)
 		if err != nil {
@@ -211,6 +232,30 @@ func RunDump(ctx context.Context, args []string, stdout, stderr io.Writer, dial 
 	}
 	if *output != "text" && *output != "json" {
 		return fmt.Errorf("-o %q: want text or json", *output)
+	}
+	nf := nodeFlags{rundir: *rundir, bridge: *bridge, node: *node, kubeconfig: *kubeconfig, port: *port}
+	if *node != "" {
+		// Through the agent: its dump of the bridge, its owner index and its view.
+		agent, err := nf.agent()
+		if err != nil {
+			return err
+		}
+		raw, err := agent.Dump(ctx)
+		if err != nil {
+			return err
+		}
+		info, err := agent.Node(ctx)
+		if err != nil {
+			return err
+		}
+		opts.Bridge = raw.Bridge
+		opts.Owners = ownerIndex(raw.Owners)
+		d, err := ReadDump(ctx, fetchedDump{raw.Flows, raw.Groups}, opts)
+		if err != nil {
+			return err
+		}
+		d.Owners, d.Node = raw.Owners, info
+		return writeDump(stdout, d, *output)
 	}
 	path := *ownersPath
 	if path == "" {
@@ -243,10 +288,57 @@ func RunDump(ctx context.Context, args []string, stdout, stderr io.Writer, dial 
 	if err != nil {
 		return err
 	}
-	if *output == "json" {
-		return d.WriteJSON(stdout)
+	if *output == "json" && opts.Owners != nil {
+		d.Owners = opts.Owners.Keys()
 	}
-	return d.WriteText(stdout)
+	if *output == "json" && opts.Table == nil && opts.Category == nil && opts.CookieMask == 0 {
+		// A whole dump: add what the local agent knows, so the file answers flowctl trace --dump alone.
+		if agent, err := nf.local(); err == nil {
+			if info, err := agent.Node(ctx); err == nil {
+				d.Node, d.Owners = info, info.Owners
+			} else {
+				fmt.Fprintf(stderr, "flowctl: the agent's view of the node is not in the dump: %v\n", err)
+			}
+		} else {
+			fmt.Fprintf(stderr, "flowctl: the agent's view of the node is not in the dump: %v\n", err)
+		}
+	}
+	return writeDump(stdout, d, *output)
+}
+
+func writeDump(w io.Writer, d *Dump, output string) error {
+	if output == "json" {
+		return d.WriteJSON(w)
+	}
+	return d.WriteText(w)
+}
+
+// fetchedDump is a dump already fetched, as a FlowSource.
+type fetchedDump struct{ flows, groups [][]byte }
+
+func (s fetchedDump) DumpFlows(_ context.Context, cookie, mask uint64) ([][]byte, error) {
+	if mask == 0 {
+		return s.flows, nil
+	}
+	var out [][]byte
+	for _, b := range s.flows {
+		if c, ok := openflow.RawFlowStats(b); ok && c.Cookie&mask == cookie&mask {
+			out = append(out, b)
+		}
+	}
+	return out, nil
+}
+func (s fetchedDump) DumpGroups(context.Context) ([][]byte, error) { return s.groups, nil }
+
+// ownerIndex builds an index from owner keys (unknown ones are skipped).
+func ownerIndex(keys []string) *reconcile.OwnerIndex {
+	idx := reconcile.NewOwnerIndex()
+	for _, k := range keys {
+		if o, err := reconcile.ParseOwner(k); err == nil {
+			idx.Add(o)
+		}
+	}
+	return idx
 }
 
 func parseCookie(s string) (uint64, uint64, error) {

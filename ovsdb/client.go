@@ -56,6 +56,7 @@ type PortInfo struct {
 	OFPort      int    // -1 when ovs-vswitchd could not open it, 0 while not yet numbered
 	ExternalIDs map[string]string
 	Error       string
+	MAC         string // the interface's mac_in_use, once ovs-vswitchd opened it
 }
 
 // Connect connects to an endpoint such as "unix:/var/run/openvswitch/db.sock" and caches the Open_vSwitch,
@@ -123,6 +124,9 @@ func (c *Client) interfaceChange(name string) <-chan struct{} {
 
 // Close disconnects.
 func (c *Client) Close() { c.c.Close() }
+
+// Connected reports whether the connection to ovsdb-server is up (it reconnects on its own).
+func (c *Client) Connected() bool { return c.c.Connected() }
 
 // Transactions counts the transactions sent (idempotency shows as no increase).
 func (c *Client) Transactions() int64 { return c.transactions.Load() }
@@ -421,6 +425,9 @@ func (c *Client) ListPorts(ctx context.Context, bridge string) ([]PortInfo, erro
 				}
 				if i.Error != nil {
 					info.Error = *i.Error
+				}
+				if i.MACInUse != nil {
+					info.MAC = *i.MACInUse
 				}
 				if len(info.ExternalIDs) == 0 {
 					info.ExternalIDs = i.ExternalIDs

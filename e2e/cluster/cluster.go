@@ -24,6 +24,7 @@ import (
 	"github.com/ofsdn/ofsdn/e2e/kubelab"
 	"github.com/ofsdn/ofsdn/e2e/lab"
 	"github.com/ofsdn/ofsdn/e2e/nodesim"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -32,6 +33,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"k8s.io/klog/v2"
+	"sigs.k8s.io/yaml"
 
 	"github.com/ofsdn/ofsdn/internal/proc"
 )
@@ -301,9 +303,14 @@ func (c *Cluster) StartAgent(n *Node) error {
 	if n.agent != nil && n.agent.running() {
 		return fmt.Errorf("cluster: agent on %s already runs", n.Name)
 	}
-	args := append([]string{"--node-name", n.Name, "--kubeconfig", n.kubeconfig, "--ovs-rundir", n.Dir, "--datapath-type", "netdev",
+	manifest, err := AgentManifestArgs(n.IP.String())
+	if err != nil {
+		return err
+	}
+	args := []string{"--node-name", n.Name, "--kubeconfig", n.kubeconfig, "--ovs-rundir", n.Dir, "--datapath-type", "netdev",
 		"--state-dir", n.StateDir, "--cni-socket", n.CNISocket, "--cni-conf-dir", n.CNIConfDir, "--cni-bin-dir", n.CNIBinDir,
-		"--cni-plugin", filepath.Join(c.BinDir, "ofsdn")}, c.opts.AgentArgs...)
+		"--cni-plugin", filepath.Join(c.BinDir, "ofsdn")}
+	args = append(append(args, manifest...), c.opts.AgentArgs...)
 	p, err := startProcess(filepath.Join(c.BinDir, "ofsdn-agent"), n.AgentLog, n.NetNS, args...)
 	if err != nil {
 		return err
@@ -459,4 +466,52 @@ func (n *Node) AgentPID() int {
 		return 0
 	}
 	return n.agent.PID()
+}
+
+// agentManifestFlags are the flags of deploy/'s DaemonSet the lab's agents take as they are: the
+// metrics and health server its probes ask, the debug API flowctl reaches through the node proxy, and
+// the drift check period. The rest (paths, datapath type) differs in the lab.
+var agentManifestFlags = []string{"--metrics-address", "--debug-address", "--drift-check-period"}
+
+// AgentManifestArgs returns those flags as deploy/agent/daemonset.yaml gives them, with $(HOST_IP)
+// (the downward API's status.hostIP) replaced by the node's address.
+func AgentManifestArgs(hostIP string) ([]string, error) {
+	root, err := kubelab.RepoRoot()
+	if err != nil {
+		return nil, err
+	}
+	c, err := AgentContainer(filepath.Join(root, "deploy", "agent", "daemonset.yaml"))
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, a := range c.Args {
+		for _, f := range agentManifestFlags {
+			if strings.HasPrefix(a, f+"=") {
+				out = append(out, strings.ReplaceAll(a, "$(HOST_IP)", hostIP))
+			}
+		}
+	}
+	if len(out) != len(agentManifestFlags) {
+		return nil, fmt.Errorf("cluster: the agent's DaemonSet sets %v, want each of %v", out, agentManifestFlags)
+	}
+	return out, nil
+}
+
+// AgentContainer reads the agent container of the DaemonSet manifest at path.
+func AgentContainer(path string) (*corev1.Container, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("cluster: %w", err)
+	}
+	var ds appsv1.DaemonSet
+	if err := yaml.UnmarshalStrict(data, &ds); err != nil {
+		return nil, fmt.Errorf("cluster: %s: %w", path, err)
+	}
+	for i := range ds.Spec.Template.Spec.Containers {
+		if c := &ds.Spec.Template.Spec.Containers[i]; c.Name == "agent" {
+			return c, nil
+		}
+	}
+	return nil, fmt.Errorf("cluster: %s has no container named agent", path)
 }

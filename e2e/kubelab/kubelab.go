@@ -275,6 +275,9 @@ func (c *Cluster) boot() error {
 		"--client-ca-file=" + c.path("ca.crt"),
 		"--token-auth-file=" + c.path("tokens.csv"),
 		"--authorization-mode=Node,RBAC",
+		// Nodes' proxy subresources (flowctl reaches agents through it) dial the InternalIP: lab node names
+		// are not in any DNS, as in most clusters kubeadm sets up the same way.
+		"--kubelet-preferred-address-types=InternalIP,ExternalIP,Hostname",
 		"--service-account-issuer=" + saIssuer,
 		"--service-account-key-file=" + c.path("sa.pub"),
 		"--service-account-signing-key-file=" + c.path("sa.key"),

@@ -186,8 +186,8 @@ func (x *OwnerIndex) Name(c Cookie) string {
 	return fmt.Sprintf("%s/#%08x", c.Category(), c.OwnerHash())
 }
 
-// MarshalJSON writes the index as its owner keys, sorted (what the agent saves for flowctl).
-func (x *OwnerIndex) MarshalJSON() ([]byte, error) {
+// Keys lists the index's owner keys, sorted.
+func (x *OwnerIndex) Keys() []string {
 	x.mu.RLock()
 	keys := make([]string, 0, len(x.owners))
 	for _, list := range x.owners {
@@ -197,7 +197,12 @@ func (x *OwnerIndex) MarshalJSON() ([]byte, error) {
 	}
 	x.mu.RUnlock()
 	sort.Strings(keys)
-	return json.Marshal(ownerIndexDoc{Owners: keys})
+	return keys
+}
+
+// MarshalJSON writes the index as its owner keys, sorted (what the agent saves for flowctl).
+func (x *OwnerIndex) MarshalJSON() ([]byte, error) {
+	return json.Marshal(ownerIndexDoc{Owners: x.Keys()})
 }
 
 type ownerIndexDoc struct {

@@ -88,6 +88,43 @@ func (p *plan) groupMod(s *segment, g *groupEntry, cmd openflow.GroupModCommand,
 	p.added(s, it)
 }
 
+// attribute adds what each message of the plan does to the stats of the owner it belongs to: a flow
+// or group nobody registered is named by its cookie (category/#hash), a whole-bridge message by
+// pipeline/bridge.
+func (p *plan) attribute(into map[Owner]SyncStats) {
+	for _, it := range p.items() {
+		var o Owner
+		switch {
+		case it.owner() != nil:
+			o = it.owner().owner
+		case it.flow != nil:
+			c := Cookie(it.flow.c.Cookie)
+			o = Owner{Category: c.Category(), Name: fmt.Sprintf("#%08x", c.OwnerHash())}
+		case it.group != nil:
+			o = Owner{Category: CategoryNone, Name: fmt.Sprintf("group#%d", it.group.c.ID)}
+		default:
+			o = Owner{Category: CategoryPipeline, Name: "bridge"}
+		}
+		st := into[o]
+		switch {
+		case it.op == opInstallFlow && it.verb == "modify":
+			st.FlowModifies++
+		case it.op == opInstallFlow:
+			st.FlowAdds++
+		case it.op == opDeleteFlow || it.op == opDeleteRound:
+			st.FlowDeletes++
+		case it.op == opInstallGroup && it.verb == "modify":
+			st.GroupModifies++
+		case it.op == opInstallGroup:
+			st.GroupAdds++
+		case it.op == opDeleteGroup:
+			st.GroupDeletes++
+		}
+		st.Messages++
+		into[o] = st
+	}
+}
+
 // items lists every message's item in bundle order.
 func (p *plan) items() []planItem {
 	out := make([]planItem, 0, len(p.groupsFirst.items)+len(p.flows.items)+len(p.last.items))

@@ -221,6 +221,9 @@ type Result struct {
 	Collisions []Owner
 	// Rebuilt says the bridge was cleared and rebuilt (another pipeline version was found on it).
 	Rebuilt bool
+	// Repaired (Resync only) says what the resync sent, by owner: the owners whose flows or groups had
+	// drifted. Entries no registered owner claims are named by their cookie (category/#hash).
+	Repaired map[Owner]SyncStats
 }
 
 // New makes a reconciler for one bridge.
@@ -494,6 +497,9 @@ func (r *Reconciler) syncLocked(ctx context.Context, scope []*ownerState, maskOl
 		err := r.send(ctx, p)
 		if err == nil {
 			res.Stats.add(p.stats)
+			if res.Repaired != nil {
+				p.attribute(res.Repaired)
+			}
 			if p.rebuilds {
 				res.Rebuilt = true
 			}
@@ -518,7 +524,7 @@ func (r *Reconciler) syncLocked(ctx context.Context, scope []*ownerState, maskOl
 func (r *Reconciler) Resync(ctx context.Context) (Result, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	res := Result{Failed: map[Owner]error{}}
+	res := Result{Failed: map[Owner]error{}, Repaired: map[Owner]SyncStats{}}
 	if _, err := r.loadLocked(ctx); err != nil {
 		return res, err
 	}

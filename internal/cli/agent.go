@@ -8,6 +8,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"syscall"
+	"time"
 
 	"github.com/ofsdn/ofsdn/agent"
 	"github.com/ofsdn/ofsdn/internal/kubeconfig"
@@ -36,6 +37,10 @@ func Agent(args []string) int {
 	fs.StringVar(&cfg.PluginBinary, "cni-plugin", defaultPlugin(), "plugin binary to install")
 	fs.DurationVar(&cfg.AbsentPodGrace, "absent-pod-grace", agent.DefaultAbsentPodGrace,
 		"how long after its ADD an attached pod may be missing from the API before its attachment is released (static pods get their mirror late)")
+	fs.StringVar(&cfg.MetricsAddress, "metrics-address", ":9101", "address of /metrics, /healthz and /readyz (empty: not served)")
+	fs.StringVar(&cfg.DebugAddress, "debug-address", "", "address of the read-only debug API flowctl reaches through the API server's node proxy, e.g. $(HOST_IP):9103 (empty: not served)")
+	fs.StringVar(&cfg.DebugSocket, "debug-socket", "", "unix socket of the debug API for flowctl on the node (default <ovs-rundir>/<bridge>.ofsdn.sock; - : not served)")
+	fs.DurationVar(&cfg.ResyncPeriod, "drift-check-period", 5*time.Minute, "how often to compare br0 with the desired flows and repair what differs")
 	fs.BoolVar(&showVersion, "version", false, "print the version and exit")
 	_ = fs.Parse(args) // ExitOnError
 	if showVersion {

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -16,6 +17,9 @@ func Flowctl(args []string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := flowctl.Main(ctx, args, os.Stdout, os.Stderr); err != nil {
+		if errors.Is(err, flowctl.ErrDifferences) {
+			return 1 // as diff(1): the report says what differs
+		}
 		fmt.Fprintln(os.Stderr, "flowctl:", err)
 		return 1
 	}

@@ -1,0 +1,320 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+
+	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
+	"github.com/ofsdn/ofsdn/debugapi"
+	"github.com/ofsdn/ofsdn/flows/openflow"
+	"github.com/ofsdn/ofsdn/flows/pipeline"
+	"github.com/ofsdn/ofsdn/flows/reconcile"
+	"github.com/ofsdn/ofsdn/flows/trace"
+	"github.com/ofsdn/ofsdn/ofswitch"
+	"github.com/ofsdn/ofsdn/ovsdb"
+	"github.com/ofsdn/ofsdn/unixctl"
+)
+
+// The agent's observability: the metrics and health server, and the read-only debug API flowctl asks
+// (debugapi/), served on a root-only unix socket and, for flowctl through the API server's node proxy,
+// on a TCP port of the node.
+
+// DefaultDebugSocket is where the agent serves its debug API on the node: beside the bridge's OpenFlow
+// management socket and owner index, so flowctl --rundir finds all three.
+func DefaultDebugSocket(ovsRunDir, bridge string) string {
+	return filepath.Join(ovsRunDir, bridge+".ofsdn.sock")
+}
+
+// serveObservability binds the metrics and debug listeners and serves them until ctx ends. It is the
+// first start-up step: liveness answers while the rest starts, and a port taken is a clear error.
+func (a *Agent) serveObservability(ctx context.Context) error {
+	logErr := func(what string) func(error) {
+		return func(err error) { a.log.Error(err, "serving "+what) }
+	}
+	if a.cfg.MetricsAddress != "" {
+		ln, err := net.Listen("tcp", a.cfg.MetricsAddress)
+		if err != nil {
+			return fmt.Errorf("metrics and health: %w", err)
+		}
+		serveHTTP(ctx, ln, a.metricsHandler(), logErr("metrics"))
+		a.log.Info("serving /metrics, /healthz and /readyz", "address", ln.Addr().String())
+	}
+	api := debugapi.Handler(debugBackend{a}, a.log.WithName("debug-api"))
+	if a.cfg.DebugSocket != "" && a.cfg.DebugSocket != "-" {
+		ln, err := listenUnix(a.cfg.DebugSocket)
+		if err != nil {
+			return fmt.Errorf("debug API: %w", err)
+		}
+		serveHTTP(ctx, ln, api, logErr("the debug API"))
+		context.AfterFunc(ctx, func() { _ = os.Remove(a.cfg.DebugSocket) })
+	}
+	if a.cfg.DebugAddress != "" {
+		ln, err := net.Listen("tcp", a.cfg.DebugAddress)
+		if err != nil {
+			return fmt.Errorf("debug API: %w", err)
+		}
+		serveHTTP(ctx, ln, api, logErr("the debug API"))
+		a.log.Info("serving the read-only debug API", "address", ln.Addr().String(), "socket", a.cfg.DebugSocket)
+	}
+	return nil
+}
+
+// listenUnix listens on a socket only root may open, replacing a stale one.
+func listenUnix(path string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, err
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		ln.Close()
+		return nil, err
+	}
+	return ln, nil
+}
+
+// setSession gives health and the state gauges the bridge's sessions once they exist.
+func (h *health) setSession(sess *ofswitch.Session, r *reconcile.Reconciler, db *ovsdb.Client) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.sess, h.recon, h.db = sess, r, db
+	h.openflowUp = sess.Connected
+	if db != nil {
+		h.ovsdbUp = db.Connected
+	}
+}
+
+// parts returns what setSession gave (nil before).
+func (h *health) parts() (*ofswitch.Session, *reconcile.Reconciler, *ovsdb.Client) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.sess, h.recon, h.db
+}
+
+// readiness is the CNI STATUS answer: the agent's readiness where there is an agent, else the view's.
+func (p *podNetwork) readiness() error {
+	if p.sync != nil && p.sync.health != nil {
+		return p.sync.health.Ready()
+	}
+	return p.view.ready()
+}
+
+// counts reads the state gauges.
+func (a *Agent) counts() nodeCounts {
+	n := nodeCounts{Flows: map[reconcile.Category]int{}, Groups: map[reconcile.Category]int{}}
+	sess, r, db := a.health.parts()
+	if r != nil {
+		for cat, c := range r.Counts() {
+			n.Flows[cat], n.Groups[cat] = c.Flows, c.Groups
+		}
+	}
+	if sess != nil {
+		n.OpenFlowUp, n.OpenFlowConnections = sess.Connected(), 1+sess.Reconnects()
+	}
+	if db != nil {
+		n.OVSDBUp = db.Connected()
+	}
+	a.view.mu.Lock()
+	n.Pods, n.Services = len(a.view.pods), len(a.view.services)
+	for name := range a.view.remote {
+		if name != a.view.nodeName {
+			n.RemoteNodes++
+		}
+	}
+	a.view.mu.Unlock()
+	n.Ready = a.health.Ready() == nil
+	return n
+}
+
+// repairedOwners lists the owners a resync repaired with what it sent each, for the log.
+func repairedOwners(m map[reconcile.Owner]reconcile.SyncStats) []string {
+	out := make([]string, 0, len(m))
+	for _, o := range reconcile.SortedOwnerKeys(m) {
+		st := m[o]
+		var parts []string
+		for _, c := range []struct {
+			n    int
+			what string
+		}{{st.FlowAdds, "+%d flows"}, {st.FlowModifies, "~%d flows"}, {st.FlowDeletes, "-%d flows"},
+			{st.GroupAdds, "+%d groups"}, {st.GroupModifies, "~%d groups"}, {st.GroupDeletes, "-%d groups"}} {
+			if c.n > 0 {
+				parts = append(parts, fmt.Sprintf(c.what, c.n))
+			}
+		}
+		out = append(out, o.String()+" ("+strings.Join(parts, ", ")+")")
+	}
+	return out
+}
+
+// debugBackend answers the debug API from the agent.
+type debugBackend struct{ a *Agent }
+
+func (d debugBackend) running() (*ofswitch.Session, *reconcile.Reconciler, error) {
+	sess, r, _ := d.a.health.parts()
+	if sess == nil || r == nil {
+		return nil, nil, fmt.Errorf("%w: the agent has not opened the bridge (start-up step: %s)", debugapi.ErrUnavailable, d.a.health.currentStep())
+	}
+	return sess, r, nil
+}
+
+func (d debugBackend) Node(ctx context.Context) (*debugapi.NodeInfo, error) {
+	a := d.a
+	if err := a.view.ready(); err != nil {
+		return nil, fmt.Errorf("%w: %v", debugapi.ErrUnavailable, err)
+	}
+	st, _, _ := a.view.snapshot()
+	info := &debugapi.NodeInfo{Name: st.NodeName, Bridge: a.cfg.Bridge, NodeIP: st.NodeIP, Subnet: st.LocalSubnet,
+		Gateway: pipeline.Gateway(st.LocalSubnet), Mode: string(st.Mode), ClusterNetworks: st.ClusterNetworks,
+		Round: a.round, PipelineVersion: pipeline.PipelineVersion, NodePortAddress: pipeline.ServiceNodePortIP,
+		VNIDs: map[string]uint32{}}
+	if cn, err := a.netInformers.Network().V1().ClusterNetworks().Lister().Get(networkv1.ClusterNetworkName); err == nil {
+		if sn, err := netip.ParsePrefix(string(cn.Spec.ServiceNetwork)); err == nil {
+			info.ServiceNetwork = sn
+		}
+	}
+	a.view.mu.Lock()
+	for ns, v := range a.view.vnids {
+		info.VNIDs[ns] = v
+	}
+	a.view.mu.Unlock()
+	for _, p := range st.Pods {
+		info.Pods = append(info.Pods, debugapi.Pod{Namespace: p.Namespace, Name: p.Name, IP: p.IP, MAC: p.MAC.String(), OFPort: p.OFPort, VNID: p.VNID})
+	}
+	for _, n := range st.RemoteNodes {
+		info.RemoteNodes = append(info.RemoteNodes, debugapi.RemoteNode{Name: n.Name, NodeIP: n.NodeIP, Subnet: n.Subnet})
+	}
+	for _, s := range st.Services {
+		svc := debugapi.Service{Namespace: s.Namespace, Name: s.Name, ClusterIP: s.ClusterIP, Affinity: s.AffinityTimeout > 0,
+			ExternalLocal: s.ExternalLocal, InternalLocal: s.InternalLocal}
+		for _, p := range s.Ports {
+			sp := debugapi.ServicePort{Name: p.Name, Protocol: openflow.ProtoName(p.Protocol), Port: p.Port, NodePort: p.NodePort,
+				Owner: pipeline.ServicePortOwner(s, p).String()}
+			for _, e := range p.Endpoints {
+				sp.Endpoints = append(sp.Endpoints, debugapi.Endpoint{IP: e.IP, Port: e.Port, Ready: e.Ready && !e.Terminating, Node: e.NodeName})
+			}
+			svc.Ports = append(svc.Ports, sp)
+		}
+		info.Services = append(info.Services, svc)
+	}
+	sort.Slice(info.Services, func(i, j int) bool {
+		return info.Services[i].Namespace+"/"+info.Services[i].Name < info.Services[j].Namespace+"/"+info.Services[j].Name
+	})
+	if _, r, _ := a.health.parts(); r != nil {
+		for _, o := range r.Owners() {
+			info.Owners = append(info.Owners, o.String())
+		}
+	}
+	if a.deps.DB != nil {
+		ports, err := a.deps.DB.ListPorts(ctx, a.cfg.Bridge)
+		if err != nil {
+			return nil, fmt.Errorf("ports of %s: %w", a.cfg.Bridge, err)
+		}
+		for _, p := range ports {
+			port := debugapi.Port{Name: p.Name, Type: p.Type, OFPort: p.OFPort, MAC: p.MAC, Error: p.Error}
+			if ns, name := p.ExternalIDs[extPodNamespace], p.ExternalIDs[extPodName]; ns != "" && name != "" {
+				port.Pod = podKey(ns, name)
+			}
+			if ip, err := netip.ParseAddr(p.ExternalIDs[extIP]); err == nil {
+				port.IP = ip
+			}
+			info.Ports = append(info.Ports, port)
+		}
+	}
+	return info, nil
+}
+
+func (d debugBackend) Desired(context.Context) (*debugapi.Desired, error) {
+	_, r, err := d.running()
+	if err != nil {
+		return nil, err
+	}
+	desired := r.Desired()
+	out := &debugapi.Desired{Node: d.a.cfg.NodeName, Round: r.Round()}
+	for _, o := range reconcile.SortedOwnerKeys(desired) {
+		st := desired[o]
+		od := debugapi.OwnerDesired{Owner: o.String(), Cookie: reconcile.MakeCookie(r.Round(), o).String()}
+		for _, f := range st.Flows {
+			raw, err := openflow.EncodeFlowStats(f)
+			if err != nil {
+				return nil, fmt.Errorf("owner %s: %w", o, err)
+			}
+			od.Flows = append(od.Flows, debugapi.Entry{Text: f.String(), Raw: raw})
+		}
+		for _, g := range st.Groups {
+			raw, err := openflow.EncodeGroupDesc(g)
+			if err != nil {
+				return nil, fmt.Errorf("owner %s: %w", o, err)
+			}
+			od.Groups = append(od.Groups, debugapi.Entry{Text: g.String(), Raw: raw})
+		}
+		out.Owners = append(out.Owners, od)
+	}
+	return out, nil
+}
+
+func (d debugBackend) Diff(ctx context.Context) (*debugapi.Diff, error) {
+	_, r, err := d.running()
+	if err != nil {
+		return nil, err
+	}
+	rep, err := r.Drift(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := &debugapi.Diff{Node: d.a.cfg.NodeName, Bridge: d.a.cfg.Bridge, Round: rep.Round, DesiredFlows: rep.DesiredFlows,
+		DesiredGroups: rep.DesiredGroups, InstalledFlows: rep.InstalledFlows, InstalledGroups: rep.InstalledGroups,
+		Entries: []debugapi.DiffEntry{}}
+	for _, e := range rep.Entries {
+		out.Entries = append(out.Entries, debugapi.DiffEntry{Owner: e.Owner.String(), Kind: e.Kind, State: e.State,
+			Desired: e.Desired, Installed: e.Installed, Why: e.Why})
+	}
+	return out, nil
+}
+
+func (d debugBackend) Dump(ctx context.Context) (*debugapi.Dump, error) {
+	sess, r, err := d.running()
+	if err != nil {
+		return nil, err
+	}
+	sw := ofswitch.FlowsSwitch(sess)
+	flows, err := sw.DumpFlows(ctx, 0, 0)
+	if err != nil {
+		return nil, err
+	}
+	groups, err := sw.DumpGroups(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := &debugapi.Dump{Node: d.a.cfg.NodeName, Bridge: d.a.cfg.Bridge, Flows: flows, Groups: groups}
+	for _, o := range r.Owners() {
+		out.Owners = append(out.Owners, o.String())
+	}
+	return out, nil
+}
+
+func (d debugBackend) Trace(ctx context.Context, req debugapi.TraceRequest) (*debugapi.TraceResponse, error) {
+	for _, flags := range req.CtNext {
+		if _, err := trace.ParseCtFlags(flags.String()); err != nil {
+			return nil, err
+		}
+	}
+	args := trace.OVSArgs(d.a.cfg.Bridge, req.Packet, req.CtNext)
+	out, err := unixctl.New(d.a.cfg.OVSRunDir, "ovs-vswitchd").Call(ctx, "ofproto/trace", args...)
+	if err != nil {
+		return nil, err
+	}
+	return &debugapi.TraceResponse{Node: d.a.cfg.NodeName, Args: slices.Clone(args), Output: out}, nil
+}

@@ -1,0 +1,265 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ofsdn/ofsdn/flows/reconcile"
+	"github.com/ofsdn/ofsdn/ofswitch"
+	"github.com/ofsdn/ofsdn/ovsdb"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Liveness and readiness, as /healthz, /readyz and the CNI STATUS verb report them.
+//
+// Live (/healthz, the DaemonSet's liveness probe): the flow sync loop answers a ping between syncs
+// (a loop wedged on a lock or a call that never returns stops answering), and the OpenFlow and OVSDB
+// sessions are up, or have been down for less than ovsDownGrace (ovs-vswitchd restarting is normal:
+// the sessions reconnect and replay on their own). While the start-up steps run there is no loop to
+// ask yet, and the agent is live.
+//
+// Ready (/readyz, the readiness probe, and CNI STATUS): the first full sync is done (this round's
+// flows installed, the previous round's removed), the CNI server listens, both OVS sessions are up
+// and the node knows its subnet. Until then an ADD could not be served.
+const (
+	// loopStuckAfter: a flow sync loop that has not answered for this long is stuck.
+	loopStuckAfter = 2 * time.Minute
+	// ovsDownGrace: OVS sessions down this long make the agent not live.
+	ovsDownGrace = 60 * time.Second
+	// watchdogEvery is how often the loops are pinged and the sessions looked at.
+	watchdogEvery = 5 * time.Second
+)
+
+type health struct {
+	clock func() time.Time
+
+	// What the checks read, set once the agent has them (nil: not yet).
+	openflowUp func() bool
+	ovsdbUp    func() bool
+	viewReady  func() error
+	flowLoop   chan chan struct{} // the flow sync loop's ping channel
+
+	mu           sync.Mutex
+	sess         *ofswitch.Session // set once the bridge is open (setSession)
+	recon        *reconcile.Reconciler
+	db           *ovsdb.Client
+	step         string // the start-up step running, "" once every step is done
+	firstSync    bool
+	cniListening bool
+	loopsRunning time.Time // when the loops started (zero: not yet)
+	loopAnswered time.Time // the flow sync loop's last answer
+	ovsDownSince time.Time // zero while both sessions are up
+}
+
+func newHealth() *health { return &health{clock: time.Now, step: "starting"} }
+
+func (h *health) setStep(step string) {
+	h.mu.Lock()
+	h.step = step
+	h.mu.Unlock()
+}
+
+func (h *health) currentStep() string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.step
+}
+
+func (h *health) setFirstSync() {
+	h.mu.Lock()
+	h.firstSync = true
+	h.mu.Unlock()
+}
+
+func (h *health) setCNIListening(on bool) {
+	h.mu.Lock()
+	h.cniListening = on
+	h.mu.Unlock()
+}
+
+// check is one line of a health report.
+type check struct {
+	name string
+	err  error
+}
+
+func (h *health) ovsChecks() []check {
+	h.mu.Lock()
+	openflowUp, ovsdbUp := h.openflowUp, h.ovsdbUp
+	h.mu.Unlock()
+	var out []check
+	for _, s := range []struct {
+		name string
+		up   func() bool
+	}{{"openflow", openflowUp}, {"ovsdb", ovsdbUp}} {
+		var err error
+		if s.up == nil {
+			err = errors.New("not connected yet")
+		} else if !s.up() {
+			err = errors.New("session down")
+		}
+		out = append(out, check{s.name, err})
+	}
+	return out
+}
+
+// liveness reports the liveness checks.
+func (h *health) liveness() []check {
+	h.mu.Lock()
+	started, answered, downSince, step := h.loopsRunning, h.loopAnswered, h.ovsDownSince, h.step
+	h.mu.Unlock()
+	now := h.clock()
+	if started.IsZero() {
+		return []check{{"start-up", nil}, {"step: " + step, nil}}
+	}
+	var loop error
+	last := started
+	if answered.After(last) {
+		last = answered
+	}
+	if now.Sub(last) > loopStuckAfter {
+		loop = fmt.Errorf("the flow sync loop has not answered for %s", now.Sub(last).Round(time.Second))
+	}
+	out := []check{{"flow-sync-loop", loop}}
+	for _, c := range h.ovsChecks() {
+		if c.err != nil && !downSince.IsZero() && now.Sub(downSince) < ovsDownGrace {
+			c.err = nil // reconnecting: give it the grace period
+		} else if c.err != nil && !downSince.IsZero() {
+			c.err = fmt.Errorf("%w for %s", c.err, now.Sub(downSince).Round(time.Second))
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+// readiness reports the readiness checks.
+func (h *health) readiness() []check {
+	h.mu.Lock()
+	firstSync, listening, step := h.firstSync, h.cniListening, h.step
+	h.mu.Unlock()
+	var syncErr, cniErr, viewErr error
+	if !firstSync {
+		syncErr = fmt.Errorf("first full sync not done (start-up step: %s)", step)
+	}
+	if !listening {
+		cniErr = errors.New("CNI server not listening")
+	}
+	if h.viewReady != nil {
+		viewErr = h.viewReady()
+	} else {
+		viewErr = errors.New("no node view yet")
+	}
+	return append([]check{{"first-sync", syncErr}, {"cni-server", cniErr}, {"node", viewErr}}, h.ovsChecks()...)
+}
+
+// failed joins the errors of a report (nil: every check passed).
+func failed(checks []check) error {
+	var errs []error
+	for _, c := range checks {
+		if c.err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", c.name, c.err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Ready is nil when the agent can serve ADDs: what /readyz and CNI STATUS say.
+func (h *health) Ready() error { return failed(h.readiness()) }
+
+// watch pings the flow sync loop and watches the OVS sessions until ctx ends. Call it once the loops run.
+func (h *health) watch(ctx context.Context) {
+	h.mu.Lock()
+	h.loopsRunning = h.clock()
+	h.mu.Unlock()
+	t := time.NewTicker(watchdogEvery)
+	defer t.Stop()
+	var pong chan struct{}
+	for {
+		// One ping in flight at a time: a stuck loop is not sent a pile of them.
+		if pong == nil && h.flowLoop != nil {
+			p := make(chan struct{})
+			select {
+			case h.flowLoop <- p:
+				pong = p
+			default:
+			}
+		}
+		var answered <-chan struct{}
+		if pong != nil {
+			answered = pong
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-answered:
+			h.mu.Lock()
+			h.loopAnswered = h.clock()
+			h.mu.Unlock()
+			pong = nil
+			continue
+		case <-t.C:
+		}
+		down := failed(h.ovsChecks()) != nil
+		h.mu.Lock()
+		switch {
+		case down && h.ovsDownSince.IsZero():
+			h.ovsDownSince = h.clock()
+		case !down:
+			h.ovsDownSince = time.Time{}
+		}
+		h.mu.Unlock()
+	}
+}
+
+// serveChecks writes a report as Kubernetes components do ("[+]name ok" / "[-]name failed: why").
+func serveChecks(w http.ResponseWriter, what string, checks []check) {
+	var b strings.Builder
+	err := failed(checks)
+	for _, c := range checks {
+		if c.err != nil {
+			fmt.Fprintf(&b, "[-]%s failed: %v\n", c.name, c.err)
+		} else {
+			fmt.Fprintf(&b, "[+]%s ok\n", c.name)
+		}
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	if err != nil {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		fmt.Fprintf(&b, "%s check failed\n", what)
+	} else {
+		fmt.Fprintf(&b, "%s check passed\n", what)
+	}
+	_, _ = w.Write([]byte(b.String()))
+}
+
+// metricsHandler serves /metrics, /healthz and /readyz.
+func (a *Agent) metricsHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(a.metrics.Registry, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { serveChecks(w, "healthz", a.health.liveness()) })
+	mux.HandleFunc("/livez", func(w http.ResponseWriter, _ *http.Request) { serveChecks(w, "livez", a.health.liveness()) })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) { serveChecks(w, "readyz", a.health.readiness()) })
+	return mux
+}
+
+// serveHTTP serves handler on an already bound listener until ctx ends.
+func serveHTTP(ctx context.Context, ln net.Listener, handler http.Handler, log func(error)) {
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second}
+	context.AfterFunc(ctx, func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	})
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log(err)
+		}
+	}()
+}

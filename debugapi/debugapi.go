@@ -1,0 +1,182 @@
+// Package debugapi is the node agent's read-only debug API, what flowctl asks a node: the node's view
+// (its pods with their OpenFlow ports and MACs from OVSDB, tenants, services, remote nodes), the flows
+// and groups the agent wants on br0 by owner, a drift report (what differs between those and br0),
+// the bridge's flows and groups, and ofproto/trace runs on the node's ovs-vswitchd.
+//
+// Nothing in it changes anything. The agent serves it over HTTP on a root-only unix socket on the node
+// (<ovs-rundir>/<bridge>.ofsdn.sock) and, for flowctl elsewhere, on a TCP port of the node that flowctl
+// reaches through the API server's node proxy (/api/v1/nodes/<node>:<port>/proxy/...), which needs the
+// nodes/proxy permission a cluster admin has. Traces run one at a time per node and bodies are
+// bounded, so the API cannot load ovs-vswitchd.
+package debugapi
+
+import (
+	"net/netip"
+
+	"github.com/ofsdn/ofsdn/flows/trace"
+)
+
+// Prefix is where every endpoint lives.
+const Prefix = "/debug/ofsdn/v1/"
+
+// Endpoints (GET unless said otherwise).
+const (
+	PathNode    = Prefix + "node"    // NodeInfo
+	PathDesired = Prefix + "desired" // Desired
+	PathDiff    = Prefix + "diff"    // Diff
+	PathDump    = Prefix + "dump"    // Dump
+	PathTrace   = Prefix + "trace"   // POST TraceRequest → TraceResponse
+)
+
+// NodeInfo is a node as its agent sees it: what its flows are rendered from, plus its bridge's ports
+// as OVSDB lists them.
+type NodeInfo struct {
+	Name            string         `json:"name"`
+	Bridge          string         `json:"bridge"`
+	NodeIP          netip.Addr     `json:"nodeIP"`
+	Subnet          netip.Prefix   `json:"subnet"`
+	Gateway         netip.Addr     `json:"gateway"`
+	Mode            string         `json:"mode"`
+	ClusterNetworks []netip.Prefix `json:"clusterNetworks"`
+	ServiceNetwork  netip.Prefix   `json:"serviceNetwork,omitzero"`
+	Round           uint16         `json:"round"`
+	PipelineVersion uint32         `json:"pipelineVersion"`
+	// Ports are the bridge's ports from OVSDB (tun0, vxlan0, the pods' veths).
+	Ports []Port `json:"ports"`
+	// Pods are the local pods the agent renders, with their tenant.
+	Pods        []Pod             `json:"pods"`
+	RemoteNodes []RemoteNode      `json:"remoteNodes"`
+	VNIDs       map[string]uint32 `json:"vnids"` // namespace → VNID (NetNamespaces)
+	Services    []Service         `json:"services"`
+	// NodePortAddress is where the host forwards NodePorts into br0 (nf_tables DNAT).
+	NodePortAddress netip.Addr `json:"nodePortAddress"`
+	// Owners are the owner keys the agent has flows for: they name cookies (reconcile.OwnerIndex).
+	Owners []string `json:"owners"`
+}
+
+// Port is one port of the bridge.
+type Port struct {
+	Name   string     `json:"name"`
+	Type   string     `json:"type,omitempty"`
+	OFPort int        `json:"ofport"`
+	MAC    string     `json:"mac,omitempty"`
+	Pod    string     `json:"pod,omitempty"` // namespace/name of the pod it attaches
+	IP     netip.Addr `json:"ip,omitzero"`   // the pod's address
+	Error  string     `json:"error,omitempty"`
+}
+
+// Pod is a local pod as the agent renders it.
+type Pod struct {
+	Namespace string     `json:"namespace"`
+	Name      string     `json:"name"`
+	IP        netip.Addr `json:"ip"`
+	MAC       string     `json:"mac"`
+	OFPort    uint32     `json:"ofport"`
+	VNID      uint32     `json:"vnid"`
+}
+
+// RemoteNode is another node this one tunnels to.
+type RemoteNode struct {
+	Name   string       `json:"name"`
+	NodeIP netip.Addr   `json:"nodeIP"`
+	Subnet netip.Prefix `json:"subnet"`
+}
+
+// Service is a service the node load-balances.
+type Service struct {
+	Namespace string        `json:"namespace"`
+	Name      string        `json:"name"`
+	ClusterIP netip.Addr    `json:"clusterIP"`
+	Ports     []ServicePort `json:"ports"`
+	Affinity  bool          `json:"affinity,omitempty"`
+	// ExternalLocal: externalTrafficPolicy Local (NodePorts keep the client's address, local
+	// endpoints only); otherwise the host masquerades NodePort traffic to the gateway address.
+	ExternalLocal bool `json:"externalLocal,omitempty"`
+	InternalLocal bool `json:"internalLocal,omitempty"`
+}
+
+// ServicePort is one port of a service and its endpoints.
+type ServicePort struct {
+	Name      string     `json:"name,omitempty"`
+	Protocol  string     `json:"protocol"`
+	Port      uint16     `json:"port"`
+	NodePort  uint16     `json:"nodePort,omitempty"`
+	Owner     string     `json:"owner"` // svc/ns/name:port, the owner of its flows
+	Endpoints []Endpoint `json:"endpoints"`
+}
+
+// Endpoint is one endpoint of a service port.
+type Endpoint struct {
+	IP    netip.Addr `json:"ip"`
+	Port  uint16     `json:"port"`
+	Ready bool       `json:"ready"`
+	Node  string     `json:"node,omitempty"`
+}
+
+// Entry is one flow or group: as ovs-ofctl prints it, and its wire encoding (an ofp_flow_stats or
+// ofp_group_desc entry) for a lossless copy.
+type Entry struct {
+	Text string `json:"text"`
+	Raw  []byte `json:"raw"`
+}
+
+// Desired is every owner's desired flows and groups.
+type Desired struct {
+	Node   string         `json:"node"`
+	Round  uint16         `json:"round"`
+	Owners []OwnerDesired `json:"owners"`
+}
+
+// OwnerDesired is one owner's share of the desired state.
+type OwnerDesired struct {
+	Owner  string  `json:"owner"`
+	Cookie string  `json:"cookie"`
+	Flows  []Entry `json:"flows"`
+	Groups []Entry `json:"groups,omitempty"`
+}
+
+// Diff is the difference between the desired state and the bridge: what a resync would repair.
+type Diff struct {
+	Node            string      `json:"node"`
+	Bridge          string      `json:"bridge"`
+	Round           uint16      `json:"round"`
+	DesiredFlows    int         `json:"desiredFlows"`
+	DesiredGroups   int         `json:"desiredGroups"`
+	InstalledFlows  int         `json:"installedFlows"`
+	InstalledGroups int         `json:"installedGroups"`
+	Entries         []DiffEntry `json:"entries"`
+}
+
+// DiffEntry is one flow or group that differs.
+type DiffEntry struct {
+	Owner     string `json:"owner"`
+	Kind      string `json:"kind"`  // flow or group
+	State     string `json:"state"` // missing, unexpected or different
+	Desired   string `json:"desired,omitempty"`
+	Installed string `json:"installed,omitempty"`
+	Why       string `json:"why,omitempty"`
+}
+
+// Dump is the bridge's flows and groups as the switch returns them, plus the owner index that names
+// cookies.
+type Dump struct {
+	Node   string   `json:"node"`
+	Bridge string   `json:"bridge"`
+	Flows  [][]byte `json:"flows"`  // ofp_flow_stats entries
+	Groups [][]byte `json:"groups"` // ofp_group_desc entries
+	Owners []string `json:"owners"` // every owner key the agent knows (reconcile.OwnerIndex)
+}
+
+// TraceRequest asks the node's ovs-vswitchd to trace a packet through its bridge.
+type TraceRequest struct {
+	Packet trace.Packet `json:"packet"`
+	// CtNext are the ct_state flags each successive conntrack recirculation resumes with (--ct-next).
+	CtNext []trace.CtFlags `json:"ctNext,omitempty"`
+}
+
+// TraceResponse is ofproto/trace's answer.
+type TraceResponse struct {
+	Node   string   `json:"node"`
+	Args   []string `json:"args"`   // the unixctl parameters sent
+	Output string   `json:"output"` // ofproto/trace's text
+}

@@ -1,0 +1,72 @@
+package flowctl
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/ofsdn/ofsdn/debugapi"
+	"k8s.io/client-go/rest"
+)
+
+// How flowctl reaches nodes (README, "flowctl"): on a node, the agent's debug API on its unix socket
+// beside the bridge (<rundir>/<bridge>.ofsdn.sock) and Open vSwitch's own sockets in the run
+// directory; any other node through the API server's node proxy, /api/v1/nodes/<node>:<port>/proxy/,
+// to the debug API the agent serves on the node's address. The proxy needs get on nodes/proxy, which a
+// cluster admin has; nothing else is asked of the cluster, and the API never changes anything.
+
+// DefaultAgentPort is the port of the agents' debug API (deploy/agent/daemonset.yaml, --debug-address).
+const DefaultAgentPort = 9103
+
+// nodeFlags are the flags that say which node's agent to ask.
+type nodeFlags struct {
+	rundir, bridge, socket string
+	node, kubeconfig       string
+	port                   int
+}
+
+// register adds the flags; withNode adds --node (trace finds its nodes itself).
+func (n *nodeFlags) register(fs *flag.FlagSet, withNode bool) {
+	fs.StringVar(&n.rundir, "rundir", defaultRunDir(), "Open vSwitch run directory on this node (holds <bridge>.mgmt and the agent's <bridge>.ofsdn.sock)")
+	fs.StringVar(&n.bridge, "bridge", "br0", "bridge name")
+	fs.StringVar(&n.socket, "socket", "", "the agent's debug socket (default <rundir>/<bridge>.ofsdn.sock)")
+	if withNode {
+		fs.StringVar(&n.node, "node", "", "ask this node's agent through the API server's node proxy instead of the local one")
+	}
+	fs.StringVar(&n.kubeconfig, "kubeconfig", "", "kubeconfig for --node and names (default: $KUBECONFIG, else in-cluster)")
+	fs.IntVar(&n.port, "agent-port", DefaultAgentPort, "port of the agents' debug API (the node proxy connects to it)")
+}
+
+func (n *nodeFlags) socketPath() string {
+	if n.socket != "" {
+		return n.socket
+	}
+	return filepath.Join(n.rundir, n.bridge+".ofsdn.sock")
+}
+
+// local is the agent on this node.
+func (n *nodeFlags) local() (*debugapi.Client, error) {
+	path := n.socketPath()
+	if _, err := os.Stat(path); err != nil {
+		return nil, fmt.Errorf("no ofsdn agent debug socket at %s (is the agent running on this node? use --rundir, or --node NAME to go through the API server): %w", path, err)
+	}
+	return debugapi.NewSocketClient(path), nil
+}
+
+// remote is node's agent through the API server.
+func (n *nodeFlags) remote(cfg *rest.Config, node string) (*debugapi.Client, error) {
+	return debugapi.NewNodeProxyClient(cfg, node, n.port)
+}
+
+// agent is the agent --node names, else the local one.
+func (n *nodeFlags) agent() (*debugapi.Client, error) {
+	if n.node == "" {
+		return n.local()
+	}
+	cfg, err := restConfig(n.kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	return n.remote(cfg, n.node)
+}

@@ -1,0 +1,273 @@
+package flowctl
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/ofsdn/ofsdn/debugapi"
+	"github.com/ofsdn/ofsdn/flows/openflow"
+	"github.com/ofsdn/ofsdn/flows/pipeline"
+	"github.com/ofsdn/ofsdn/flows/reconcile"
+)
+
+// A two-node cluster rendered in pure Go, saved as the JSON dumps flowctl dump writes: flowctl trace
+// --dump answers from them with the offline evaluator (the same evaluator real-OVS tests hold to
+// ofproto/trace: flows/trace). The verdicts expected here are the pipeline's intent; the golden files
+// pin the output format.
+
+var (
+	n1IP, n2IP     = netip.MustParseAddr("198.51.100.11"), netip.MustParseAddr("198.51.100.12")
+	n1Net, n2Net   = netip.MustParsePrefix("10.128.0.0/23"), netip.MustParsePrefix("10.128.2.0/23")
+	clusterNet     = netip.MustParsePrefix("10.128.0.0/14")
+	serviceNet     = netip.MustParsePrefix("172.30.0.0/16")
+	traceVNIDs     = map[string]uint32{"blue": 12, "red": 14, "default": 0}
+	testRound      = uint16(7)
+	webClusterIP   = netip.MustParseAddr("172.30.0.10")
+	emptyClusterIP = netip.MustParseAddr("172.30.0.11")
+)
+
+type testPod struct {
+	ns, name string
+	ip       netip.Addr
+	port     uint32
+}
+
+func podMAC(ip netip.Addr) net.HardwareAddr { return net.HardwareAddr(macOfIP(ip)) }
+
+// writeNodeDump renders one node and writes its dump file.
+func writeNodeDump(t *testing.T, dir, name string, nodeIP netip.Addr, subnet netip.Prefix, peer debugapi.RemoteNode, mode pipeline.Mode,
+	pods []testPod, services []pipeline.ServiceState, policies []pipeline.PolicyState) string {
+	t.Helper()
+	st := pipeline.NodeState{Mode: mode, NodeName: name, NodeIP: nodeIP, LocalSubnet: subnet, ClusterNetworks: []netip.Prefix{clusterNet},
+		RemoteNodes:       []pipeline.RemoteNode{{Name: peer.Name, NodeIP: peer.NodeIP, Subnet: peer.Subnet}},
+		NodePortAddresses: []netip.Addr{pipeline.ServiceNodePortIP}, Services: services, Policies: policies}
+	info := &debugapi.NodeInfo{Name: name, Bridge: "br0", NodeIP: nodeIP, Subnet: subnet, Gateway: pipeline.Gateway(subnet), Mode: string(mode),
+		ClusterNetworks: []netip.Prefix{clusterNet}, ServiceNetwork: serviceNet, Round: testRound, PipelineVersion: pipeline.PipelineVersion,
+		RemoteNodes: []debugapi.RemoteNode{peer}, VNIDs: traceVNIDs, NodePortAddress: pipeline.ServiceNodePortIP,
+		Ports: []debugapi.Port{{Name: "tun0", Type: "internal", OFPort: 2, MAC: "0a:58:ff:00:00:02"}, {Name: "vxlan0", Type: "vxlan", OFPort: 1}}}
+	for _, p := range pods {
+		vnid := traceVNIDs[p.ns]
+		if mode != pipeline.ModeMultitenant {
+			vnid = 0
+		}
+		isolated := false
+		for _, pol := range policies {
+			for _, pp := range pol.Pods {
+				isolated = isolated || pp.OFPort == p.port
+			}
+		}
+		st.Pods = append(st.Pods, pipeline.PodState{Namespace: p.ns, Name: p.name, IP: p.ip, MAC: podMAC(p.ip), OFPort: p.port, VNID: vnid, IngressIsolated: isolated})
+		info.Pods = append(info.Pods, debugapi.Pod{Namespace: p.ns, Name: p.name, IP: p.ip, MAC: podMAC(p.ip).String(), OFPort: p.port, VNID: vnid})
+		info.Ports = append(info.Ports, debugapi.Port{Name: "veth" + p.name, OFPort: int(p.port), MAC: "0a:58:ee:00:00:01", Pod: p.ns + "/" + p.name, IP: p.ip})
+	}
+	for _, s := range services {
+		svc := debugapi.Service{Namespace: s.Namespace, Name: s.Name, ClusterIP: s.ClusterIP}
+		for _, p := range s.Ports {
+			sp := debugapi.ServicePort{Name: p.Name, Protocol: openflow.ProtoName(p.Protocol), Port: p.Port, NodePort: p.NodePort,
+				Owner: pipeline.ServicePortOwner(s, p).String()}
+			for _, e := range p.Endpoints {
+				sp.Endpoints = append(sp.Endpoints, debugapi.Endpoint{IP: e.IP, Port: e.Port, Ready: e.Ready, Node: e.NodeName})
+			}
+			svc.Ports = append(svc.Ports, sp)
+		}
+		info.Services = append(info.Services, svc)
+	}
+	owners, err := pipeline.Render(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := Dump{Bridge: "br0", Node: info}
+	for _, o := range reconcile.SortedOwnerKeys(owners) {
+		d.Owners = append(d.Owners, o.String())
+		info.Owners = append(info.Owners, o.String())
+		for _, f := range owners[o].Flows {
+			f.Cookie = uint64(reconcile.MakeCookie(testRound, o))
+			raw, err := openflow.EncodeFlowStats(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			d.Flows = append(d.Flows, DumpedFlow{Table: f.Table, Priority: f.Priority, Flow: f.String(), Raw: raw})
+		}
+		for _, g := range owners[o].Groups {
+			raw, err := openflow.EncodeGroupDesc(g)
+			if err != nil {
+				t.Fatal(err)
+			}
+			d.Groups, d.RawGroups = append(d.Groups, g.String()), append(d.RawGroups, raw)
+		}
+	}
+	data, err := json.Marshal(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, name+".json")
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// twoNodes writes dumps of n1 and n2 in a mode: blue/a, blue/a2, red/b, default/g on n1; blue/c on
+// n2; service blue/web (endpoints a and c, NodePort 30080) and blue/empty (none); in networkpolicy
+// mode, policy blue/web-80 lets only TCP 80 into a.
+func twoNodes(t *testing.T, mode pipeline.Mode) []string {
+	dir := t.TempDir()
+	a, a2, b, g := netip.MustParseAddr("10.128.0.3"), netip.MustParseAddr("10.128.0.4"), netip.MustParseAddr("10.128.0.5"), netip.MustParseAddr("10.128.0.6")
+	c := netip.MustParseAddr("10.128.2.3")
+	eps := []pipeline.Endpoint{{IP: a, Port: 8080, Ready: true, Local: true, NodeName: "n1"}, {IP: c, Port: 8080, Ready: true, NodeName: "n2"}}
+	services := func(local string) []pipeline.ServiceState {
+		e := append([]pipeline.Endpoint(nil), eps...)
+		for i := range e {
+			e[i].Local = e[i].NodeName == local
+		}
+		return []pipeline.ServiceState{
+			{Namespace: "blue", Name: "web", ClusterIP: webClusterIP, Ports: []pipeline.ServicePort{{Name: "http", Protocol: openflow.IPProtoTCP, Port: 80, NodePort: 30080, Endpoints: e}}},
+			{Namespace: "blue", Name: "empty", ClusterIP: emptyClusterIP, Ports: []pipeline.ServicePort{{Protocol: openflow.IPProtoTCP, Port: 80}}},
+		}
+	}
+	var pol1, pol2 []pipeline.PolicyState
+	if mode == pipeline.ModeNetworkPolicy {
+		pol1 = []pipeline.PolicyState{{Namespace: "blue", Name: "web-80", Ingress: true, Pods: []pipeline.PolicyPod{{OFPort: 3}},
+			IngressRules: []pipeline.PolicyRule{{AllPeers: true, Ports: []pipeline.PolicyPort{{Protocol: openflow.IPProtoTCP, Port: 80}}}}}}
+	}
+	return []string{
+		writeNodeDump(t, dir, "n1", n1IP, n1Net, debugapi.RemoteNode{Name: "n2", NodeIP: n2IP, Subnet: n2Net}, mode,
+			[]testPod{{"blue", "a", a, 3}, {"blue", "a2", a2, 4}, {"red", "b", b, 5}, {"default", "g", g, 6}}, services("n1"), pol1),
+		writeNodeDump(t, dir, "n2", n2IP, n2Net, debugapi.RemoteNode{Name: "n1", NodeIP: n1IP, Subnet: n1Net}, mode,
+			[]testPod{{"blue", "c", c, 3}}, services("n2"), pol2),
+	}
+}
+
+// TestTraceOffline: every question of the list, answered from dumps, with the verdict the
+// pipeline intends; text and JSON outputs are golden.
+func TestTraceOffline(t *testing.T) {
+	ctx := context.Background()
+	multi, np := twoNodes(t, pipeline.ModeMultitenant), twoNodes(t, pipeline.ModeNetworkPolicy)
+	cases := []struct {
+		name  string
+		dumps []string
+		o     TraceOptions
+		kind  string
+		says  []string // the verdict names these
+		hops  int
+	}{
+		{"same-node", multi, TraceOptions{Src: "blue/a", Dst: "blue/a2", Port: 8080}, VerdictDelivered, []string{"blue/a2", "node n1"}, 1},
+		{"cross-node", multi, TraceOptions{Src: "blue/a", Dst: "blue/c", Port: 8080}, VerdictDelivered, []string{"blue/c", "node n2"}, 2},
+		{"tenant-deny", multi, TraceOptions{Src: "blue/a", Dst: "red/b", Port: 8080}, VerdictDropped,
+			[]string{"table 80 ingress-isolation", "tenant VNID 12 (blue) may not reach VNID 14 (red)"}, 1},
+		{"global", multi, TraceOptions{Src: "default/g", Dst: "red/b", Port: 8080}, VerdictDelivered, []string{"red/b"}, 1},
+		{"spoofed", multi, TraceOptions{Src: "blue/a", Dst: "blue/a2", Port: 8080, SpoofIP: netip.MustParseAddr("10.128.0.5")}, VerdictDropped,
+			[]string{"table 20 pod-ingress", "anti-spoofing"}, 1},
+		{"service-local-endpoint", multi, TraceOptions{Src: "red/b", Dst: "svc/blue/web", Endpoint: "10.128.0.3"}, VerdictDropped,
+			[]string{"tenant VNID 14 (red) may not reach VNID 12 (blue)"}, 1},
+		{"service-remote-endpoint", multi, TraceOptions{Src: "blue/a2", Dst: "svc/blue/web", Endpoint: "10.128.2.3:8080"}, VerdictDelivered,
+			[]string{"blue/c via node n2"}, 2},
+		{"service-no-endpoints", multi, TraceOptions{Src: "blue/a", Dst: "svc/blue/empty"}, VerdictRejected, []string{"service blue/empty has no ready endpoint"}, 1},
+		{"nodeport-from-outside", multi, TraceOptions{Src: "192.0.2.7", Dst: "n1", Port: 30080, Endpoint: "10.128.2.3"}, VerdictDelivered,
+			[]string{"blue/c via node n2"}, 3},
+		{"to-outside", multi, TraceOptions{Src: "blue/a", Dst: "192.0.2.7", Port: 443}, VerdictLeftCluster,
+			[]string{"SNATs it from 10.128.0.3 to 198.51.100.11"}, 1},
+		{"policy-allow", np, TraceOptions{Src: "blue/c", Dst: "blue/a", Port: 80}, VerdictDelivered,
+			[]string{"blue/a via node n1", "allowed by NetworkPolicy blue/web-80"}, 2},
+		{"policy-deny", np, TraceOptions{Src: "blue/c", Dst: "blue/a", Port: 81}, VerdictDropped,
+			[]string{"table 80 ingress-isolation by NetworkPolicy blue/web-80 (no rule allows tcp/81)"}, 2},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			w, err := newOfflineWorld(tc.dumps)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.o.Proto == "" {
+				tc.o.Proto = "tcp"
+			}
+			tc.o.SrcPort = 40000
+			res, err := Trace(ctx, w, tc.o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var text bytes.Buffer
+			if err := res.WriteText(&text); err != nil {
+				t.Fatal(err)
+			}
+			if res.Verdict.Kind != tc.kind || len(res.Hops) != tc.hops {
+				t.Errorf("verdict %s after %d hops, want %s after %d:\n%s", res.Verdict.Kind, len(res.Hops), tc.kind, tc.hops, text.String())
+			}
+			for _, s := range tc.says {
+				if !strings.Contains(res.Verdict.Text, s) {
+					t.Errorf("verdict %q does not say %q", res.Verdict.Text, s)
+				}
+			}
+			js, err := json.MarshalIndent(res, "", "  ")
+			if err != nil {
+				t.Fatal(err)
+			}
+			golden(t, "trace-"+tc.name+".golden", text.Bytes())
+			golden(t, "trace-"+tc.name+".json.golden", append(js, '\n'))
+		})
+	}
+}
+
+// TestTraceOfflineServiceEndpoints: a service trace names every endpoint of the group and the one
+// followed; --endpoint follows another; an endpoint the group does not have is an error naming them.
+func TestTraceOfflineServiceEndpoints(t *testing.T) {
+	ctx := context.Background()
+	w, err := newOfflineWorld(twoNodes(t, pipeline.ModeMultitenant))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := Trace(ctx, w, TraceOptions{Src: "blue/a2", Dst: "svc/blue/web", Proto: "tcp", SrcPort: 40000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := res.Service
+	if s == nil || s.Chosen != "10.128.0.3:8080" || s.Bucket == nil || *s.Bucket != 0 || len(s.Endpoints) != 2 ||
+		s.Endpoints[0] != "10.128.0.3:8080 (1/2 buckets)" || s.Owner != "svc/blue/web:http" {
+		t.Fatalf("service %+v", s)
+	}
+	if res.Verdict.Pod != "blue/a" {
+		t.Errorf("default endpoint: verdict %+v", res.Verdict)
+	}
+	_, err = Trace(ctx, w, TraceOptions{Src: "blue/a2", Dst: "svc/blue/web", Proto: "tcp", SrcPort: 40000, Endpoint: "10.128.9.9"})
+	if err == nil || !strings.Contains(err.Error(), "10.128.0.3:8080") {
+		t.Errorf("unknown endpoint: %v", err)
+	}
+	for _, bad := range []TraceOptions{
+		{Src: "svc/blue/web", Dst: "blue/a"}, {Src: "blue/nope", Dst: "blue/a"}, {Src: "blue/a", Dst: "svc/blue/nope"},
+		{Src: "blue/a", Dst: "svc/blue/web", Port: 99}, {Src: "192.0.2.7", Dst: "blue/a"}, {Src: "192.0.2.7", Dst: "n1", Port: 31999},
+		{Src: "n3", Dst: "blue/a"}, {Src: "blue/a", Dst: "blue/c", Proto: "gre"},
+	} {
+		if bad.Proto == "" {
+			bad.Proto = "tcp"
+		}
+		bad.SrcPort = 40000
+		if res, err := Trace(ctx, w, bad); err == nil {
+			t.Errorf("%+v: traced (%s), want an error", bad, res.Verdict.Text)
+		}
+	}
+}
+
+func golden(t *testing.T, name string, got []byte) {
+	t.Helper()
+	path := filepath.Join("testdata", name)
+	if *update {
+		if err := os.WriteFile(path, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run with -update)", err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("%s differs from the golden file:\n--- got\n%s\n--- want\n%s", name, got, want)
+	}
+}
