@@ -104,7 +104,9 @@ func TestServiceClientAddressOnOVS(t *testing.T) {
 	hostEP := netip.MustParseAddr("198.51.100.7")
 	addAddresses(t, l.host, append(clients, hostEP))
 	hostServes := make(chan error, 1)
-	go func() { _ = l.host.Do(func() error { return serveStarted(t.Context(), "host", []int{9000}, nil, hostServes) }) }()
+	go func() {
+		_ = l.host.Do(func() error { return serveStarted(t.Context(), "host", []int{9000}, nil, hostServes) })
+	}()
 	if err := <-hostServes; err != nil {
 		t.Fatal(err)
 	}
