@@ -104,7 +104,10 @@ func Serve(ctx context.Context, name string, tcpPorts, udpPorts []int) error {
 
 // ProbeTCP connects, reads the reply and, with payload > 0, checks that many bytes echo back intact.
 func ProbeTCP(ctx context.Context, addr string, payload int) (Reply, error) {
-	var d net.Dialer
+	return probeTCP(ctx, &net.Dialer{}, addr, payload)
+}
+
+func probeTCP(ctx context.Context, d *net.Dialer, addr string, payload int) (Reply, error) {
 	c, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return Reply{}, err
@@ -144,7 +147,11 @@ func ProbeTCP(ctx context.Context, addr string, payload int) (Reply, error) {
 // ProbeUDP sends a datagram and waits for the reply, retrying until ctx ends (the first packet to a new
 // tunnel neighbour can be lost while OVS resolves ARP).
 func ProbeUDP(ctx context.Context, addr string) (Reply, error) {
-	c, err := net.Dial("udp", addr)
+	return probeUDP(ctx, &net.Dialer{}, addr)
+}
+
+func probeUDP(ctx context.Context, d *net.Dialer, addr string) (Reply, error) {
+	c, err := d.DialContext(ctx, "udp", addr)
 	if err != nil {
 		return Reply{}, err
 	}

@@ -13,7 +13,7 @@ package pipeline
 //     always gets several rotated copies chosen that way, as OVS's select hash ignores UDP ports.
 //   - with affinity there is no group: a hash of the client's whole address picks a slot in table 43
 //     that names the endpoint, the same on every node and for every connection of the client, spread
-//     as a uniform hash over the endpoints, at ~2-3 flow-mods per endpoint change (services_affinity.go).
+//     as a uniform hash over the endpoints, at 3-7 flow-mods per endpoint change (services_affinity.go).
 //   - its group(s), with IDs derived from the owner key (collisions probed away, see idAllocator).
 //
 // The shared plumbing (owner pipeline/services) sends every IP packet through conntrack in

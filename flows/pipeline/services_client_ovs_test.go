@@ -101,8 +101,13 @@ func TestServiceClientAddressOnOVS(t *testing.T) {
 	for k := range 256 {
 		clients = append(clients, netip.AddrFrom4([4]byte{100, 64, byte(k), 8}))
 	}
+	// 256 more, new when the endpoints change.
+	var later []netip.Addr
+	for k := range 256 {
+		later = append(later, netip.AddrFrom4([4]byte{100, 65, byte(k), 8}))
+	}
 	hostEP := netip.MustParseAddr("198.51.100.7")
-	addAddresses(t, l.host, append(clients, hostEP))
+	addAddresses(t, l.host, append(append(clients, later...), hostEP))
 	hostServes := make(chan error, 1)
 	go func() {
 		_ = l.host.Do(func() error { return serveStarted(t.Context(), "host", []int{9000}, nil, hostServes) })
@@ -242,6 +247,20 @@ func TestServiceClientAddressOnOVS(t *testing.T) {
 					t.Errorf("%s from %s after e5 joined: %q, %v; before %s", network, c, rep.Name, err, first[network][c])
 				}
 			}
+		}
+		// New clients spread over all five.
+		counts := map[string]int{}
+		for _, c := range later {
+			rep, err := probeSrc(l.host, "udp", c, "172.30.0.20:53", 2*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			counts[rep.Name]++
+		}
+		line, err := stats.Spread(counts, 5, 1e-4)
+		t.Logf("udp, 256 new clients after e5 joined: %s", line)
+		if err != nil {
+			t.Error(err)
 		}
 	})
 }
