@@ -220,20 +220,22 @@ func TestServiceAffinityFromManyClients(t *testing.T) {
 		Ports: ports(30182, 30183)})
 
 	// Clients: the pods; 30 addresses on each node's loopback (host-network clients of the ClusterIP);
-	// 60 addresses of the underlay on the external host (outside clients of the NodePort of every node).
+	// up to 60 free addresses of the underlay (after the nodes', before the external host's) on the
+	// external host (outside clients of the NodePort of every node).
 	ext := lc.Lab.External
 	var extSources []netip.Addr
-	base := lc.Lab.Underlay.Masked().Addr().As4()
-	for i := range 60 {
-		a := base
-		a[3] = byte(100 + i)
-		addr := netip.AddrFrom4(a)
-		for _, n := range lc.Nodes {
-			if addr == n.IP || addr == ext.IP {
-				t.Fatalf("client address %s is taken by the lab", addr)
-			}
+	under := lc.Lab.Underlay.Masked()
+	for a := under.Addr(); under.Contains(a) && len(extSources) < 60; a = a.Next() {
+		taken := a == ext.IP || a == under.Addr() || !under.Contains(a.Next()) // network, external, broadcast
+		if lc.Lab.Root != nil {
+			taken = taken || a == lc.Lab.Root.IP
 		}
-		extSources = append(extSources, addr)
+		for _, n := range lc.Nodes {
+			taken = taken || !n.IP.Less(a) // the nodes' addresses and those below them
+		}
+		if !taken {
+			extSources = append(extSources, a)
+		}
 	}
 	addLabAddresses(t, ext.NetNS, "eth0", extSources)
 	nodePortDsts := func(svc *corev1.Service, proto string) []string {
@@ -251,13 +253,16 @@ func TestServiceAffinityFromManyClients(t *testing.T) {
 		return []string{clusterIP(svc, map[string]int{"tcp": 80, "udp": 53}[proto])}
 	}
 	clients := []affClient{{netns: ext.NetNS, sources: extSources, dsts: nodePortDsts, kind: "external"}}
-	// Host-network client addresses: a documentation range the lab's underlay does not use (and not
-	// 192.0.2.0/24, the machine's own), on each node's loopback only.
+	// Host-network client addresses: a documentation range the lab's underlay does not use, on each
+	// node namespace's loopback only (nothing routes them outside the node).
 	var hostRange netip.Prefix
 	for _, r := range lab.DocumentationRanges {
-		if r != lc.Lab.Underlay.Masked() && r != netip.MustParsePrefix("192.0.2.0/24") {
+		if !r.Overlaps(under) {
 			hostRange = r
 		}
+	}
+	if !hostRange.IsValid() {
+		t.Fatalf("no documentation range left for host-network client addresses beside the underlay %s", under)
 	}
 	for k, n := range lc.Nodes {
 		var srcs []netip.Addr
@@ -276,7 +281,11 @@ func TestServiceAffinityFromManyClients(t *testing.T) {
 	for _, c := range clients {
 		distinct += len(c.sources)
 	}
-	t.Logf("%d distinct client addresses: %d pods, %d host-network on the nodes, %d outside", distinct, len(clientPods), 90, len(extSources))
+	t.Logf("%d distinct client addresses: %d pods, %d host-network on the nodes (%s), %d outside (%s)", distinct, len(clientPods), 90, hostRange,
+		len(extSources), under)
+	if distinct < 100 {
+		t.Fatalf("only %d distinct clients", distinct)
+	}
 
 	// Every node serves the four endpoints (the plain NodePort, from outside), and the affinity services
 	// answer every kind of client on every node.
