@@ -190,6 +190,15 @@ func TestNFTError(t *testing.T) {
 	}
 }
 
+func TestParsePortRange(t *testing.T) {
+	if a, b, err := parsePortRange("32768\t60999\n"); err != nil || a != 32768 || b != 60999 {
+		t.Errorf("default range: %d %d %v", a, b, err)
+	}
+	if _, _, err := parsePortRange("garbage"); err == nil {
+		t.Error("garbage parsed")
+	}
+}
+
 func TestPrefixRoundTrip(t *testing.T) {
 	for _, s := range []string{"10.128.0.0/14", "172.30.0.0/16", "10.128.2.1/23", "0.0.0.0/0"} {
 		p := netip.MustParsePrefix(s)

@@ -11,11 +11,13 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr/funcr"
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/google/nftables/userdata"
@@ -519,5 +521,49 @@ func TestFirewallForwards(t *testing.T) {
 	}
 	if now := list(); strings.Contains(now, "30080") {
 		t.Errorf("a removed NodePort stayed:\n%s", now)
+	}
+}
+
+// TestEphemeralPortsOverlapReported: a node whose ip_local_port_range overlaps the ports br0 masquerades
+// to is reported (an error in the log), one with the default range is not, and neither is changed.
+func TestEphemeralPortsOverlapReported(t *testing.T) {
+	needRoot(t)
+	node := newNetNS(t, "ports")
+	ip(t, "-n", node, "tuntap", "add", "tun0", "mode", "tap")
+	for _, tc := range []struct {
+		portRange string
+		reported  bool
+	}{{"1024 65000", true}, {"32768 60999", false}} {
+		if out, err := exec.Command("ip", "netns", "exec", node, "sysctl", "-qw", "net.ipv4.ip_local_port_range="+tc.portRange).CombinedOutput(); err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+		var mu sync.Mutex
+		var errs []string
+		cfg := goodConfig()
+		cfg.HostNetNS = nsPath(node)
+		cfg.MasqueradePorts = [2]uint16{1024, 29999}
+		cfg.Logger = funcr.New(func(prefix, args string) {
+			mu.Lock()
+			defer mu.Unlock()
+			if strings.Contains(args, `"error"`) {
+				errs = append(errs, args)
+			}
+		}, funcr.Options{})
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := Ensure(ctx, cfg)
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		mu.Lock()
+		got := strings.Join(errs, "\n")
+		mu.Unlock()
+		if reported := strings.Contains(got, "ip_local_port_range "+strings.ReplaceAll(tc.portRange, " ", "-")); reported != tc.reported {
+			t.Errorf("range %s: reported=%v, want %v; errors logged:\n%s", tc.portRange, reported, tc.reported, got)
+		}
+		out, _ := exec.Command("ip", "netns", "exec", node, "sysctl", "-n", "net.ipv4.ip_local_port_range").Output()
+		if strings.Join(strings.Fields(string(out)), " ") != tc.portRange {
+			t.Errorf("the range was changed: %q", out)
+		}
 	}
 }
