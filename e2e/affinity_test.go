@@ -467,3 +467,37 @@ func TestServiceAffinityFromManyClients(t *testing.T) {
 		}
 	})
 }
+
+// TestNodePortWithoutEndpointsRefuses: an outside client of a NodePort whose service has no endpoint is
+// refused at once through every node, TCP and UDP, now that br0 sees it by its own address (the refusal
+// is hairpinned back through br0 and the host's un-DNAT).
+func TestNodePortWithoutEndpointsRefuses(t *testing.T) {
+	ctx := ctxT(t, 5*time.Minute)
+	if err := lc.EnsureNamespace(ctx, affNS); err != nil {
+		t.Fatal(err)
+	}
+	svc := createService(t, ctx, affNS, "np-empty", corev1.ServiceSpec{Type: corev1.ServiceTypeNodePort, Selector: map[string]string{"svc": "nothing"},
+		Ports: []corev1.ServicePort{
+			{Name: "tcp", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(cluster.TestPort), NodePort: 30184},
+			{Name: "udp", Protocol: corev1.ProtocolUDP, Port: 53, TargetPort: intstr.FromInt32(cluster.TestPort), NodePort: 30185}}})
+	ext := lc.Lab.External
+	for _, n := range lc.Nodes {
+		for _, p := range svc.Spec.Ports {
+			proto := strings.ToLower(string(p.Protocol))
+			dst := netip.AddrPortFrom(n.IP, uint16(p.NodePort))
+			deadline := time.Now().Add(time.Minute)
+			var err error
+			for time.Now().Before(deadline) {
+				start := time.Now()
+				if _, err = lc.ProbeFrom(ctx, ext.NetNS, proto, dst); err != nil && strings.Contains(err.Error(), "refused") {
+					t.Logf("%s %s refused after %s", proto, dst, time.Since(start).Round(time.Millisecond))
+					break
+				}
+				time.Sleep(200 * time.Millisecond)
+			}
+			if err == nil || !strings.Contains(err.Error(), "refused") {
+				t.Errorf("%s %s without endpoints: want connection refused, last %v", proto, dst, err)
+			}
+		}
+	}
+}

@@ -47,7 +47,7 @@ type Config struct {
 	// address. The node's own connections from the gateway must not pick them (br0 cannot see the
 	// kernel's connections): Ensure reports a node whose ephemeral port range overlaps them.
 	MasqueradePorts [2]uint16
-	Logger          klog.Logger // optional; changes are logged, a no-op Ensure logs nothing
+	Logger          klog.Logger // optional; changes are logged, a no-op Ensure logs nothing but what it must report
 }
 
 // MinMTU and MaxMTU bound Config.MTU: below 576 IPv4 hosts may refuse to talk, above 65535 no link goes.

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -145,7 +146,8 @@ func probeTCP(ctx context.Context, d *net.Dialer, addr string, payload int) (Rep
 }
 
 // ProbeUDP sends a datagram and waits for the reply, retrying until ctx ends (the first packet to a new
-// tunnel neighbour can be lost while OVS resolves ARP).
+// tunnel neighbour can be lost while OVS resolves ARP); an ICMP port unreachable ends it at once
+// (ECONNREFUSED).
 func ProbeUDP(ctx context.Context, addr string) (Reply, error) {
 	return probeUDP(ctx, &net.Dialer{}, addr)
 }
@@ -165,6 +167,10 @@ func probeUDP(ctx context.Context, d *net.Dialer, addr string) (Reply, error) {
 		n, err := c.Read(buf)
 		if err == nil {
 			return parseReply(string(buf[:n]))
+		}
+		// ICMP port unreachable is an answer (a service without endpoints refuses), not a loss.
+		if errors.Is(err, syscall.ECONNREFUSED) {
+			return Reply{}, fmt.Errorf("udp %s: %w", addr, err)
 		}
 		if ctx.Err() != nil {
 			return Reply{}, fmt.Errorf("udp %s: no reply: %w", addr, ctx.Err())

@@ -2,10 +2,12 @@ package testpod
 
 import (
 	"context"
+	"errors"
 	"net"
 	"net/netip"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -86,5 +88,16 @@ func TestClientsFromSources(t *testing.T) {
 	}
 	if errs != 2 {
 		t.Errorf("2 connections to a dead destination: %+v", got["127.0.0.2"])
+	}
+}
+
+// TestProbeUDPRefused: a UDP probe to a port nothing listens on is refused at once (the kernel's ICMP
+// port unreachable), not retried until its deadline.
+func TestProbeUDPRefused(t *testing.T) {
+	dead := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := ProbeUDP(ctx, dead); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("UDP to a closed port: %v, want connection refused", err)
 	}
 }
