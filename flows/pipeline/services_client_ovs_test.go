@@ -264,3 +264,40 @@ func TestServiceClientAddressOnOVS(t *testing.T) {
 		}
 	})
 }
+
+// TestServiceHairpinInNetworkPolicyModeOnOVS: in networkpolicy mode an allowed packet is committed to
+// conntrack on its way to delivery, which hides the ct_state the hairpin check used to read: a pod
+// reaching itself through its service, and the host reaching a host endpoint from outside the cluster
+// networks (masquerade, then hairpin), must still be SNATed and answered.
+func TestServiceHairpinInNetworkPolicyModeOnOVS(t *testing.T) {
+	l := newSvcLab(t)
+	l.state.Mode = ModeNetworkPolicy
+	e1 := l.addPod(t, "e1", 11, 0, []int{8080}, []int{8080})
+	hostEP, client := netip.MustParseAddr("198.51.100.7"), netip.MustParseAddr("100.64.0.8")
+	addAddresses(t, l.host, []netip.Addr{hostEP, client})
+	hostServes := make(chan error, 1)
+	go func() {
+		_ = l.host.Do(func() error { return serveStarted(t.Context(), "host", []int{9000}, nil, hostServes) })
+	}()
+	if err := <-hostServes; err != nil {
+		t.Fatal(err)
+	}
+	l.state.Services = []ServiceState{
+		{Namespace: "t", Name: "self", ClusterIP: netip.MustParseAddr("172.30.0.13"), Ports: []ServicePort{
+			{Name: "http", Protocol: IPProtoTCP, Port: 80, Endpoints: []Endpoint{ep(e1, 8080, true)}},
+			{Name: "dns", Protocol: IPProtoUDP, Port: 53, Endpoints: []Endpoint{ep(e1, 8080, true)}}}},
+		{Namespace: "t", Name: "hostep", ClusterIP: netip.MustParseAddr("172.30.0.22"), Ports: []ServicePort{
+			{Name: "http", Protocol: IPProtoTCP, Port: 80, Endpoints: []Endpoint{{IP: hostEP, Port: 9000, Ready: true}}}}},
+	}
+	l.apply(t)
+	for _, network := range []string{"tcp", "udp"} {
+		rep, err := probe(e1.Pod, network, "172.30.0.13:"+map[string]string{"tcp": "80", "udp": "53"}[network], 2*time.Second)
+		if err != nil || rep.Name != "e1" || !strings.HasPrefix(rep.Seen, ServiceHairpinIP.String()+":") {
+			t.Errorf("%s: e1 through its own service: %+v %v", network, rep, err)
+		}
+	}
+	rep, err := probeSrc(l.host, "tcp", client, "172.30.0.22:80", 2*time.Second)
+	if err != nil || rep.Name != "host" || !strings.HasPrefix(rep.Seen, ServiceHairpinIP.String()+":") {
+		t.Errorf("host endpoint from %s: %+v %v", client, rep, err)
+	}
+}
