@@ -6,7 +6,7 @@
 //
 // Where each flow comes from: render_base.go (dispatch, table defaults, version note), render.go
 // (the local subnet, pods, tenants, remote nodes), services.go (services, their groups and learned
-// affinity), owners.go (who owns what).
+// affinity), services_affinity.go (sessionAffinity's choice), owners.go (who owns what).
 //
 // The pipeline (table numbers are fixed so dumps stay comparable across versions):
 //
@@ -29,7 +29,11 @@
 //	                      (big services: several groups); with sessionAffinity, reg6 → a hash of the
 //	                      client's address (multipath) into reg7 and on to 43
 //	 43 service-hash      sessionAffinity's choice: the hash's slot → its endpoint in reg4/reg5, resubmit 42;
-//	                      an empty slot hashes again (services_affinity.go)
+//	                      an empty slot hashes again. A hash of the whole address (not its low bits, which
+//	                      put every node's .1 on one endpoint) with one slot per endpoint: exactly uniform
+//	                      (measured chi-square inside its 99.99% quantile for 2..1000 endpoints), and an
+//	                      endpoint change touches its own slot, 3-7 flow-mods where the address-bit slots
+//	                      took 45-70 (services_affinity.go has the measurements and the alternatives)
 //	 45 service-l2        a DNATed packet (flagged in reg3 for the hairpin check) towards a pod gets the pod's
 //	                      MAC (0a:58 + its IP); a connection marked for masquerade is SNATed to the gateway
 //	                      in the masquerade zone, after the endpoint was chosen
