@@ -37,7 +37,7 @@ func Clients(ctx context.Context, proto string, dsts []string, sources []netip.A
 			defer wg.Done()
 			for j := range work {
 				cctx, cancel := context.WithTimeout(ctx, timeout)
-				rep, err := probeFrom(cctx, proto, j.src, j.dst)
+				rep, err := ProbeFrom(cctx, proto, j.src, j.dst)
 				cancel()
 				key, seen := rep.Endpoint(), ""
 				if err != nil {
@@ -66,8 +66,9 @@ func Clients(ctx context.Context, proto string, dsts []string, sources []netip.A
 	return out
 }
 
-// probeFrom is ProbeTCP or ProbeUDP from a given source address.
-func probeFrom(ctx context.Context, proto string, src netip.Addr, addr string) (Reply, error) {
+// ProbeFrom is ProbeTCP (no payload) or ProbeUDP from a given source address; an invalid one lets the
+// kernel choose.
+func ProbeFrom(ctx context.Context, proto string, src netip.Addr, addr string) (Reply, error) {
 	d := net.Dialer{}
 	switch {
 	case !src.IsValid():

@@ -5,6 +5,7 @@ package pipeline
 // stand-in on tun0 holds many extra addresses, each one a distinct client.
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -43,35 +44,16 @@ func addAddresses(t *testing.T, p *ovstest.Pod, addrs []netip.Addr) {
 	}
 }
 
-// probeSrc is probe from a given source address of the namespace.
+// probeSrc is testpod.ProbeFrom run inside the namespace: UDP resends until an answer or the
+// timeout (a datagram lost while OVS handles a burst of new flows is not a wrong answer).
 func probeSrc(from *ovstest.Pod, network string, src netip.Addr, addr string, timeout time.Duration) (testpod.Reply, error) {
 	var rep testpod.Reply
 	err := from.Do(func() error {
-		d := net.Dialer{Timeout: timeout}
-		if network == "udp" {
-			d.LocalAddr = &net.UDPAddr{IP: src.AsSlice()}
-		} else {
-			d.LocalAddr = &net.TCPAddr{IP: src.AsSlice()}
-		}
-		c, err := d.Dial(network, addr)
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		_ = c.SetDeadline(time.Now().Add(timeout))
-		if network == "udp" {
-			if _, err := c.Write([]byte("probe\n")); err != nil {
-				return err
-			}
-		}
-		buf := make([]byte, 256)
-		n, err := c.Read(buf)
-		if err != nil {
-			return err
-		}
-		name, seen, _ := strings.Cut(strings.TrimSpace(string(buf[:n])), " ")
-		rep = testpod.Reply{Name: name, Seen: seen}
-		return nil
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		var err error
+		rep, err = testpod.ProbeFrom(ctx, network, src, addr)
+		return err
 	})
 	return rep, err
 }
@@ -164,7 +146,7 @@ func TestServiceClientAddressOnOVS(t *testing.T) {
 					wg.Add(1)
 					go func() {
 						defer wg.Done()
-						rep, err := probeSrc(l.host, network, c, "172.30.0.20:"+map[string]string{"tcp": "80", "udp": "53"}[network], 2*time.Second)
+						rep, err := probeSrc(l.host, network, c, "172.30.0.20:"+map[string]string{"tcp": "80", "udp": "53"}[network], 5*time.Second)
 						mu.Lock()
 						defer mu.Unlock()
 						if err != nil || rep.Name != first[network][c] {
