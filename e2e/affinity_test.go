@@ -46,7 +46,7 @@ func runClients(ctx context.Context, netns, proto string, dsts []string, sources
 		srcs = append(srcs, s.String())
 	}
 	out, err := exec.CommandContext(ctx, "ip", "netns", "exec", netns, filepath.Join(lc.BinDir, "ofsdn-testpod"), "clients", proto,
-		strings.Join(dsts, ","), "--sources", strings.Join(srcs, ","), "--count", fmt.Sprint(count), "--parallel", "16", "--timeout", "2s").Output()
+		strings.Join(dsts, ","), "--sources", strings.Join(srcs, ","), "--count", fmt.Sprint(count), "--parallel", "16", "--timeout", "5s").Output()
 	if err != nil {
 		return nil, fmt.Errorf("clients %s %v from %s: %w", proto, dsts, netns, err)
 	}
