@@ -408,6 +408,7 @@ func (a *Agent) setUpNode(ctx context.Context) error {
 	nc.BridgeAddresses = []netip.Addr{pipeline.ServiceHairpinIP, pipeline.ServiceNodePortIP}
 	nc.ServiceNextHop = pipeline.ServiceHairpinIP
 	nc.Forwards = nodenet.Forwards{NodePortTarget: pipeline.ServiceNodePortIP, RejectPorts: [2]uint16{pipeline.RejectPortMin, pipeline.RejectPortMax}}
+	nc.MasqueradePorts = [2]uint16{pipeline.MasqueradePortMin, pipeline.MasqueradePortMax}
 	if _, err := db.EnsureInternalPort(ctx, a.cfg.Bridge, "tun0", int(pipeline.PortTun0), mtu); err != nil {
 		return err
 	}

@@ -62,8 +62,9 @@ func (h *hostSide) setForwards(nodePorts []nodenet.NodePort, hostPorts []nodenet
 	return nil
 }
 
-// nodePortsOf lists the node ports the services use, one per protocol and port; masquerade unless
-// externalTrafficPolicy is Local (then the endpoint is local and the client's address is kept).
+// nodePortsOf lists the node ports the services use, one per protocol and port. The host forwards them
+// into br0 with the client's address; br0 masquerades after choosing the endpoint where
+// externalTrafficPolicy Cluster needs it.
 func nodePortsOf(services []pipeline.ServiceState) []nodenet.NodePort {
 	seen := map[[2]uint16]bool{}
 	var out []nodenet.NodePort
@@ -74,7 +75,7 @@ func nodePortsOf(services []pipeline.ServiceState) []nodenet.NodePort {
 				continue
 			}
 			seen[k] = true
-			out = append(out, nodenet.NodePort{Protocol: p.Protocol, Port: p.NodePort, Masquerade: !s.ExternalLocal})
+			out = append(out, nodenet.NodePort{Protocol: p.Protocol, Port: p.NodePort})
 		}
 	}
 	slices.SortFunc(out, func(a, b nodenet.NodePort) int {

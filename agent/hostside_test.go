@@ -51,7 +51,7 @@ func TestNodePortsOf(t *testing.T) {
 		{Name: "b", ExternalLocal: true, Ports: []pipeline.ServicePort{{Protocol: openflow.IPProtoUDP, NodePort: 30053}, {Protocol: openflow.IPProtoTCP, Port: 80}}},
 		{Name: "a", Ports: []pipeline.ServicePort{{Protocol: openflow.IPProtoTCP, NodePort: 30080}, {Protocol: openflow.IPProtoTCP, NodePort: 30080}}},
 	}
-	want := []nodenet.NodePort{{Protocol: openflow.IPProtoUDP, Port: 30053}, {Protocol: openflow.IPProtoTCP, Port: 30080, Masquerade: true}}
+	want := []nodenet.NodePort{{Protocol: openflow.IPProtoUDP, Port: 30053}, {Protocol: openflow.IPProtoTCP, Port: 30080}}
 	if got := nodePortsOf(svcs); !reflect.DeepEqual(got, want) {
 		t.Errorf("got %+v, want %+v", got, want)
 	}

@@ -258,6 +258,10 @@ func TestServices(t *testing.T) {
 		if err != nil || !strings.HasPrefix(r, hp.Key()+" ") {
 			t.Fatalf("external → %s:18080 (hostPort of %s): %q %v", node.IP, hp.Key(), r, err)
 		}
+		// The pod sees the client's own address: nothing masquerades a hostPort.
+		if f := strings.Fields(r); len(f) < 2 || !strings.HasPrefix(f[1], ext.IP.String()+":") {
+			t.Errorf("external → hostPort: the pod saw %q, want the client's address %s", r, ext.IP)
+		}
 		// A second pod asking for the same hostPort is told so; the first keeps it.
 		second := svcPod(t, ctx, svcNS, "hp-2", node.Name, "hp", withHostPort)
 		deadline := time.Now().Add(30 * time.Second)

@@ -18,21 +18,19 @@ import (
 
 // NFTTable is ofsdn's own nf_tables table (family ip); nothing else in the node's firewall is touched.
 // Its chains:
-//   - postrouting (nat, srcnat): NodePort traffic marked for masquerade leaves into br0 from the gateway;
+//   - postrouting (nat, srcnat): a pod reaching a NodePort through a node address is masqueraded to the
+//     gateway (its replies must come back through this host's un-DNAT, not straight from br0);
 //     destinations in the cluster or service networks return untouched; pod traffic leaving the
 //     cluster is SNATed to the node's IP.
 //   - prerouting and output (nat, dstnat): NodePorts (any local address) are DNATed to br0's NodePort
-//     address, hostPorts to their pod; output does it for the node's own connections.
+//     address with the client's source untouched, so br0 chooses the endpoint by the client's real
+//     address and masquerades after the choice where externalTrafficPolicy Cluster needs it;
+//     hostPorts are DNATed to their pod; output does it for the node's own connections.
 //   - input (filter): the gateway ports br0 DNATs endpoint-less services to are refused at once.
 const (
 	NFTTable = "ofsdn"
 	NFTChain = "postrouting"
 )
-
-// MasqueradeMark marks NodePort connections with externalTrafficPolicy Cluster: their endpoint may be
-// on another node, so they enter br0 from the gateway's address and replies come back this way. The
-// same bit as kube-proxy's masquerade mark, with the same meaning.
-const MasqueradeMark uint32 = 0x4000
 
 // Forwards are the ports the node forwards into br0.
 type Forwards struct {
@@ -44,11 +42,10 @@ type Forwards struct {
 	RejectPorts    [2]uint16
 }
 
-// NodePort is one service node port; Masquerade for externalTrafficPolicy Cluster.
+// NodePort is one service node port.
 type NodePort struct {
-	Protocol   uint8
-	Port       uint16
-	Masquerade bool
+	Protocol uint8
+	Port     uint16
 }
 
 // HostPort is a pod's containerPort published at the node's addresses (or HostIP only).
@@ -90,24 +87,19 @@ func chains(cfg Config) []nftChain {
 	}
 }
 
-// snatRules builds the postrouting chain, in order: connections marked for masquerade (NodePorts with
-// externalTrafficPolicy Cluster) take the gateway's address; destinations in the cluster or service
-// networks return untouched (nothing is NATed inside the cluster network, and host → pod keeps its
+// snatRules builds the postrouting chain, in order: pods reaching a NodePort through a node address take
+// the gateway's address; destinations in the cluster or service networks return untouched (nothing is NATed inside the cluster network, and host → pod keeps its
 // source); then sources in the cluster networks, now known to be leaving the cluster, are SNATed to the
 // node's IP.
 func snatRules(cfg Config) []nftRule {
 	var out []nftRule
-	for _, np := range cfg.Forwards.NodePorts {
-		if np.Masquerade {
-			out = append(out, nftRule{Text: fmt.Sprintf("meta mark & 0x%x == 0x%x counter masquerade", MasqueradeMark, MasqueradeMark),
-				Exprs: []expr.Any{
-					&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
-					&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: native32(MasqueradeMark), Xor: native32(0)},
-					&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: native32(0)},
-					&expr.Counter{},
-					&expr.Masq{},
-				}})
-			break
+	if fw := cfg.Forwards; len(fw.NodePorts) > 0 && fw.NodePortTarget.Is4() {
+		for _, cn := range cfg.ClusterNetworks {
+			cn = cn.Masked()
+			target := netip.PrefixFrom(fw.NodePortTarget, 32)
+			out = append(out, nftRule{Text: fmt.Sprintf("ip saddr %s ip daddr %s counter masquerade", cn, target),
+				Exprs: append(append(matchPrefix(12, cn), matchPrefix(16, target)...),
+					&expr.Counter{}, &expr.Masq{})})
 		}
 	}
 	for _, p := range cfg.routed() {
@@ -166,13 +158,6 @@ func dnatRules(cfg Config) []nftRule {
 		}
 		exprs := append(fibLocal(), matchPort(np.Protocol, np.Port)...)
 		text := fmt.Sprintf("fib daddr type local %s dport %d", protoName(np.Protocol), np.Port)
-		if np.Masquerade {
-			exprs = append(exprs,
-				&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
-				&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: native32(^MasqueradeMark), Xor: native32(MasqueradeMark)},
-				&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: 1})
-			text += fmt.Sprintf(" meta mark set meta mark | 0x%x", MasqueradeMark)
-		}
 		out = append(out, nftRule{Text: fmt.Sprintf("%s counter dnat to %s # NodePort", text, fw.NodePortTarget),
 			Exprs: append(exprs, &expr.Counter{},
 				&expr.Immediate{Register: 1, Data: fw.NodePortTarget.AsSlice()},

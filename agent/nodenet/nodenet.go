@@ -43,7 +43,11 @@ type Config struct {
 	ServiceNextHop netip.Addr
 	// Forwards are the NodePorts and hostPorts the host DNATs into br0 (nftables, see firewall.go).
 	Forwards Forwards
-	Logger   klog.Logger // optional; changes are logged, a no-op Ensure logs nothing
+	// MasqueradePorts, when set, are the source ports br0 masquerades connections to at the gateway's
+	// address. The node's own connections from the gateway must not pick them (br0 cannot see the
+	// kernel's connections): Ensure reports a node whose ephemeral port range overlaps them.
+	MasqueradePorts [2]uint16
+	Logger          klog.Logger // optional; changes are logged, a no-op Ensure logs nothing but what it must report
 }
 
 // MinMTU and MaxMTU bound Config.MTU: below 576 IPv4 hosts may refuse to talk, above 65535 no link goes.
@@ -165,6 +169,7 @@ func Ensure(ctx context.Context, cfg Config) error {
 	if err := ensureForwarding(ns, cfg.Logger); err != nil {
 		return err
 	}
+	checkEphemeralPorts(ns, cfg)
 	return ensureSNAT(ns, cfg)
 }
 
@@ -302,6 +307,42 @@ func ensureForwarding(ns netns.NsHandle, log klog.Logger) error {
 		return fmt.Errorf("nodenet: enable IP forwarding: %w", err)
 	}
 	return nil
+}
+
+// checkEphemeralPorts logs an error when the node's ip_local_port_range overlaps MasqueradePorts: a
+// connection of the node's own from the gateway could then take the very address and port a
+// masqueraded connection to the same endpoint has, and one of the two would fail. It changes nothing:
+// the range is the administrator's.
+func checkEphemeralPorts(ns netns.NsHandle, cfg Config) {
+	lo, hi := cfg.MasqueradePorts[0], cfg.MasqueradePorts[1]
+	if lo == 0 || hi < lo {
+		return
+	}
+	const path = "/proc/sys/net/ipv4/ip_local_port_range"
+	var b []byte
+	err := inNetNS(ns, func() (err error) {
+		b, err = os.ReadFile(path)
+		return err
+	})
+	first, last, perr := parsePortRange(string(b))
+	switch {
+	case err != nil:
+		cfg.Logger.Error(err, "cannot read the node's ephemeral port range", "path", path)
+	case perr != nil:
+		cfg.Logger.Error(perr, "cannot parse the node's ephemeral port range", "path", path, "content", string(b))
+	case first <= int(hi) && int(lo) <= last:
+		cfg.Logger.Error(fmt.Errorf("net.ipv4.ip_local_port_range %d-%d overlaps %d-%d", first, last, lo, hi),
+			"the node's own connections may clash with connections br0 masquerades to the gateway; keep the range outside those ports")
+	}
+}
+
+// parsePortRange reads ip_local_port_range ("32768\t60999").
+func parsePortRange(s string) (int, int, error) {
+	var first, last int
+	if _, err := fmt.Sscan(s, &first, &last); err != nil {
+		return 0, 0, fmt.Errorf("port range %q: %w", strings.TrimSpace(s), err)
+	}
+	return first, last, nil
 }
 
 // Cleanup removes what Ensure added: nodenet's routes on tun0 (whatever subnet they were made for) and

@@ -94,6 +94,13 @@ func TestSNATRules(t *testing.T) {
 		}, []string{
 			"ip daddr 10.128.0.0/14 return", "ip daddr 10.200.0.0/16 return", "ip daddr 172.30.0.0/16 return",
 			"ip saddr 10.128.0.0/14 counter snat to 192.0.2.10", "ip saddr 10.200.0.0/16 counter snat to 192.0.2.10"}},
+		// Only pods reaching a NodePort through a node address are masqueraded by the host: br0 chooses
+		// everyone else's endpoint by their own address and masquerades after the choice.
+		{"NodePorts", func(c *Config) {
+			c.Forwards = Forwards{NodePortTarget: netip.MustParseAddr("169.254.169.3"), NodePorts: []NodePort{{Protocol: unix.IPPROTO_TCP, Port: 30080}}}
+		}, []string{
+			"ip saddr 10.128.0.0/14 ip daddr 169.254.169.3/32 counter masquerade",
+			"ip daddr 10.128.0.0/14 return", "ip daddr 172.30.0.0/16 return", "ip saddr 10.128.0.0/14 counter snat to 192.0.2.10"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -142,6 +149,8 @@ func exprText(es []expr.Any) string {
 			out = append(out, map[expr.VerdictKind]string{expr.VerdictReturn: "return", expr.VerdictAccept: "accept"}[e.Kind])
 		case *expr.Counter:
 			out = append(out, "counter")
+		case *expr.Masq:
+			out = append(out, "masquerade")
 		case *expr.Immediate:
 			reg = e.Data
 		case *expr.NAT:
@@ -178,6 +187,15 @@ func TestNFTError(t *testing.T) {
 	}
 	if !errors.Is(op(unix.EPERM), os.ErrPermission) {
 		t.Error("EPERM through the wrapping is not os.ErrPermission: the CAP_NET_ADMIN hint cannot fire")
+	}
+}
+
+func TestParsePortRange(t *testing.T) {
+	if a, b, err := parsePortRange("32768\t60999\n"); err != nil || a != 32768 || b != 60999 {
+		t.Errorf("default range: %d %d %v", a, b, err)
+	}
+	if _, _, err := parsePortRange("garbage"); err == nil {
+		t.Error("garbage parsed")
 	}
 }
 

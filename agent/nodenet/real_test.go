@@ -11,11 +11,13 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr/funcr"
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/google/nftables/userdata"
@@ -482,7 +484,7 @@ func TestFirewallForwards(t *testing.T) {
 	cfg := goodConfig()
 	cfg.HostNetNS = nsPath(node)
 	cfg.Forwards = Forwards{NodePortTarget: netip.MustParseAddr("169.254.169.3"), RejectPorts: [2]uint16{65400, 65499},
-		NodePorts: []NodePort{{Protocol: unix.IPPROTO_TCP, Port: 30080, Masquerade: true}, {Protocol: unix.IPPROTO_UDP, Port: 30053}},
+		NodePorts: []NodePort{{Protocol: unix.IPPROTO_TCP, Port: 30080}, {Protocol: unix.IPPROTO_UDP, Port: 30053}},
 		HostPorts: []HostPort{{Protocol: unix.IPPROTO_TCP, HostPort: 8080, PodIP: netip.MustParseAddr("10.128.2.5"), PodPort: 80, Pod: "a/web"},
 			{Protocol: unix.IPPROTO_UDP, HostIP: netip.MustParseAddr("192.0.2.10"), HostPort: 5353, PodIP: netip.MustParseAddr("10.128.2.6"), PodPort: 53, Pod: "a/dns"}}}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -499,7 +501,7 @@ func TestFirewallForwards(t *testing.T) {
 	}
 	first := list()
 	for _, want := range []string{
-		"tcp dport 30080", "meta mark set meta mark | 0x00004000", "dnat to 169.254.169.3", "masquerade",
+		"tcp dport 30080", "dnat to 169.254.169.3", "ip saddr 10.128.0.0/14 ip daddr 169.254.169.3 counter packets 0 bytes 0 masquerade",
 		"dnat to 10.128.2.5:80", "ip daddr 192.0.2.10 udp dport 5353", "dnat to 10.128.2.6:53",
 		"reject with tcp reset", "65400-65499",
 	} {
@@ -517,7 +519,51 @@ func TestFirewallForwards(t *testing.T) {
 	if err := EnsureFirewall(cfg); err != nil {
 		t.Fatal(err)
 	}
-	if now := list(); strings.Contains(now, "30080") || strings.Contains(now, "masquerade") {
+	if now := list(); strings.Contains(now, "30080") {
 		t.Errorf("a removed NodePort stayed:\n%s", now)
+	}
+}
+
+// TestEphemeralPortsOverlapReported: a node whose ip_local_port_range overlaps the ports br0 masquerades
+// to is reported (an error in the log), one with the default range is not, and neither is changed.
+func TestEphemeralPortsOverlapReported(t *testing.T) {
+	needRoot(t)
+	node := newNetNS(t, "ports")
+	ip(t, "-n", node, "tuntap", "add", "tun0", "mode", "tap")
+	for _, tc := range []struct {
+		portRange string
+		reported  bool
+	}{{"1024 65000", true}, {"32768 60999", false}} {
+		if out, err := exec.Command("ip", "netns", "exec", node, "sysctl", "-qw", "net.ipv4.ip_local_port_range="+tc.portRange).CombinedOutput(); err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+		var mu sync.Mutex
+		var errs []string
+		cfg := goodConfig()
+		cfg.HostNetNS = nsPath(node)
+		cfg.MasqueradePorts = [2]uint16{1024, 29999}
+		cfg.Logger = funcr.New(func(prefix, args string) {
+			mu.Lock()
+			defer mu.Unlock()
+			if strings.Contains(args, `"error"`) {
+				errs = append(errs, args)
+			}
+		}, funcr.Options{})
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := Ensure(ctx, cfg)
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		mu.Lock()
+		got := strings.Join(errs, "\n")
+		mu.Unlock()
+		if reported := strings.Contains(got, "ip_local_port_range "+strings.ReplaceAll(tc.portRange, " ", "-")); reported != tc.reported {
+			t.Errorf("range %s: reported=%v, want %v; errors logged:\n%s", tc.portRange, reported, tc.reported, got)
+		}
+		out, _ := exec.Command("ip", "netns", "exec", node, "sysctl", "-n", "net.ipv4.ip_local_port_range").Output()
+		if strings.Join(strings.Fields(string(out)), " ") != tc.portRange {
+			t.Errorf("the range was changed: %q", out)
+		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -104,7 +105,10 @@ func Serve(ctx context.Context, name string, tcpPorts, udpPorts []int) error {
 
 // ProbeTCP connects, reads the reply and, with payload > 0, checks that many bytes echo back intact.
 func ProbeTCP(ctx context.Context, addr string, payload int) (Reply, error) {
-	var d net.Dialer
+	return probeTCP(ctx, &net.Dialer{}, addr, payload)
+}
+
+func probeTCP(ctx context.Context, d *net.Dialer, addr string, payload int) (Reply, error) {
 	c, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return Reply{}, err
@@ -142,9 +146,14 @@ func ProbeTCP(ctx context.Context, addr string, payload int) (Reply, error) {
 }
 
 // ProbeUDP sends a datagram and waits for the reply, retrying until ctx ends (the first packet to a new
-// tunnel neighbour can be lost while OVS resolves ARP).
+// tunnel neighbour can be lost while OVS resolves ARP); an ICMP port unreachable ends it at once
+// (ECONNREFUSED).
 func ProbeUDP(ctx context.Context, addr string) (Reply, error) {
-	c, err := net.Dial("udp", addr)
+	return probeUDP(ctx, &net.Dialer{}, addr)
+}
+
+func probeUDP(ctx context.Context, d *net.Dialer, addr string) (Reply, error) {
+	c, err := d.DialContext(ctx, "udp", addr)
 	if err != nil {
 		return Reply{}, err
 	}
@@ -158,6 +167,10 @@ func ProbeUDP(ctx context.Context, addr string) (Reply, error) {
 		n, err := c.Read(buf)
 		if err == nil {
 			return parseReply(string(buf[:n]))
+		}
+		// ICMP port unreachable is an answer (a service without endpoints refuses), not a loss.
+		if errors.Is(err, syscall.ECONNREFUSED) {
+			return Reply{}, fmt.Errorf("udp %s: %w", addr, err)
 		}
 		if ctx.Err() != nil {
 			return Reply{}, fmt.Errorf("udp %s: no reply: %w", addr, ctx.Err())

@@ -2,9 +2,12 @@ package testpod
 
 import (
 	"context"
+	"errors"
 	"net"
+	"net/netip"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -43,5 +46,58 @@ func TestServeAndProbeOnLoopback(t *testing.T) {
 	}
 	if _, err := ParsePorts("80,x"); err == nil {
 		t.Error("bad port accepted")
+	}
+}
+
+// TestClientsFromSources: each source address's connections leave from it (the server sees it) and
+// are counted under it; a dead destination counts as errors.
+func TestClientsFromSources(t *testing.T) {
+	port := freePort(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Serve(ctx, "ns/web", []int{port}, []int{port}) }()
+	t.Cleanup(func() { cancel(); <-done })
+	addr := "127.0.0.1:" + strconv.Itoa(port)
+	srcs := []netip.Addr{netip.MustParseAddr("127.0.0.2"), netip.MustParseAddr("127.0.0.3")}
+	deadline := time.Now().Add(5 * time.Second)
+	for _, proto := range []string{"tcp", "udp"} {
+		var got map[string]*ClientResult
+		// Retry until the server listens.
+		for {
+			got = Clients(context.Background(), proto, []string{addr}, srcs, 5, 3, time.Second)
+			if len(got["127.0.0.2"].Endpoints)+len(got["127.0.0.3"].Endpoints) == 2 || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		for _, s := range srcs {
+			r := got[s.String()]
+			if r.Endpoints["ns/web:"+strconv.Itoa(port)] != 5 || r.Seen[s.String()] != 5 {
+				t.Errorf("%s from %s: %+v", proto, s, r)
+			}
+		}
+	}
+	dead := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	got := Clients(context.Background(), "tcp", []string{dead}, srcs[:1], 2, 1, time.Second)
+	errs := 0
+	for k, n := range got["127.0.0.2"].Endpoints {
+		if !strings.HasPrefix(k, "error: ") {
+			t.Errorf("a dead destination answered: %+v", got["127.0.0.2"])
+		}
+		errs += n
+	}
+	if errs != 2 {
+		t.Errorf("2 connections to a dead destination: %+v", got["127.0.0.2"])
+	}
+}
+
+// TestProbeUDPRefused: a UDP probe to a port nothing listens on is refused at once (the kernel's ICMP
+// port unreachable), not retried until its deadline.
+func TestProbeUDPRefused(t *testing.T) {
+	dead := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := ProbeUDP(ctx, dead); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("UDP to a closed port: %v, want connection refused", err)
 	}
 }

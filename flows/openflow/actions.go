@@ -333,6 +333,65 @@ func (a Learn) String() string {
 	return "learn(" + strings.Join(parts, ",") + ")"
 }
 
+// HashFields says what a multipath action hashes (Open vSwitch's NX_HASH_FIELDS_*).
+type HashFields uint16
+
+// The fields multipath can hash; ofsdn uses HashNWSrc (the whole source address, jhash).
+const (
+	HashEthSrc HashFields = iota
+	HashSymmetricL4
+	HashSymmetricL3L4
+	HashSymmetricL3L4UDP
+	HashNWSrc
+	HashNWDst
+	HashSymmetricL3
+)
+
+var hashFieldNames = []string{"eth_src", "symmetric_l4", "symmetric_l3l4", "symmetric_l3l4+udp", "nw_src", "nw_dst", "symmetric_l3"}
+
+func (h HashFields) String() string {
+	if int(h) < len(hashFieldNames) {
+		return hashFieldNames[h]
+	}
+	return "<unknown>"
+}
+
+// MultipathAlgorithm is how multipath turns the hash into a link number (NX_MP_ALG_*).
+type MultipathAlgorithm uint16
+
+// Multipath's link choices. MultipathModuloN with 65536 links stores the raw low 16 bits of the hash.
+const (
+	MultipathModuloN MultipathAlgorithm = iota
+	MultipathHashThreshold
+	MultipathHRW
+	MultipathIterHash
+)
+
+var multipathAlgorithmNames = []string{"modulo_n", "hash_threshold", "hrw", "iter_hash"}
+
+func (a MultipathAlgorithm) String() string {
+	if int(a) < len(multipathAlgorithmNames) {
+		return multipathAlgorithmNames[a]
+	}
+	return "<unknown>"
+}
+
+// Multipath hashes Fields with Basis as the universal hash's parameter, picks a link in [0, Links)
+// with Algorithm (Arg is the algorithm's argument) and writes it into Dst (NXAST_MULTIPATH). Different
+// bases give independent hashes of the same fields.
+type Multipath struct {
+	Fields    HashFields
+	Basis     uint16
+	Algorithm MultipathAlgorithm
+	Links     uint32 // 1..65536
+	Arg       uint32
+	Dst       SubField
+}
+
+func (a Multipath) String() string {
+	return fmt.Sprintf("multipath(%s,%d,%s,%d,%d,%s)", a.Fields, a.Basis, a.Algorithm, a.Links, a.Arg, a.Dst)
+}
+
 // Unknown is an action ofsdn cannot decode, kept as raw bytes so dumps still show and diffs still
 // compare it.
 type Unknown struct{ Raw []byte }
@@ -352,6 +411,7 @@ func (Conjunction) isAction() {}
 func (Note) isAction()        {}
 func (CT) isAction()          {}
 func (Learn) isAction()       {}
+func (Multipath) isAction()   {}
 func (Unknown) isAction()     {}
 
 // actionsString prints an action list as ovs-ofctl does; an empty list is "drop".

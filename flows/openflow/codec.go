@@ -11,6 +11,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/bits"
 	"net"
 	"net/netip"
 	"time"
@@ -488,6 +489,8 @@ func toLibAction(a Action) (of.Action, error) {
 		return ctToLib(a)
 	case Learn:
 		return learnToLib(a)
+	case Multipath:
+		return multipathToWire(a)
 	case Unknown:
 		return rawAction(a.Raw), nil
 	case Goto:
@@ -632,6 +635,56 @@ func learnToLib(a Learn) (of.Action, error) {
 	return l, nil
 }
 
+// multipathToWire encodes NXAST_MULTIPATH (libOpenflow has no encoder for it): 32 bytes, as
+// nx_action_multipath in Open vSwitch's ofp-actions.c.
+func multipathToWire(a Multipath) (of.Action, error) {
+	f, err := checkSub(a.Dst)
+	if err != nil {
+		return nil, err
+	}
+	if a.Links < 1 || a.Links > 65536 {
+		return nil, fmt.Errorf("multipath: %d links, want 1..65536", a.Links)
+	}
+	if need := bits.Len32(a.Links - 1); a.Dst.NBits() < need {
+		return nil, fmt.Errorf("multipath: %d links need %d bits, %s has %d", a.Links, need, a.Dst, a.Dst.NBits())
+	}
+	if int(a.Fields) >= len(hashFieldNames) || int(a.Algorithm) >= len(multipathAlgorithmNames) {
+		return nil, fmt.Errorf("multipath: unknown fields %d or algorithm %d", a.Fields, a.Algorithm)
+	}
+	b := make([]byte, 32)
+	binary.BigEndian.PutUint16(b[0:], 0xffff)
+	binary.BigEndian.PutUint16(b[2:], 32)
+	binary.BigEndian.PutUint32(b[4:], nxExperimenter)
+	binary.BigEndian.PutUint16(b[8:], nxastMultipath)
+	binary.BigEndian.PutUint16(b[10:], uint16(a.Fields))
+	binary.BigEndian.PutUint16(b[12:], a.Basis)
+	binary.BigEndian.PutUint16(b[16:], uint16(a.Algorithm))
+	binary.BigEndian.PutUint16(b[18:], uint16(a.Links-1))
+	binary.BigEndian.PutUint32(b[20:], a.Arg)
+	binary.BigEndian.PutUint16(b[26:], a.Dst.ofsNbits())
+	binary.BigEndian.PutUint32(b[28:], f.MarshalHeader())
+	return rawAction(b), nil
+}
+
+func decodeMultipath(b []byte) (Action, error) {
+	if err := need(b, 32, "multipath"); err != nil {
+		return nil, err
+	}
+	ofsNbits := binary.BigEndian.Uint16(b[26:])
+	dst, err := subFieldFromWire(binary.BigEndian.Uint32(b[28:]), int(ofsNbits>>6), int(ofsNbits&0x3f)+1)
+	if err != nil {
+		return nil, fmt.Errorf("multipath: %w", err)
+	}
+	return Multipath{
+		Fields:    HashFields(binary.BigEndian.Uint16(b[10:])),
+		Basis:     binary.BigEndian.Uint16(b[12:]),
+		Algorithm: MultipathAlgorithm(binary.BigEndian.Uint16(b[16:])),
+		Links:     uint32(binary.BigEndian.Uint16(b[18:])) + 1,
+		Arg:       binary.BigEndian.Uint32(b[20:]),
+		Dst:       dst,
+	}, nil
+}
+
 // rawAction re-sends bytes of an action we could not decode.
 type rawAction []byte
 
@@ -650,6 +703,7 @@ const (
 	nxastRegMove       = 6
 	nxastRegLoad       = 7
 	nxastNote          = 8
+	nxastMultipath     = 10
 	nxastResubmitTable = 14
 	nxastOutputReg     = 15
 	nxastLearn         = 16
@@ -829,6 +883,8 @@ func decodeNXAction(b []byte) (Action, error) {
 		return decodeCT(b)
 	case nxastLearn:
 		return decodeLearn(b)
+	case nxastMultipath:
+		return decodeMultipath(b)
 	}
 	return Unknown{Raw: append([]byte(nil), b...)}, nil
 }

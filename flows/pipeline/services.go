@@ -7,12 +7,13 @@ package pipeline
 //     endpoint at all the connection is DNATed to the host's reject ports instead (see below).
 //   - table 42: per endpoint, reg6+reg4+reg5 → ct(commit, DNAT to it) → 45 (and, with affinity, learn
 //     the client → endpoint mapping into 41); reg6 alone → the select group, whose buckets load
-//     reg4/reg5 and resubmit 42. With affinity there is no group: reg6 + the low bits of the client's
-//     address pick the endpoint (see affinityChoice), so a client's early connections agree. A group
-//     holds at most MaxBucketsPerGroup buckets (an OpenFlow 1.3 message holds 64 KiB); bigger services
-//     get 2^k groups chosen by k low bits of the client's source port (from bit 1), which is
-//     independent of the datapath hash the groups select by. UDP always gets several rotated copies
-//     chosen that way, as OVS's select hash ignores UDP ports.
+//     reg4/reg5 and resubmit 42. A group holds at most MaxBucketsPerGroup buckets (an OpenFlow 1.3
+//     message holds 64 KiB); bigger services get 2^k groups chosen by k low bits of the client's
+//     source port (from bit 1), which is independent of the datapath hash the groups select by. UDP
+//     always gets several rotated copies chosen that way, as OVS's select hash ignores UDP ports.
+//   - with affinity there is no group: a hash of the client's whole address picks a slot in table 43
+//     that names the endpoint, the same on every node and for every connection of the client, spread
+//     as a uniform hash over the endpoints, at 3-7 flow-mods per endpoint change (services_affinity.go).
 //   - its group(s), with IDs derived from the owner key (collisions probed away, see idAllocator).
 //
 // The shared plumbing (owner pipeline/services) sends every IP packet through conntrack in
@@ -21,18 +22,32 @@ package pipeline
 // gateway's MAC. Isolation needs nothing of its own: after DNAT the packet still carries the client's
 // VNID in reg0 through routing (60) and ingress-isolation (80), locally or on the endpoint's node.
 //
+// Masquerade after the choice, as kube-proxy does it: the host DNATs NodePorts (node IP:nodePort →
+// ServiceNodePortIP:nodePort) without touching the source, so br0 chooses the endpoint — affinity
+// included — by the client's real address. Then a connection that needs it is SNATed to the gateway in
+// ZoneMasquerade (table 45), so the endpoint's replies, on whichever node, return through this node
+// to be un-NATed (table 30: un-masquerade, then un-DNAT): NodePorts with externalTrafficPolicy
+// Cluster, and connections from the host (hostNetwork clients) whose source lies outside the cluster
+// networks (table 30 flags them in reg3 bit 1; the DNAT commit keeps the flag as ct_mark bit 0, so
+// every later packet is masqueraded too). externalTrafficPolicy Local keeps the client's address.
+// Masquerading uses MasqueradePortMin..Max, ports the host never picks for its own connections from
+// the gateway, which br0's zone cannot see. Pods reaching a NodePort through their own node's address
+// are masqueraded by the host (nodenet), as their replies must pass the host's un-DNAT.
+//
 // Hairpin: a packet about to leave by the port it came in by (a pod reaching itself through its
 // service, or the host through tun0) is SNATed to ServiceHairpinIP in ZoneHairpin, so the reply comes
 // back through br0, where table 30 un-SNATs and un-DNATs it; table 105 sends both directions back out
-// of the ingress port with the MACs swapped. Those flows live with each pod (and tun0 in
-// pipeline/services).
+// of the ingress port with the MACs swapped. Whether the packet went through a service DNAT is a flag
+// in reg3 set by table 45, not its ct_state, which a later ct (masquerade, a policy's commit) replaces.
+// Those flows live with each pod (and tun0 in pipeline/services).
 //
 // Reject: OVS has no reject action and cannot set TCP flags, and ofsdn runs no controller. A service
 // without endpoints DNATs the connection to the node's gateway (tun0's address) at a port in
-// RejectPortMin..RejectPortMax, where nothing listens: the host's kernel answers a TCP SYN with a
-// reset and a UDP datagram with ICMP port unreachable, which br0 un-DNATs on the way back (related
-// ICMP included), so the client sees "connection refused" from the service address at once. The agent
-// should harden this with an nftables input rule rejecting tun0 traffic to those ports.
+// RejectPortMin..RejectPortMax, where the host's nftables input chain refuses it: a TCP SYN gets a
+// reset and a UDP datagram ICMP port unreachable, which br0 un-DNATs on the way back (related ICMP
+// included), so the client sees "connection refused" from the service address at once. From the
+// host (NodePorts, hostNetwork clients) the packet goes back out of tun0, so it is hairpinned and the
+// refusal comes back through br0 as well.
 
 import (
 	"cmp"
@@ -47,11 +62,32 @@ import (
 	"github.com/ofsdn/ofsdn/flows/reconcile"
 )
 
-// Conntrack zones of ofsdn: services (DNAT) and hairpin (SNAT), apart from the host's zone 0.
+// Conntrack zones of ofsdn: services (DNAT), hairpin (SNAT) and masquerade (SNAT), apart from the
+// host's zone 0.
 const (
-	ZoneService uint16 = 0xfff0
-	ZoneHairpin uint16 = 0xfff1
+	ZoneService    uint16 = 0xfff0
+	ZoneHairpin    uint16 = 0xfff1
+	ZoneMasquerade uint16 = 0xfff2
 )
+
+// MasqueradePortMin..MasqueradePortMax are the source ports masqueraded connections get at the
+// gateway's address. The host's own connections from the gateway (kubelet probes, hostNetwork
+// clients) are tracked by the kernel, not by br0's masquerade zone, so the two must not pick the same
+// ports: this range lies below Linux's ephemeral ports (ip_local_port_range, 32768-60999 by default)
+// and the NodePort range.
+const (
+	MasqueradePortMin uint16 = 1024
+	MasqueradePortMax uint16 = 29999
+)
+
+// The flags services keep in RegFlags, and the service zone's ct_mark bit that remembers masquerade.
+var (
+	flagServiceDNAT  = Bits(RegFlags, 0, 0)
+	flagMasquerade   = Bits(RegFlags, 1, 1)
+	ctMarkMasquerade = Bits(FieldCtMark, 0, 0)
+)
+
+const ctMarkMasqueradeBit uint32 = 1
 
 // The gateway ports a service without endpoints is DNATed to; the host kernel refuses them.
 const (
@@ -346,37 +382,60 @@ func renderServicesBase(s NodeState) []Flow {
 	unNAT := func(table TableID, zone uint16) CT {
 		return CT{Table: table, Zone: zone, NAT: &NAT{Kind: NATReverse}}
 	}
+	nets := s.ClusterNetworks
+	if len(nets) == 0 {
+		nets = []netip.Prefix{s.LocalSubnet}
+	}
+	masquerade := CT{Commit: true, Table: TableEgressPolicy, Zone: ZoneMasquerade,
+		NAT: &NAT{Kind: NATSrc, AddrMin: gw, PortMin: MasqueradePortMin, PortMax: MasqueradePortMax}}
+	markDNAT := Load{Dst: flagServiceDNAT, Value: 1}
+	dnatOriginal := CtState(CtDNAT|CtTrk, CtRpl)
+	toPodMAC := []Action{Move{Src: Whole(FieldIPDst), Dst: Bits(FieldEthDst, 0, 31)}, Load{Dst: Bits(FieldEthDst, 32, 47), Value: 0x0a58}}
 	out := []Flow{
 		// Replies to the hairpin address: un-SNAT first (only untracked packets, so it runs once),
-		// then back into this table for the service zone.
+		// then back into this table for the other zones.
 		F(TableConntrack, 200, M(append(IP, IPDst(ServiceHairpinIP), CtState(0, CtTrk))...), unNAT(TableConntrack, ZoneHairpin)),
+		// Replies to the gateway, straight or un-hairpinned: un-masquerade (nothing happens to the
+		// host's own traffic, which the masquerade zone never saw), then back for the service zone.
+		F(TableConntrack, 190, M(append(IP, IPDst(gw), CtState(0, CtTrk))...), unNAT(TableConntrack, ZoneMasquerade)),
+		F(TableConntrack, 190, M(append(IP, IPDst(gw), CtZone(ZoneHairpin))...), unNAT(TableConntrack, ZoneMasquerade)),
+		// A connection from the host (hostNetwork clients, NodePorts) whose source is outside the
+		// cluster networks is masqueraded once its endpoint is chosen, as kube-proxy does: the
+		// endpoint's replies, wherever it is, come back to this node's gateway to be un-NATed.
+		F(TableConntrack, 110, M(append(IP, InPort(PortTun0))...), Load{Dst: flagMasquerade, Value: 1}, unNAT(TableServices, ZoneService)),
 		F(TableConntrack, 100, M(IP...), unNAT(TableServices, ZoneService)),
 		// Established and related traffic, and any later packet of a DNATed connection (a SYN
 		// retransmitted, a second UDP datagram before the first reply) was translated by table 30.
 		F(TableServices, 300, M(CtState(CtEst|CtTrk, 0)), Goto{Table: TableServiceL2}),
 		F(TableServices, 300, M(CtState(CtRel|CtTrk, 0)), Goto{Table: TableServiceL2}),
 		F(TableServices, 300, M(CtState(CtDNAT|CtTrk, 0)), Goto{Table: TableServiceL2}),
+		// Every original-direction packet of a DNATed connection is flagged for the hairpin check.
 		// A rejected connection goes to the host as it is: it was addressed to the gateway's MAC.
-		F(TableServiceL2, 300, M(append(IP, CtState(CtDNAT|CtTrk, CtRpl), IPDst(gw))...), Goto{Table: TableEgressPolicy}),
+		F(TableServiceL2, 300, M(append(IP, dnatOriginal, IPDst(gw))...), markDNAT, Goto{Table: TableEgressPolicy}),
+		// Marked for masquerade when it was committed (ct_mark, from reg3 bit 1): SNAT to the gateway
+		// after the choice, in a zone of its own, at ports the host never picks as its own.
+		F(TableServiceL2, 240, M(append(IP, dnatOriginal, CtMark(ctMarkMasqueradeBit, ctMarkMasqueradeBit))...), markDNAT, masquerade),
+		F(TableServiceL2, 100, M(append(IP, dnatOriginal)...), markDNAT, Goto{Table: TableEgressPolicy}),
 		F(TableHairpinOutput, 100, M(),
 			Move{Src: Whole(FieldEthSrc), Dst: Whole(FieldEthDst)}, SetField{Field: FieldEthSrc, Value: MACValue(ServiceMAC)},
 			Output{Port: PortInPort}),
-	}
-	nets := s.ClusterNetworks
-	if len(nets) == 0 {
-		nets = []netip.Prefix{s.LocalSubnet}
 	}
 	for _, cn := range nets {
 		if !cn.Addr().Is4() {
 			continue
 		}
-		out = append(out, F(TableServiceL2, 200, M(append(IP, CtState(CtDNAT|CtTrk, CtRpl), IPDstNet(cn.Masked()))...),
-			Move{Src: Whole(FieldIPDst), Dst: Bits(FieldEthDst, 0, 31)}, Load{Dst: Bits(FieldEthDst, 32, 47), Value: 0x0a58},
-			Goto{Table: TableEgressPolicy}))
+		cn = cn.Masked()
+		out = append(out,
+			F(TableConntrack, 120, M(append(IP, InPort(PortTun0), IPSrcNet(cn))...), unNAT(TableServices, ZoneService)),
+			F(TableServiceL2, 250, M(append(IP, dnatOriginal, CtMark(ctMarkMasqueradeBit, ctMarkMasqueradeBit), IPDstNet(cn))...),
+				append(append(slices.Clone(toPodMAC), markDNAT), masquerade)...),
+			F(TableServiceL2, 200, M(append(IP, dnatOriginal, IPDstNet(cn))...),
+				append(append(slices.Clone(toPodMAC), markDNAT), Goto{Table: TableEgressPolicy})...))
 	}
 	for _, a := range []netip.Addr{ServiceHairpinIP, ServiceNodePortIP} {
 		out = append(out, arpResponder(a, ServiceMAC))
 	}
+	out = append(out, affinityRehash()...)
 	return append(out, HairpinFlows(PortTun0)...)
 }
 
@@ -392,15 +451,16 @@ func arpResponder(ip netip.Addr, mac net.HardwareAddr) Flow {
 }
 
 // HairpinFlows are a port's hairpin flows in table 100: a packet routed back out of the port it came
-// in by is SNATed to ServiceHairpinIP when it is the original direction of a DNATed connection, and
-// leaves through table 105 either way (OpenFlow drops output to the ingress port otherwise).
+// in by is SNATed to ServiceHairpinIP when it is the original direction of a service-DNATed connection
+// (reg3 bit 0, set in table 45), and leaves through table 105 either way (OpenFlow drops output to the
+// ingress port otherwise).
 func HairpinFlows(port uint32) []Flow {
 	if port == 0 {
 		return nil
 	}
 	back := M(append(IP, InPort(port), Reg(RegOutPort, port))...)
 	return []Flow{
-		F(TableOutput, 300, back.With(CtState(CtDNAT|CtTrk, CtRpl)),
+		F(TableOutput, 300, back.With(RegBits(flagServiceDNAT, 1)),
 			CT{Commit: true, Table: TableHairpinOutput, Zone: ZoneHairpin, NAT: &NAT{Kind: NATSrc, AddrMin: ServiceHairpinIP}}),
 		F(TableOutput, 290, back, Goto{Table: TableHairpinOutput}),
 	}
@@ -449,6 +509,16 @@ func renderServicePort(s NodeState, svc ServiceState, p ServicePort, ids *idAllo
 			st.Groups = append(st.Groups, groups...)
 		}
 		acts := []Action{LoadReg(RegServiceLB, lb)}
+		if fe.nodePort {
+			// externalTrafficPolicy Cluster masquerades (the endpoint may be on another node, and its
+			// replies must come back here), Local keeps the client's address (table 30 flagged a
+			// client outside the cluster networks).
+			masquerade := uint64(1)
+			if fe.local {
+				masquerade = 0
+			}
+			acts = append(acts, Load{Dst: flagMasquerade, Value: masquerade})
+		}
 		if svc.AffinityTimeout > 0 {
 			acts = append(acts, Resubmit{Table: TableServiceAffinity})
 		}
@@ -467,13 +537,14 @@ func renderLB(owner reconcile.Owner, lb uint32, proto uint8, srcField Field, eps
 			acts = append(acts, affinityLearn(owner, affinity))
 		}
 		acts = append(acts, CT{Commit: true, Table: TableServiceL2, Zone: ZoneService,
-			NAT: &NAT{Kind: NATDst, AddrMin: e.IP, PortMin: e.Port}})
+			NAT: &NAT{Kind: NATDst, AddrMin: e.IP, PortMin: e.Port}, Exec: []Action{Move{Src: flagMasquerade, Dst: ctMarkMasquerade}}})
 		flows = append(flows, F(TableServiceLB, 200,
 			M(append(Proto(proto), Reg(RegServiceLB, lb), Reg(RegEndpointIP, uint32(ip)), Reg(RegEndpointPort, uint32(e.Port)))...),
 			acts...))
 	}
 	if affinity > 0 {
-		return append(flows, affinityChoice(proto, lb, eps)...), nil, nil
+		choice, err := affinityChoice(proto, lb, eps)
+		return append(flows, choice...), nil, err
 	}
 	// Split into 2^k groups by bits 1..k of the client's source port: part i holds every
 	// endpoint j with j mod parts = i, so no group outgrows a message.
@@ -517,36 +588,6 @@ func renderLB(owner reconcile.Owner, lb uint32, proto uint8, srcField Field, eps
 		flows = append(flows, F(TableServiceLB, 100, m, ToGroup{ID: gid}))
 	}
 	return flows, groups, nil
-}
-
-// affinityChoice picks a sessionAffinity service's endpoint from the client's address alone: slot i
-// (the low bits of the source IP) → endpoint i mod n, then the endpoint's DNAT flow (which learns it).
-// A select group would choose per connection, and OVS makes a flow learned by a client's first
-// connection visible to the next ones only some milliseconds later (a real-OVS test saw a client's
-// first three connections land on three endpoints); a choice that depends on nothing but the client
-// gives every early connection the same endpoint. The learned flow then keeps the client there when the
-// endpoint set changes.
-func affinityChoice(proto uint8, lb uint32, eps []Endpoint) []Flow {
-	slots := affinitySlots(len(eps))
-	flows := make([]Flow, 0, slots)
-	for i := range slots {
-		e := eps[i%len(eps)]
-		ip, _ := IPv4Value(e.IP)
-		flows = append(flows, F(TableServiceLB, 100,
-			M(append(Proto(proto), Reg(RegServiceLB, lb), Masked(FieldIPSrc, uint64(i), uint64(slots-1)))...),
-			LoadReg(RegEndpointIP, uint32(ip)), LoadReg(RegEndpointPort, uint32(e.Port)), Resubmit{Table: TableServiceLB}))
-	}
-	return flows
-}
-
-// affinitySlots is how many source-address slots a sessionAffinity service spreads its clients over: at
-// least evenBuckets (3 endpoints: 22/21/21 of 64), else the next power of two ≥ n, at most 2^16.
-func affinitySlots(n int) int {
-	slots := evenBuckets
-	for slots < n && slots < 1<<16 {
-		slots *= 2
-	}
-	return slots
 }
 
 // evenBuckets is how many buckets a small load balancer is stretched to. OVS's select groups map 2^k

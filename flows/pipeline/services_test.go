@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"net/netip"
 	"reflect"
 	"slices"
@@ -10,6 +11,7 @@ import (
 
 	. "github.com/ofsdn/ofsdn/flows/openflow"
 	"github.com/ofsdn/ofsdn/flows/reconcile"
+	"github.com/ofsdn/ofsdn/internal/stats"
 )
 
 func svcNode(svcs ...ServiceState) NodeState {
@@ -58,8 +60,8 @@ func TestServiceGolden(t *testing.T) {
 		svc: ServiceState{Namespace: "ns", Name: "web", ClusterIP: netip.MustParseAddr("172.30.0.10"),
 			Ports: []ServicePort{{Name: "http", Protocol: IPProtoTCP, Port: 80, Endpoints: two}}},
 		want: []string{
-			"table=42, priority=200,tcp,reg4=0xa80000c,reg5=0x1f90,reg6=0x5dbd5ef3 actions=ct(commit,table=45,zone=65520,nat(dst=10.128.0.12:8080))",
-			"table=42, priority=200,tcp,reg4=0xa810005,reg5=0x1f90,reg6=0x5dbd5ef3 actions=ct(commit,table=45,zone=65520,nat(dst=10.129.0.5:8080))",
+			"table=42, priority=200,tcp,reg4=0xa80000c,reg5=0x1f90,reg6=0x5dbd5ef3 actions=ct(commit,table=45,zone=65520,nat(dst=10.128.0.12:8080),exec(move:NXM_NX_REG3[1]->NXM_NX_CT_MARK[0]))",
+			"table=42, priority=200,tcp,reg4=0xa810005,reg5=0x1f90,reg6=0x5dbd5ef3 actions=ct(commit,table=45,zone=65520,nat(dst=10.129.0.5:8080),exec(move:NXM_NX_REG3[1]->NXM_NX_CT_MARK[0]))",
 			"table=42, priority=100,tcp,reg6=0x5dbd5ef3 actions=group:1572691699",
 			"table=40, priority=100,tcp,nw_dst=172.30.0.10,tp_dst=80 actions=load:0x5dbd5ef3->NXM_NX_REG6[],goto_table:42",
 			"group_id=1572691699,type=select,bucket=actions=load:0xa80000c->NXM_NX_REG4[],load:0x1f90->NXM_NX_REG5[],resubmit(,42),bucket=actions=load:0xa810005->NXM_NX_REG4[],load:0x1f90->NXM_NX_REG5[],resubmit(,42)",
@@ -77,21 +79,22 @@ func TestServiceGolden(t *testing.T) {
 			Ports: []ServicePort{{Name: "s", Protocol: IPProtoSCTP, Port: 9, NodePort: 30009, Endpoints: append(two,
 				Endpoint{IP: netip.MustParseAddr("10.128.0.13"), Port: 8080, Serving: true, Terminating: true, Local: true})}}},
 		want: []string{
-			"table=42, priority=200,sctp,reg4=0xa80000c,reg5=0x1f90,reg6=0x57f1df5f actions=learn(table=41,idle_timeout=65535,priority=100,delete_learned,cookie=0x900d45639b6,eth_type=0x800,NXM_NX_REG6[],NXM_OF_IP_SRC[],load:NXM_NX_REG4[]->NXM_NX_REG4[],load:NXM_NX_REG5[]->NXM_NX_REG5[]),ct(commit,table=45,zone=65520,nat(dst=10.128.0.12:8080))",
-			"table=42, priority=200,sctp,reg4=0xa810005,reg5=0x1f90,reg6=0x57f1df5f actions=learn(table=41,idle_timeout=65535,priority=100,delete_learned,cookie=0x900d45639b6,eth_type=0x800,NXM_NX_REG6[],NXM_OF_IP_SRC[],load:NXM_NX_REG4[]->NXM_NX_REG4[],load:NXM_NX_REG5[]->NXM_NX_REG5[]),ct(commit,table=45,zone=65520,nat(dst=10.129.0.5:8080))",
-			"table=42, priority=100,sctp,reg6=0x57f1df5f,nw_src=0.0.0.0/0.0.0.63 actions=load:0xa80000c->NXM_NX_REG4[],load:0x1f90->NXM_NX_REG5[],resubmit(,42)",
-			"table=42, priority=100,sctp,reg6=0x57f1df5f,nw_src=0.0.0.1/0.0.0.63 actions=load:0xa810005->NXM_NX_REG4[],load:0x1f90->NXM_NX_REG5[],resubmit(,42)",
-			"… 62 more address slots, alternating",
+			"table=42, priority=200,sctp,reg4=0xa80000c,reg5=0x1f90,reg6=0x57f1df5f actions=learn(table=41,idle_timeout=65535,priority=100,delete_learned,cookie=0x900d45639b6,eth_type=0x800,NXM_NX_REG6[],NXM_OF_IP_SRC[],load:NXM_NX_REG4[]->NXM_NX_REG4[],load:NXM_NX_REG5[]->NXM_NX_REG5[]),ct(commit,table=45,zone=65520,nat(dst=10.128.0.12:8080),exec(move:NXM_NX_REG3[1]->NXM_NX_CT_MARK[0]))",
+			"table=42, priority=200,sctp,reg4=0xa810005,reg5=0x1f90,reg6=0x57f1df5f actions=learn(table=41,idle_timeout=65535,priority=100,delete_learned,cookie=0x900d45639b6,eth_type=0x800,NXM_NX_REG6[],NXM_OF_IP_SRC[],load:NXM_NX_REG4[]->NXM_NX_REG4[],load:NXM_NX_REG5[]->NXM_NX_REG5[]),ct(commit,table=45,zone=65520,nat(dst=10.129.0.5:8080),exec(move:NXM_NX_REG3[1]->NXM_NX_CT_MARK[0]))",
+			// Two endpoints, four slots: the client address's hash picks one.
+			"table=42, priority=100,sctp,reg6=0x57f1df5f actions=multipath(nw_src,0,modulo_n,65536,0,NXM_NX_REG7[0..15]),resubmit(,43)",
+			"table=43, priority=200,reg6=0x57f1df5f,reg7=0/0x3 actions=load:0xa80000c->NXM_NX_REG4[],load:0x1f90->NXM_NX_REG5[],resubmit(,42)",
+			"table=43, priority=200,reg6=0x57f1df5f,reg7=0x1/0x3 actions=load:0xa810005->NXM_NX_REG4[],load:0x1f90->NXM_NX_REG5[],resubmit(,42)",
+			"table=43, priority=100,reg6=0x57f1df5f actions=load:0xa80000c->NXM_NX_REG4[],load:0x1f90->NXM_NX_REG5[],resubmit(,42)",
 			"table=40, priority=100,sctp,nw_dst=172.30.0.12,tp_dst=9 actions=load:0x57f1df5f->NXM_NX_REG6[],resubmit(,41),goto_table:42",
-			"table=42, priority=200,sctp,reg4=0xa80000c,reg5=0x1f90,reg6=0x12a6aa8e actions=learn(table=41,idle_timeout=65535,priority=100,delete_learned,cookie=0x900d45639b6,eth_type=0x800,NXM_NX_REG6[],NXM_OF_IP_SRC[],load:NXM_NX_REG4[]->NXM_NX_REG4[],load:NXM_NX_REG5[]->NXM_NX_REG5[]),ct(commit,table=45,zone=65520,nat(dst=10.128.0.12:8080))",
-			"table=42, priority=100,sctp,reg6=0x12a6aa8e,nw_src=0.0.0.0/0.0.0.63 actions=load:0xa80000c->NXM_NX_REG4[],load:0x1f90->NXM_NX_REG5[],resubmit(,42)",
-			"table=42, priority=100,sctp,reg6=0x12a6aa8e,nw_src=0.0.0.1/0.0.0.63 actions=load:0xa80000c->NXM_NX_REG4[],load:0x1f90->NXM_NX_REG5[],resubmit(,42)",
-			"… 62 more address slots, alternating",
-			"table=40, priority=100,sctp,nw_dst=169.254.169.3,tp_dst=30009 actions=load:0x12a6aa8e->NXM_NX_REG6[],resubmit(,41),goto_table:42",
+			// The NodePort (local endpoints only): one endpoint, no hash; the client's address is kept.
+			"table=42, priority=200,sctp,reg4=0xa80000c,reg5=0x1f90,reg6=0x12a6aa8e actions=learn(table=41,idle_timeout=65535,priority=100,delete_learned,cookie=0x900d45639b6,eth_type=0x800,NXM_NX_REG6[],NXM_OF_IP_SRC[],load:NXM_NX_REG4[]->NXM_NX_REG4[],load:NXM_NX_REG5[]->NXM_NX_REG5[]),ct(commit,table=45,zone=65520,nat(dst=10.128.0.12:8080),exec(move:NXM_NX_REG3[1]->NXM_NX_CT_MARK[0]))",
+			"table=42, priority=100,sctp,reg6=0x12a6aa8e actions=load:0xa80000c->NXM_NX_REG4[],load:0x1f90->NXM_NX_REG5[],resubmit(,42)",
+			"table=40, priority=100,sctp,nw_dst=169.254.169.3,tp_dst=30009 actions=load:0x12a6aa8e->NXM_NX_REG6[],load:0->NXM_NX_REG3[1],resubmit(,41),goto_table:42",
 		},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := elideAddressSlots(renderOne(t, tc.svc))
+			got := renderOne(t, tc.svc)
 			if strings.Join(got, "\n") != strings.Join(tc.want, "\n") {
 				t.Errorf("got:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(tc.want, "\n"))
 			}
@@ -99,52 +102,236 @@ func TestServiceGolden(t *testing.T) {
 	}
 }
 
-// elideAddressSlots keeps the first two of each run of sessionAffinity address-slot flows (table 42,
-// matching nw_src) and replaces the rest by one line, so a golden stays readable.
-func elideAddressSlots(flows []string) []string {
-	var out []string
-	run := 0
-	for i, f := range flows {
-		slot := strings.HasPrefix(f, "table=42, priority=100,") && strings.Contains(f, ",nw_src=")
-		if slot {
-			run++
-			if run <= 2 {
-				out = append(out, f)
+// walkAffinity follows a rendered node's flows (lookup) in tables 42 and 43 the way OVS does for a new client of
+// load balancer lb, with hash(basis) standing in for multipath's hash of the client's address, and
+// returns the endpoint (reg4:reg5) the client lands on and how many hashes it took.
+func walkAffinity(t *testing.T, lookup miniClassifier, lb uint32, hash func(basis uint16) uint16) (string, int) {
+	t.Helper()
+	regs := map[Field]uint64{RegServiceLB: uint64(lb)}
+	hashes := 0
+	var run func(table TableID, depth int)
+	run = func(table TableID, depth int) {
+		if depth > 64 {
+			t.Fatal("resubmit depth beyond OVS's 64")
+		}
+		best := lookup.find(table, regs)
+		if best == nil {
+			t.Fatalf("table %d: no flow matches %v", table, regs)
+		}
+		for _, a := range best.Actions {
+			switch a := a.(type) {
+			case Multipath:
+				hashes++
+				regs[a.Dst.Field] = regs[a.Dst.Field]&^(uint64(0xffff)<<a.Dst.Start) | uint64(hash(a.Basis))%uint64(a.Links)<<a.Dst.Start
+			case Load:
+				mask := (uint64(1)<<uint(a.Dst.NBits()) - 1) << a.Dst.Start
+				regs[a.Dst.Field] = regs[a.Dst.Field]&^mask | a.Value<<a.Dst.Start
+			case Resubmit:
+				run(a.Table, depth+1)
+			case CT, Learn:
+				return // the DNAT flow: the choice is made
 			}
 		}
-		if run > 2 && (!slot || i == len(flows)-1) {
-			out = append(out, fmt.Sprintf("… %d more address slots, alternating", run-2))
-		}
-		if !slot {
-			run = 0
-			out = append(out, f)
-		}
 	}
-	return out
+	run(TableServiceLB, 0)
+	return fmt.Sprintf("%#x:%d", regs[RegEndpointIP], regs[RegEndpointPort]), hashes
 }
 
-func TestAffinityChoiceSpreadsAndSticks(t *testing.T) {
-	for _, n := range []int{1, 3, 64, 100, 2000} {
-		eps := make([]Endpoint, n)
-		for i := range eps {
-			eps[i] = readyEP(netip.AddrFrom4([4]byte{10, 128, byte(i >> 8), byte(i)}).String(), 80, true)
+// miniClassifier finds the highest-priority flow of a table whose register matches hold, as OVS's
+// classifier does (one hash table per set of masks); protocol matches are taken as satisfied.
+type miniClassifier map[TableID][]*subtable
+
+type subtable struct {
+	fields []Field
+	masks  []uint64
+	flows  map[string]*Flow
+}
+
+func matchMask(mf MatchField) uint64 {
+	if mf.Masked {
+		return mf.Mask
+	}
+	if b := mf.Field.Bits(); b < 64 {
+		return 1<<b - 1
+	}
+	return ^uint64(0)
+}
+
+func newMiniClassifier(flows []Flow) miniClassifier {
+	c := miniClassifier{}
+	for i := range flows {
+		f := &flows[i]
+		var fields []Field
+		var masks, values []uint64
+		for _, mf := range f.Match.Fields() {
+			if mf.Field == FieldEthType || mf.Field == FieldIPProto {
+				continue
+			}
+			fields, masks, values = append(fields, mf.Field), append(masks, matchMask(mf)), append(values, mf.Value&matchMask(mf))
 		}
-		flows := affinityChoice(IPProtoTCP, 7, eps)
+		var st *subtable
+		for _, x := range c[f.Table] {
+			if slices.Equal(x.fields, fields) && slices.Equal(x.masks, masks) {
+				st = x
+			}
+		}
+		if st == nil {
+			st = &subtable{fields: fields, masks: masks, flows: map[string]*Flow{}}
+			c[f.Table] = append(c[f.Table], st)
+		}
+		k := fmt.Sprint(values)
+		if old := st.flows[k]; old == nil || old.Priority < f.Priority {
+			st.flows[k] = f
+		}
+	}
+	return c
+}
+
+func (c miniClassifier) find(table TableID, regs map[Field]uint64) *Flow {
+	var best *Flow
+	for _, st := range c[table] {
+		values := make([]uint64, len(st.fields))
+		for i, f := range st.fields {
+			values[i] = regs[f] & st.masks[i]
+		}
+		if f := st.flows[fmt.Sprint(values)]; f != nil && (best == nil || f.Priority > best.Priority) {
+			best = f
+		}
+	}
+	return best
+}
+
+func affinityService(eps []Endpoint) ServiceState {
+	return ServiceState{Namespace: "ns", Name: "sticky", ClusterIP: netip.MustParseAddr("172.30.0.12"), AffinityTimeout: 600,
+		Ports: []ServicePort{{Name: "p", Protocol: IPProtoTCP, Port: 80, Endpoints: eps}}}
+}
+
+func endpointsN(n int, salt byte) []Endpoint {
+	eps := make([]Endpoint, n)
+	for i := range eps {
+		eps[i] = readyEP(netip.AddrFrom4([4]byte{10, 128 + salt, byte(i >> 8), byte(i)}).String(), 8080, true)
+	}
+	return eps
+}
+
+// renderedAffinity renders a node with svc and returns all its flows and the service's load balancer.
+func renderedAffinity(t *testing.T, svc ServiceState) ([]Flow, uint32) {
+	t.Helper()
+	owners, err := Render(svcNode(svc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var flows []Flow
+	for _, st := range owners {
+		flows = append(flows, st.Flows...)
+	}
+	for _, f := range owners[ServicePortOwner(svc, svc.Ports[0])].Flows {
+		if f.Table == TableServices {
+			for _, a := range f.Actions {
+				if l, ok := a.(Load); ok && l.Dst == Whole(RegServiceLB) {
+					return flows, uint32(l.Value)
+				}
+			}
+		}
+	}
+	t.Fatal("no load balancer")
+	return nil, 0
+}
+
+// TestAffinityChoiceIsUniform: walking the rendered flows with an ideal random hash, 30,000 clients
+// spread over n endpoints as a uniform choice would (chi-square below its 99.99% quantile, a seeded
+// stand-in for the hash, so the test is deterministic), each endpoint reachable, each client taking few
+// hashes; the fallback after affinityAttempts empty slots still lands on an endpoint.
+func TestAffinityChoiceIsUniform(t *testing.T) {
+	for _, n := range []int{1, 2, 3, 5, 7, 12, 100, 1000} {
+		flows, lb := renderedAffinity(t, affinityService(endpointsN(n, 0)))
+		lookup := newMiniClassifier(flows)
+		rng := rand.New(rand.NewPCG(uint64(n), 7))
+		const clients = 30000
+		counts := map[string]int{}
+		hashes := 0
+		for range clients {
+			seed := rng.Uint64()
+			ep, k := walkAffinity(t, lookup, lb, func(basis uint16) uint16 {
+				return uint16(rand.New(rand.NewPCG(seed, uint64(basis))).Uint32())
+			})
+			counts[ep]++
+			hashes += k
+		}
+		if len(counts) != n {
+			t.Errorf("%d endpoints: %d chosen", n, len(counts))
+		}
+		var all []int
+		for _, c := range counts {
+			all = append(all, c)
+		}
+		chi2 := stats.ChiSquare(all)
+		// Wilson-Hilferty: the 99.99% quantile of chi-square with n-1 degrees of freedom.
+		limit := stats.ChiSquareQuantile(n-1, 3.719)
+		t.Logf("%d endpoints, %d slots: chi-square %.1f (99.99%% limit %.1f), %.2f hashes per client", n, affinitySlots(n), chi2, limit, float64(hashes)/clients)
+		if n > 1 && chi2 > limit {
+			t.Errorf("%d endpoints: chi-square %.1f above %.1f: %v", n, chi2, limit, counts)
+		}
+		if per := float64(hashes) / clients; n > 1 && per > 3 {
+			t.Errorf("%d endpoints: %.2f hashes per client", n, per)
+		}
+	}
+	// A hash that always falls on an empty slot: 32 tries, then the fallback endpoint.
+	flows, lb := renderedAffinity(t, affinityService(endpointsN(3, 0)))
+	slots := map[uint64]bool{}
+	for _, f := range flows {
+		if f.Table == TableServiceHash && f.Priority == 200 {
+			mf, _ := f.Match.Get(RegAffinityHash)
+			slots[mf.Value] = true
+		}
+	}
+	empty := uint16(0)
+	for slots[uint64(empty)] {
+		empty++
+	}
+	if ep, k := walkAffinity(t, newMiniClassifier(flows), lb, func(uint16) uint16 { return empty }); k != affinityAttempts+1 || ep == "0:0" {
+		t.Errorf("always an empty slot: %d hashes, endpoint %s", k, ep)
+	}
+}
+
+// TestAffinityLayout: each endpoint owns exactly one slot, no two share one, the slot count keeps
+// between 3/8 and 3/4 of them full, the layout depends on the endpoint set only (not its order), and
+// one endpoint added or removed moves at most a few others.
+func TestAffinityLayout(t *testing.T) {
+	for _, n := range []int{2, 3, 4, 10, 96, 97, 1000} {
+		eps := endpointsN(n, 0)
 		slots := affinitySlots(n)
-		if len(flows) != slots || slots < n || slots&(slots-1) != 0 {
-			t.Fatalf("%d endpoints: %d flows for %d slots", n, len(flows), slots)
+		if 8*n <= 3*slots || 4*n > 3*slots {
+			t.Errorf("%d endpoints in %d slots", n, slots)
 		}
-		// Every endpoint owns a slot, and no endpoint owns more than one slot more than another.
-		per := map[string]int{}
-		for _, f := range flows {
-			per[strings.Split(strings.SplitAfter(f.String(), "actions=load:")[1], "->")[0]]++
+		layout := affinityLayout(eps, slots)
+		seen := map[int]bool{}
+		for _, s := range layout {
+			if s < 0 || s >= slots || seen[s] {
+				t.Fatalf("%d endpoints: slot %d out of range or shared: %v", n, s, layout)
+			}
+			seen[s] = true
 		}
-		lo, hi := slots, 0
-		for _, c := range per {
-			lo, hi = min(lo, c), max(hi, c)
+		shuffled := slices.Clone(eps)
+		rand.New(rand.NewPCG(1, 2)).Shuffle(len(shuffled), func(i, j int) { shuffled[i], shuffled[j] = shuffled[j], shuffled[i] })
+		again := affinityLayout(shuffled, slots)
+		for i, e := range shuffled {
+			if j := slices.Index(eps, e); again[i] != layout[j] {
+				t.Fatalf("%d endpoints: the layout depends on their order", n)
+			}
 		}
-		if len(per) != n || hi-lo > 1 {
-			t.Errorf("%d endpoints over %d slots: %d endpoints used, %d..%d slots each", n, slots, len(per), lo, hi)
+		if affinitySlots(n+1) != slots {
+			continue
+		}
+		more := append(slices.Clone(eps), readyEP("10.131.0.1", 8080, true))
+		moved := 0
+		for i, s := range affinityLayout(more, slots)[:n] {
+			if s != layout[i] {
+				moved++
+			}
+		}
+		if moved > 4 {
+			t.Errorf("%d endpoints: adding one moved %d others", n, moved)
 		}
 	}
 }

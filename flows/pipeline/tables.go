@@ -6,7 +6,7 @@
 //
 // Where each flow comes from: render_base.go (dispatch, table defaults, version note), render.go
 // (the local subnet, pods, tenants, remote nodes), services.go (services, their groups and learned
-// affinity), owners.go (who owns what).
+// affinity), services_affinity.go (sessionAffinity's choice), owners.go (who owns what).
 //
 // The pipeline (table numbers are fixed so dumps stay comparable across versions):
 //
@@ -15,16 +15,28 @@
 //	 20 pod-ingress       anti-spoofing: in_port + MAC + IP (and ARP sha/spa) must be the pod's; reg0 = pod VNID
 //	 25 host-ingress      from tun0 (host, hostNetwork pods): reg0 = 0 (global)
 //	 30 conntrack         ct(nat) in ofsdn's zones so replies are un-NATed before routing: replies to the
-//	                      hairpin address first through the hairpin zone (un-SNAT), then every IP packet
-//	                      through the service zone (un-DNAT; an established connection's DNAT re-applied)
+//	                      hairpin address through the hairpin zone (un-SNAT), replies to the gateway through
+//	                      the masquerade zone (un-SNAT), then every IP packet through the service zone
+//	                      (un-DNAT; an established connection's DNAT re-applied); a new connection from the
+//	                      host with a source outside the cluster networks is flagged for masquerade (reg3)
 //	 40 services          established/related connections bypass selection (→ 45); ClusterIP and NodePort
 //	                      addresses: reg6 = the service port's load-balancer ID, → 42 (affinity first
-//	                      resubmits 41); a service without endpoints is rejected (DNAT to the host's reject ports)
+//	                      resubmits 41); NodePorts set or clear the masquerade flag (externalTrafficPolicy);
+//	                      a service without endpoints is rejected (DNAT to the host's reject ports)
 //	 41 service-affinity  learned flows only (sessionAffinity ClientIP): reg6 + client IP → reg4/reg5 endpoint
-//	 42 service-lb        reg6 + reg4/reg5 (an endpoint) → ct(commit, DNAT to it) → 45; reg6 alone → select
-//	                      group, whose buckets load reg4/reg5 and resubmit 42 (big services: several groups);
-//	                      with sessionAffinity, reg6 + low bits of nw_src load the endpoint instead
-//	 45 service-l2        a DNATed packet towards a pod gets the pod's MAC (0a:58 + its IP)
+//	 42 service-lb        reg6 + reg4/reg5 (an endpoint) → ct(commit, DNAT to it, ct_mark = the masquerade
+//	                      flag) → 45; reg6 alone → select group, whose buckets load reg4/reg5 and resubmit 42
+//	                      (big services: several groups); with sessionAffinity, reg6 → a hash of the
+//	                      client's address (multipath) into reg7 and on to 43
+//	 43 service-hash      sessionAffinity's choice: the hash's slot → its endpoint in reg4/reg5, resubmit 42;
+//	                      an empty slot hashes again. A hash of the whole address (not its low bits, which
+//	                      put every node's .1 on one endpoint) with one slot per endpoint: exactly uniform
+//	                      (measured chi-square inside its 99.99% quantile for 2..1000 endpoints), and an
+//	                      endpoint change touches its own slot, 3-7 flow-mods where the address-bit slots
+//	                      took 45-70 (services_affinity.go has the measurements and the alternatives)
+//	 45 service-l2        a DNATed packet (flagged in reg3 for the hairpin check) towards a pod gets the pod's
+//	                      MAC (0a:58 + its IP); a connection marked for masquerade is SNATed to the gateway
+//	                      in the masquerade zone, after the endpoint was chosen
 //	 50 egress-policy     NetworkPolicy egress (networkpolicy mode, netpol.go): replies/related pass; a
 //	                      policy's rules are conjunctions (pods × ports × peers) at its own priority; an
 //	                      egress-isolated pod's default deny; everything else continues to 60
@@ -38,14 +50,15 @@
 //	 90 tunnel-egress     reg0 → tun_id, remote node IP → tun_dst, output vxlan0
 //	100 output            output:reg2; a packet leaving by the port it came in by (hairpin: a pod reaching
 //	                      itself through a service, the host through tun0) is SNATed to the hairpin
-//	                      address in the hairpin zone and goes to 105
+//	                      address in the hairpin zone when reg3 says it went through a service DNAT, and
+//	                      goes to 105
 //	105 hairpin-output    swap MACs and send back out of the ingress port
 //	253 version           a note carrying the pipeline version; never matched by traffic
 //
 // Every table ends in an explicit default (miss) flow, so drop counters in `flowctl dump` show where
 // packets die. Registers: reg0 = source VNID, reg1 = destination VNID, reg2 = output port (openshift-sdn's
-// convention), reg4/reg5/reg6 = the chosen endpoint's IP and port and the service's load-balancer ID;
-// see the Reg* names below.
+// convention), reg3 = flags, reg4/reg5/reg6 = the chosen endpoint's IP and port and the service's
+// load-balancer ID, reg7 = sessionAffinity's hash; see the Reg* names below.
 package pipeline
 
 import (
@@ -66,6 +79,7 @@ const (
 	TableServices         TableID = 40
 	TableServiceAffinity  TableID = 41
 	TableServiceLB        TableID = 42
+	TableServiceHash      TableID = 43
 	TableServiceL2        TableID = 45
 	TableEgressPolicy     TableID = 50
 	TableRouting          TableID = 60
@@ -82,10 +96,16 @@ const (
 	RegSrcVNID = FieldReg0 // VNID of the packet's source (0 = global)
 	RegDstVNID = FieldReg1 // VNID of the destination pod
 	RegOutPort = FieldReg2 // OpenFlow port the packet leaves by
+	// RegFlags are per-packet flags: bit 0, an original-direction packet of a service-DNATed connection
+	// (table 45 sets it; the hairpin check in 100 reads it, as a policy commit in between clears the
+	// ct_state it came from); bit 1, masquerade this new connection after its endpoint is chosen.
+	RegFlags = FieldReg3
 	// Services: the endpoint a packet is DNATed to, and which service port's load balancer chose it.
 	RegEndpointIP   = FieldReg4
 	RegEndpointPort = FieldReg5
 	RegServiceLB    = FieldReg6
+	// RegAffinityHash: bits 0..15 a hash of a sessionAffinity client's address, 16..23 how many were taken.
+	RegAffinityHash = FieldReg7
 )
 
 // Table documents one table: its name, what it is for, and what happens to a packet that matches
@@ -107,7 +127,8 @@ var Tables = []Table{
 	{TableConntrack, "conntrack", "send IP through conntrack so replies of NATed connections are un-NATed", TableServices},
 	{TableServices, "services", "service VIPs and NodePorts: established traffic bypasses; new picks a load balancer or is rejected", TableEgressPolicy},
 	{TableServiceAffinity, "service-affinity", "learned sessionAffinity: client IP → endpoint (resubmitted; a miss does nothing)", NoTable},
-	{TableServiceLB, "service-lb", "select an endpoint (select group, or client-address slot with affinity) and DNAT to it in conntrack", NoTable},
+	{TableServiceLB, "service-lb", "select an endpoint (select group, or with affinity a hash of the client's address) and DNAT to it in conntrack", NoTable},
+	{TableServiceHash, "service-hash", "sessionAffinity: the slot of the client address's hash → its endpoint; an empty slot hashes again", NoTable},
 	{TableServiceL2, "service-l2", "after DNAT: address the endpoint pod's MAC", TableEgressPolicy},
 	{TableEgressPolicy, "egress-policy", "NetworkPolicy egress: the source pod's policies allow the connection, or its isolation drops it", TableRouting},
 	{TableRouting, "routing", "find the destination: local pod, remote node subnet, or the host", NoTable},

@@ -5,6 +5,8 @@
 //	ofsdn-testpod probe tcp|udp HOST:PORT [--payload 1400] [--timeout 2s]
 //	ofsdn-testpod spread tcp|udp HOST:PORT [--count 600] [--parallel 8] [--timeout 2s]   (JSON counts per endpoint)
 //	ofsdn-testpod udp-session HOST:PORT [--interval 200ms] [--duration 10s]          (one socket, a line per question)
+//	ofsdn-testpod clients tcp|udp HOST:PORT[,HOST:PORT…] --sources A,B,… [--count 50] [--parallel 16] [--timeout 2s]
+//	                                                                  (JSON per source: endpoints and seen addresses)
 package main
 
 import (
@@ -12,8 +14,10 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -90,6 +94,33 @@ func run(args []string) error {
 			return err
 		}
 		return json.NewEncoder(os.Stdout).Encode(testpod.Spread(ctx, args[1], args[2], *count, *parallel, *timeout))
+	case "clients":
+		fs := flag.NewFlagSet("clients", flag.ContinueOnError)
+		count := fs.Int("count", 50, "connections per source")
+		parallel := fs.Int("parallel", 16, "at a time")
+		timeout := fs.Duration("timeout", 2*time.Second, "per connection")
+		sources := fs.String("sources", "", "source addresses (comma-separated); empty: the kernel's choice")
+		if len(args) < 3 {
+			return fmt.Errorf("usage: clients tcp|udp HOST:PORT[,HOST:PORT…] --sources A,B,…")
+		}
+		if err := fs.Parse(args[3:]); err != nil {
+			return err
+		}
+		var srcs []netip.Addr
+		for _, f := range strings.Split(*sources, ",") {
+			if f = strings.TrimSpace(f); f == "" {
+				continue
+			}
+			a, err := netip.ParseAddr(f)
+			if err != nil {
+				return fmt.Errorf("--sources: %w", err)
+			}
+			srcs = append(srcs, a)
+		}
+		if len(srcs) == 0 {
+			srcs = []netip.Addr{{}}
+		}
+		return json.NewEncoder(os.Stdout).Encode(testpod.Clients(ctx, args[1], strings.Split(args[2], ","), srcs, *count, *parallel, *timeout))
 	case "udp-session":
 		fs := flag.NewFlagSet("udp-session", flag.ContinueOnError)
 		interval := fs.Duration("interval", 200*time.Millisecond, "between questions")
