@@ -183,7 +183,7 @@ func startPinger(from *ovstest.Pod, to netip.Addr, count int) *pinger {
 func (p *pinger) wait(t *testing.T, what string) {
 	t.Helper()
 	p.wg.Wait()
-	if p.err != nil || p.got != p.sent {
+	if p.err != nil || p.got < p.sent { // ping counts a duplicated reply, too
 		t.Errorf("%s: %d of %d pings at 100/s answered (%v)", what, p.got, p.sent, p.err)
 	}
 }

@@ -80,7 +80,8 @@ func (p *Pod) Exec(name string, args ...string) (string, error) {
 // Ping sends count pings at the given interval (ping accepts 0.1 s as root) and returns how many
 // were answered.
 func (p *Pod) Ping(dst netip.Addr, count int, interval time.Duration) (received int, err error) {
-	deadline := int(time.Duration(count)*interval/time.Second) + 3
+	// Generous: a loaded machine sends late, and a ping that ran out of time would count as loss.
+	deadline := int(2*time.Duration(count)*interval/time.Second) + 5
 	out, _ := exec.Command("ip", "netns", "exec", p.NetNS, "ping", "-n", "-q",
 		"-c", strconv.Itoa(count), "-i", fmt.Sprintf("%.3f", interval.Seconds()), "-w", strconv.Itoa(deadline),
 		dst.String()).CombinedOutput()
