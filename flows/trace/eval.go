@@ -159,6 +159,35 @@ func (s *state) matches(m openflow.Match) bool {
 	return true
 }
 
+// afterCT is the packet a ct() recirculates, as the first packet of a new connection sees it: a fresh
+// lookup in the action's zone, with the mark a commit's exec() gives the connection (0 when
+// there is no commit: a new connection has none).
+func (s *state) afterCT(a openflow.CT) (*state, error) {
+	c := s.clone()
+	zone := uint64(a.Zone)
+	if a.ZoneSrc != nil {
+		zone = s.getBits(*a.ZoneSrc)
+	}
+	c.f[openflow.FieldCtZone] = zone
+	delete(c.f, openflow.FieldCtMark)
+	if !a.Commit {
+		return c, nil
+	}
+	for _, x := range a.Exec {
+		switch x := x.(type) {
+		case openflow.Load:
+			c.setBits(x.Dst, x.Value)
+		case openflow.SetField:
+			c.f[x.Field] = x.Value
+		case openflow.Move:
+			c.setBits(x.Dst, s.getBits(x.Src)) // exec reads the packet as it was at the ct action
+		default:
+			return nil, fmt.Errorf("ct exec action %s: not modelled by the offline evaluator", x)
+		}
+	}
+	return c, nil
+}
+
 // evaluation is one Evaluate call.
 type evaluation struct {
 	b       *Bridge
@@ -194,7 +223,6 @@ func (b *Bridge) Evaluate(p Packet, ctNext []CtFlags) (*Path, error) {
 				flags = ctNext[pass-1]
 			}
 			next.st.f[openflow.FieldCtState] = uint64(flags.bits())
-			next.st.f[openflow.FieldCtZone] = uint64(next.ct.Zone)
 			ev.path.Passes[pass].CtState = normaliseCtState(joinFlags(flags))
 			simulateNAT(next.st, next.ct, flags)
 		}
@@ -390,9 +418,18 @@ func (ev *evaluation) actions(s *state, acts []openflow.Action, depth, stepIdx i
 			if err := ev.group(s, a.ID, depth, stepIdx); err != nil {
 				return openflow.NoTable, err
 			}
+		case openflow.Multipath:
+			link, err := s.multipath(a)
+			if err != nil {
+				return openflow.NoTable, err
+			}
+			s.setBits(a.Dst, link)
 		case openflow.CT:
 			if a.Table != openflow.NoTable {
-				c := s.clone()
+				c, err := s.afterCT(a)
+				if err != nil {
+					return openflow.NoTable, err
+				}
 				ev.pending = append(ev.pending, &recirc{st: c, table: a.Table, ct: a})
 				pass := &ev.path.Passes[len(ev.path.Passes)-1]
 				pass.Recirculates = a.String()

@@ -7,7 +7,9 @@
 // Conntrack follows ofproto/trace's first-packet view: every ct() action that recirculates resumes with
 // ct_state=trk|new (plus dnat or snat when the action NATs, as a datapath reports a new NATed
 // connection; the live trace passes the same flags with --ct-next), and NAT rewrites the addresses to
-// the bottom of the range, as ofproto/trace simulates it. A select group picks the bucket chosen by
+// the bottom of the range, as ofproto/trace simulates it; a commit's exec() gives the recirculated
+// packet its ct_mark (the masquerade mark). A multipath action (sessionAffinity's choice) computes
+// OVS's own jhash of the address, bit for bit, so both follow the same endpoint. A select group picks the bucket chosen by
 // Packet.DPHash (the live trace passes it as dp_hash), so both follow the same endpoint; learn actions
 // learn nothing (ofproto/trace does not execute them without -generate).
 //
