@@ -78,11 +78,17 @@ func (e *podNetEnv) netns(suffix string) string {
 	return name
 }
 
+// ip runs ip(8) and returns its standard output alone: iproute2 warns on stderr and still succeeds
+// (e.g. "Error: Peer netns reference is invalid." for a veth whose peer's namespace has no id yet),
+// and such a warning must not be read as the answer.
 func (e *podNetEnv) ip(args ...string) string {
 	e.t.Helper()
-	out, err := exec.Command("ip", args...).CombinedOutput()
+	var stderr strings.Builder
+	cmd := exec.Command("ip", args...)
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
 	if err != nil {
-		e.t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+		e.t.Fatalf("ip %s: %v: %s%s", strings.Join(args, " "), err, out, stderr.String())
 	}
 	return string(out)
 }
