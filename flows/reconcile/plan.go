@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 
 	"github.com/ofsdn/ofsdn/flows/openflow"
@@ -71,6 +72,9 @@ func (it planItem) String() string {
 
 func newPlan() *plan { return &plan{} }
 
+// maxFlowModLen bounds one flow-mod: an OpenFlow message's length is 16 bits.
+const maxFlowModLen = 1 << 16
+
 // added records the message just appended to s.buf.
 func (p *plan) added(s *segment, it planItem) {
 	s.ends = append(s.ends, len(s.buf))
@@ -79,6 +83,11 @@ func (p *plan) added(s *segment, it planItem) {
 }
 
 func (p *plan) flowMod(e *flowEntry, cmd openflow.FlowModCommand, cookie, mask uint64, it planItem) {
+	// Double the buffer when it is full: append alone grows a big slice by 1.25x, and a full install
+	// (tens of MB) then spends more time copying and clearing the buffer than encoding the flows.
+	if cap(p.flows.buf)-len(p.flows.buf) < maxFlowModLen {
+		p.flows.buf = slices.Grow(p.flows.buf, max(len(p.flows.buf), 64<<10))
+	}
 	p.flows.buf = openflow.AppendFlowMod(p.flows.buf, &e.c, cmd, cookie, mask)
 	p.added(&p.flows, it)
 }
