@@ -60,7 +60,10 @@ type Config struct {
 	MetricsAddress string
 	DebugAddress   string
 	DebugSocket    string
-	Logger         klog.Logger
+	// Profiling adds Go's /debug/pprof/ to the metrics address: off by default, as that address is
+	// unauthenticated and a CPU profile costs the node CPU.
+	Profiling bool
+	Logger    klog.Logger
 }
 
 func (c *Config) defaults() error {

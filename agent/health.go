@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"strings"
 	"sync"
 	"time"
@@ -180,9 +181,13 @@ func (h *health) watch(ctx context.Context) {
 	t := time.NewTicker(watchdogEvery)
 	defer t.Stop()
 	var pong chan struct{}
+	due := true
 	for {
-		// One ping in flight at a time: a stuck loop is not sent a pile of them.
-		if pong == nil && h.flowLoop != nil {
+		// One ping per period, and only when the last one was answered: a stuck loop is not sent a
+		// pile of them, and a loop that answers at once is not pinged again at once (ping-pong
+		// between the two loops once burned a whole core and tripled CNI ADD latency).
+		if due && pong == nil && h.flowLoop != nil {
+			due = false
 			p := make(chan struct{})
 			select {
 			case h.flowLoop <- p:
@@ -205,6 +210,7 @@ func (h *health) watch(ctx context.Context) {
 			continue
 		case <-t.C:
 		}
+		due = true
 		down := failed(h.ovsChecks()) != nil
 		h.mu.Lock()
 		switch {
@@ -239,13 +245,20 @@ func serveChecks(w http.ResponseWriter, what string, checks []check) {
 	_, _ = w.Write([]byte(b.String()))
 }
 
-// metricsHandler serves /metrics, /healthz and /readyz.
+// metricsHandler serves /metrics, /healthz and /readyz, and /debug/pprof/ with Config.Profiling.
 func (a *Agent) metricsHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(a.metrics.Registry, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { serveChecks(w, "healthz", a.health.liveness()) })
 	mux.HandleFunc("/livez", func(w http.ResponseWriter, _ *http.Request) { serveChecks(w, "livez", a.health.liveness()) })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) { serveChecks(w, "readyz", a.health.readiness()) })
+	if a.cfg.Profiling {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 	return mux
 }
 

@@ -211,3 +211,55 @@ func TestCNIMetrics(t *testing.T) {
 		t.Errorf("%d latency series, want one per verb and result seen (5)", n)
 	}
 }
+
+// TestWatchdogPingsOncePerPeriod: a flow loop that answers at once is pinged once per watchdog period,
+// not again at once (the two loops once played ping-pong, burning a core).
+func TestWatchdogPingsOncePerPeriod(t *testing.T) {
+	h := newHealth()
+	loop := make(chan chan struct{})
+	h.flowLoop = loop
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { defer close(done); h.watch(ctx) }()
+	pings := 0
+	window := time.After(300 * time.Millisecond) // far shorter than watchdogEvery
+	for collecting := true; collecting; {
+		select {
+		case p := <-loop:
+			pings++
+			close(p)
+		case <-window:
+			collecting = false
+		}
+	}
+	cancel()
+	<-done
+	if pings < 1 || pings > 2 {
+		t.Errorf("the loop was pinged %d times in 300ms (watchdog period %s), want once", pings, watchdogEvery)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.loopAnswered.IsZero() {
+		t.Error("the loop's answer was not recorded")
+	}
+}
+
+// TestProfilingIsOptIn: /debug/pprof/ is served on the metrics address only with --profiling.
+func TestProfilingIsOptIn(t *testing.T) {
+	for _, tc := range []struct {
+		profiling bool
+		want      int
+	}{{false, http.StatusNotFound}, {true, http.StatusOK}} {
+		a := &Agent{cfg: Config{Profiling: tc.profiling}, health: newHealth(), metrics: NewMetrics(nil)}
+		srv := httptest.NewServer(a.metricsHandler())
+		resp, err := http.Get(srv.URL + "/debug/pprof/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		srv.Close()
+		if resp.StatusCode != tc.want {
+			t.Errorf("profiling=%v: /debug/pprof/ answered HTTP %d, want %d", tc.profiling, resp.StatusCode, tc.want)
+		}
+	}
+}

@@ -40,6 +40,7 @@ func Agent(args []string) int {
 	fs.StringVar(&cfg.MetricsAddress, "metrics-address", ":9101", "address of /metrics, /healthz and /readyz (empty: not served)")
 	fs.StringVar(&cfg.DebugAddress, "debug-address", "", "address of the read-only debug API flowctl reaches through the API server's node proxy, e.g. $(HOST_IP):9103 (empty: not served)")
 	fs.StringVar(&cfg.DebugSocket, "debug-socket", "", "unix socket of the debug API for flowctl on the node (default <ovs-rundir>/<bridge>.ofsdn.sock; - : not served)")
+	fs.BoolVar(&cfg.Profiling, "profiling", false, "serve Go's /debug/pprof/ on the metrics address (unauthenticated: enable while investigating)")
 	fs.DurationVar(&cfg.ResyncPeriod, "drift-check-period", 5*time.Minute, "how often to compare br0 with the desired flows and repair what differs")
 	fs.BoolVar(&showVersion, "version", false, "print the version and exit")
 	_ = fs.Parse(args) // ExitOnError
