@@ -59,7 +59,7 @@ func jhashBytes(p []byte, basis uint32) uint32 {
 		a += binary.LittleEndian.Uint32(tail[0:])
 		b += binary.LittleEndian.Uint32(tail[4:])
 		c += binary.LittleEndian.Uint32(tail[8:])
-		a, b, c = jhashFinal(a, b, c)
+		_, _, c = jhashFinal(a, b, c)
 	}
 	return c
 }
