@@ -38,7 +38,8 @@ const (
 )
 
 type health struct {
-	clock func() time.Time
+	clock      func() time.Time
+	watchEvery time.Duration // watchdogEvery; tests shorten it
 
 	// What the checks read, set once the agent has them (nil: not yet).
 	openflowUp func() bool
@@ -58,7 +59,9 @@ type health struct {
 	ovsDownSince time.Time // zero while both sessions are up
 }
 
-func newHealth() *health { return &health{clock: time.Now, step: "starting"} }
+func newHealth() *health {
+	return &health{clock: time.Now, watchEvery: watchdogEvery, step: "starting"}
+}
 
 func (h *health) setStep(step string) {
 	h.mu.Lock()
@@ -178,7 +181,7 @@ func (h *health) watch(ctx context.Context) {
 	h.mu.Lock()
 	h.loopsRunning = h.clock()
 	h.mu.Unlock()
-	t := time.NewTicker(watchdogEvery)
+	t := time.NewTicker(h.watchEvery)
 	defer t.Stop()
 	var pong chan struct{}
 	due := true

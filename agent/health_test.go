@@ -42,6 +42,7 @@ func TestHealthChecks(t *testing.T) {
 	clock := &fakeClock{now: time.Unix(1000, 0)}
 	h := newHealth()
 	h.clock = clock.Now
+	h.watchEvery = 20 * time.Millisecond // the test waits for the next ping after a stuck period
 	var ofUp, dbUp = true, true
 	var mu sync.Mutex
 	up := func(p *bool) func() bool { return func() bool { mu.Lock(); defer mu.Unlock(); return *p } }
