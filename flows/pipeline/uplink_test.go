@@ -64,7 +64,9 @@ func TestUplinkChoice(t *testing.T) {
 				t.Errorf("proxy ARP for the peer's subnet: %v, want it exactly when the peer is direct", proxied)
 			}
 			base := renderPipeline(NodeState{Mode: tc.mode, NodeIP: s.NodeIP, LocalSubnet: netip.MustParsePrefix("10.128.0.0/23"), Uplink: tc.uplink})
-			dispatch := slices.ContainsFunc(base, func(f Flow) bool { return f.Table == TableClassifier && slices.ContainsFunc(f.Actions, isGoto(TableUplinkIngress)) })
+			dispatch := slices.ContainsFunc(base, func(f Flow) bool {
+				return f.Table == TableClassifier && slices.ContainsFunc(f.Actions, isGoto(TableUplinkIngress))
+			})
 			if dispatch != tc.uplink {
 				t.Errorf("classifier dispatches the uplink port: %v, want %v", dispatch, tc.uplink)
 			}
