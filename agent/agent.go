@@ -123,6 +123,8 @@ type Agent struct {
 	policyProblems *policyProblemReporter
 	// neighbors keeps ovs-vswitchd's tunnel neighbours right (tunnelneigh.go); nil but for netdev.
 	neighbors *tunnelNeighbors
+	// uplink keeps br0's uplink port for encapsulation none (uplink.go); nil without OVSDB (unit tests).
+	uplink *uplinkSync
 
 	netInformers  networkinformers.SharedInformerFactory
 	kubeInformers kubeinformers.SharedInformerFactory
@@ -173,6 +175,11 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 		a.neighbors = newTunnelNeighbors(cfg.HostNetNS, cfg.OVSRunDir, a.view.peers, log)
 		w.newPeer = func(netip.Addr) { a.neighbors.kick() }
 	}
+	if deps.DB != nil {
+		a.uplink = newUplinkSync(a.view, a.fs.trigger, uplinkNode{cfg.HostNetNS}, deps.DB, cfg.Bridge, cfg.DatapathType, log)
+		a.uplink.warn = a.nodeEvent
+		w.uplink = a.uplink
+	}
 	ws := &watchServices{view: a.view, sync: a.fs, log: log.WithName("services")}
 	wp := &watchPolicies{view: a.view, sync: a.fs}
 	net := a.netInformers.Network().V1()
@@ -191,6 +198,8 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 		{pods, (&watchHostPorts{view: a.view, sync: a.fs}).pod},
 		// NetworkPolicies and what their selectors select (every mode; enforced in networkpolicy mode).
 		{pods, wp.pod},
+		// Other nodes' pods: the source VNID of what arrives unencapsulated (encapsulation none).
+		{pods, (&watchRemotePods{view: a.view, sync: a.fs}).pod},
 		{a.kubeInformers.Core().V1().Namespaces().Informer(), wp.namespace},
 		{a.kubeInformers.Networking().V1().NetworkPolicies().Informer(), wp.networkPolicy},
 	} {
@@ -312,6 +321,7 @@ func (a *Agent) openBridge(ctx context.Context) error {
 			return err
 		}
 		a.neighbors.kick() // a restarted ovs-vswitchd starts with an empty tunnel neighbour cache
+		a.uplink.kick()    // tun0 came back with a MAC of its own
 		if err := a.fs.resync(ctx); err != nil {
 			return err
 		}
@@ -396,6 +406,13 @@ func (a *Agent) setUpNode(ctx context.Context) error {
 	}
 	a.host.set(nc)
 	go a.neighbors.run(ctx) // once vxlan0 exists: OVS snoops ARP only when it tunnels
+	if a.uplink != nil {
+		// Before the first sync, so a restart in encapsulation none renders the flows it had.
+		if err := a.uplink.ensure(ctx); err != nil {
+			a.log.Error(err, "uplink port (retried)")
+		}
+		go a.uplink.run(ctx)
+	}
 	return nil
 }
 

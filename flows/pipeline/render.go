@@ -102,6 +102,7 @@ func Render(s NodeState) (map[reconcile.Owner]reconcile.OwnerState, error) {
 // is ready; a Renderer is not safe for concurrent use.
 type Renderer struct {
 	pods     map[reconcile.Owner]podMemo
+	nodes    map[reconcile.Owner]nodeMemo
 	services map[reconcile.Owner]serviceMemo
 	policies map[reconcile.Owner]policyMemo
 }
@@ -113,6 +114,26 @@ type podMemo struct {
 	st        PodState
 	isolation bool // with its isolation flows (networkpolicy mode)
 	out       reconcile.OwnerState
+}
+
+// nodeMemo is a remote node's last render and its inputs: with encapsulation none in multitenant mode
+// a node owns a flow per pod, and most syncs change none of them.
+type nodeMemo struct {
+	n   RemoteNode
+	key nodeRenderKey
+	out reconcile.OwnerState
+}
+
+// nodeRenderKey is what of the node's own state a remote node's flows depend on.
+type nodeRenderKey struct {
+	mode   Mode
+	encap  Encapsulation
+	uplink bool
+	nodeIP netip.Addr
+}
+
+func remoteNodeEqual(a, b RemoteNode) bool {
+	return a.Name == b.Name && a.NodeIP == b.NodeIP && a.Subnet == b.Subnet && a.OnSegment == b.OnSegment && slices.Equal(a.Pods, b.Pods)
 }
 
 func podEqual(a, b PodState) bool {
@@ -160,12 +181,22 @@ func (r *Renderer) Render(s NodeState) (owners map[reconcile.Owner]reconcile.Own
 			}
 		}
 	}
+	nodes := make(map[reconcile.Owner]nodeMemo, len(s.RemoteNodes))
+	key := nodeRenderKey{mode: s.Mode, encap: s.Encapsulation, uplink: s.Uplink, nodeIP: s.NodeIP}
 	for _, n := range s.RemoteNodes {
 		if !n.Subnet.IsValid() || !n.NodeIP.IsValid() {
 			continue
 		}
-		out[NodeOwner(n.Name)] = reconcile.OwnerState{Flows: RenderRemoteNode(s, n)}
+		o := NodeOwner(n.Name)
+		m, ok := r.nodes[o]
+		if !ok || m.key != key || !remoteNodeEqual(m.n, n) {
+			n.Pods = slices.Clone(n.Pods)
+			m = nodeMemo{n: n, key: key, out: reconcile.OwnerState{Flows: RenderRemoteNode(s, n)}}
+		}
+		out[o] = m.out
+		nodes[o] = m
 	}
+	r.nodes = nodes
 	r.renderServices(s, out, failed)
 	r.renderPolicies(s, out, failed)
 	return out, failed, nil
