@@ -107,7 +107,7 @@ func waitEndpoints(t *testing.T, ctx context.Context, netns, proto, addr string,
 }
 
 func TestServices(t *testing.T) {
-	ctx := ctxT(t, 15*time.Minute)
+	ctx := ctxT(t, 25*time.Minute)
 	for _, ns := range []string{svcNS, svcNSB} {
 		if err := lc.EnsureNamespace(ctx, ns); err != nil {
 			t.Fatal(err)
@@ -144,6 +144,13 @@ func TestServices(t *testing.T) {
 	took := waitEndpoints(t, ctx, cl.NetNS, "tcp", clusterIP(websvc, 80), 3, time.Minute)
 	t.Logf("service web: 3 endpoints served %s after creation", took.Round(time.Millisecond))
 
+	forEachEncapsulation(t, ctx, func(t *testing.T) { services(t, ctx, websvc, webPorts, clients) })
+}
+
+// services checks what a client sees of services, NodePorts and hostPorts (TestServices runs it in
+// each encapsulation).
+func services(t *testing.T, ctx context.Context, websvc *corev1.Service, webPorts []corev1.ServicePort, clients []*cluster.Pod) {
+	cl := clients[0]
 	t.Run("ClusterIP from every node", func(t *testing.T) {
 		for _, c := range clients {
 			for _, proto := range []string{"tcp", "udp"} {

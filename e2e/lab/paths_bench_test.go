@@ -3,8 +3,6 @@ package lab
 import (
 	"context"
 	"fmt"
-	"io"
-	"net"
 	"net/netip"
 	"strconv"
 	"strings"
@@ -212,54 +210,5 @@ func (p *pathsLab) measure(ctx context.Context, variant string, d time.Duration)
 	if variant == "normal" {
 		srcNS, dstNS, dstIP = src.plainNS, dst.plainNS, dst.plain
 	}
-	var ln net.Listener
-	if err := InNetNS(dstNS, func() (err error) { ln, err = net.Listen("tcp", ":5201"); return err }); err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	got := make(chan int64, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			got <- -1
-			return
-		}
-		defer c.Close()
-		n, _ := io.Copy(io.Discard, c)
-		got <- n
-	}()
-	var c net.Conn
-	err := InNetNS(srcNS, func() (err error) {
-		// The first packets may wait for a neighbour: retry the connect for a few seconds.
-		deadline := time.Now().Add(5 * time.Second)
-		for {
-			c, err = net.DialTimeout("tcp", netip.AddrPortFrom(dstIP, 5201).String(), time.Second)
-			if err == nil || time.Now().After(deadline) {
-				return err
-			}
-		}
-	})
-	if err != nil {
-		return 0, fmt.Errorf("connect %s: %w", dstIP, err)
-	}
-	buf := make([]byte, 64<<10)
-	start := time.Now()
-	_ = c.SetWriteDeadline(start.Add(d))
-	var sent int64
-	var werr error
-	for time.Since(start) < d {
-		m, err := c.Write(buf)
-		sent += int64(m)
-		if err != nil {
-			werr = err
-			break
-		}
-	}
-	_ = c.Close()
-	n := <-got
-	elapsed := time.Since(start)
-	if n <= 0 {
-		return 0, fmt.Errorf("no data arrived (sent %d bytes, write error %v)", sent, werr)
-	}
-	return float64(n) / elapsed.Seconds() / 1e6, nil
+	return TCPThroughput(ctx, srcNS, dstNS, dstIP, 5201, d)
 }
