@@ -265,6 +265,15 @@ func services(t *testing.T, ctx context.Context, websvc *corev1.Service, webPort
 		if err != nil || !strings.HasPrefix(r, hp.Key()+" ") {
 			t.Fatalf("external → %s:18080 (hostPort of %s): %q %v", node.IP, hp.Key(), r, err)
 		}
+		// Hairpin: the node's own pods reach its address at the hostPort — another pod, and the pod
+		// that holds the port. Their source becomes the node's gateway (the host DNATed them back into
+		// br0), so the reply returns through the host's un-DNAT.
+		for _, from := range []*cluster.Pod{clientOn(clients, node.Name), hp} {
+			r, err := from.Probe(ctx, "tcp", netip.AddrPortFrom(node.IP, 18080), 0)
+			if err != nil || !strings.HasPrefix(r, hp.Key()+" ") {
+				t.Errorf("%s (on %s) → its node's %s:18080: %q %v", from.Key(), node.Name, node.IP, r, err)
+			}
+		}
 		// A second pod asking for the same hostPort is told so; the first keeps it.
 		second := svcPod(t, ctx, svcNS, "hp-2", node.Name, "hp", withHostPort)
 		deadline := time.Now().Add(30 * time.Second)
@@ -503,4 +512,14 @@ func nodeOf(p *cluster.Pod) *cluster.Node {
 		}
 	}
 	return lc.Nodes[0]
+}
+
+// clientOn returns the client pod on a node.
+func clientOn(clients []*cluster.Pod, node string) *cluster.Pod {
+	for _, c := range clients {
+		if c.Node == node {
+			return c
+		}
+	}
+	return nil
 }

@@ -18,7 +18,8 @@ import (
 
 // NFTTable is ofsdn's own nf_tables table (family ip); nothing else in the node's firewall is touched.
 // Its chains:
-//   - postrouting (nat, srcnat): NodePort traffic marked for masquerade leaves into br0 from the gateway;
+//   - postrouting (nat, srcnat): traffic from br0 that the host DNATed back into br0 (a pod at its own
+//     node's hostPort) and NodePort traffic marked for masquerade leave into br0 from the gateway;
 //     destinations in the cluster or service networks return untouched; pod traffic leaving the
 //     cluster is SNATed to the node's IP.
 //   - prerouting and output (nat, dstnat): NodePorts (any local address) are DNATed to br0's NodePort
@@ -28,6 +29,9 @@ const (
 	NFTTable = "ofsdn"
 	NFTChain = "postrouting"
 )
+
+// ctStatusDstNAT is conntrack's IPS_DST_NAT status bit: the connection was DNATed.
+const ctStatusDstNAT uint32 = 1 << 5
 
 // MasqueradeMark marks NodePort connections with externalTrafficPolicy Cluster: their endpoint may be
 // on another node, so they enter br0 from the gateway's address and replies come back this way. The
@@ -96,7 +100,20 @@ func chains(cfg Config) []nftChain {
 // source); then sources in the cluster networks, now known to be leaving the cluster, are SNATed to the
 // node's IP.
 func snatRules(cfg Config) []nftRule {
-	var out []nftRule
+	// Hairpin: a pod reaching its own node's address at a hostPort (or a NodePort whose traffic policy
+	// keeps the client address) comes from br0 and, DNATed by the host, goes back into br0. Unless its
+	// source becomes the gateway, the destination pod answers it straight through br0, around the host's
+	// un-DNAT, and the client sees a reply from an address it never asked.
+	out := []nftRule{{Text: fmt.Sprintf("iifname %s oifname %s ct status dnat counter masquerade", cfg.Tun0, cfg.Tun0),
+		Exprs: []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1}, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname(cfg.Tun0)},
+			&expr.Meta{Key: expr.MetaKeyOIFNAME, Register: 1}, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname(cfg.Tun0)},
+			&expr.Ct{Key: expr.CtKeySTATUS, Register: 1},
+			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: native32(ctStatusDstNAT), Xor: native32(0)},
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: native32(0)},
+			&expr.Counter{},
+			&expr.Masq{},
+		}}}
 	for _, np := range cfg.Forwards.NodePorts {
 		if np.Masquerade {
 			out = append(out, nftRule{Text: fmt.Sprintf("meta mark & 0x%x == 0x%x counter masquerade", MasqueradeMark, MasqueradeMark),
