@@ -23,6 +23,7 @@ import (
 	"github.com/ofsdn/ofsdn/internal/atomicfile"
 	"github.com/ofsdn/ofsdn/ofswitch"
 	"github.com/ofsdn/ofsdn/ovsdb"
+	"github.com/ofsdn/ofsdn/unixctl"
 	corev1 "k8s.io/api/core/v1"
 	kubeinformers "k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -159,6 +160,9 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	a.fs.metrics = deps.Metrics
 	a.fs.onFailure = a.ownerFailed
 	a.hostFwd = newHostSync(log, a.applyHost)
+	if deps.DialSwitch != nil { // a real bridge: its conntrack can be read
+		a.hostFwd.heldStale = a.staleHeld
+	}
 	a.fs.host = a.hostFwd
 	a.fs.onIndexChanged = a.saveOwnerIndex
 	a.pods = &podNetwork{view: a.view, sync: a.fs, db: deps.DB, bridge: cfg.Bridge, hostNetNS: cfg.HostNetNS,
@@ -473,6 +477,20 @@ func (a *Agent) applyHost(ctx context.Context, st pipeline.NodeState, stale []op
 		return fmt.Errorf("NodePort and hostPort forwarding: %w", err)
 	}
 	return nil
+}
+
+// staleHeld reads what br0's conntrack holds in the service zone and returns the DNATed UDP and SCTP
+// entries st no longer DNATs to (the start-up half of the stale-entry flush; hostSync does the rest).
+func (a *Agent) staleHeld(ctx context.Context, st pipeline.NodeState) ([]openflow.ConntrackFlush, error) {
+	entries, err := unixctl.New(a.cfg.OVSRunDir, "ovs-vswitchd").Conntrack(ctx, pipeline.ZoneService)
+	if err != nil {
+		return nil, err
+	}
+	held := make([]openflow.ConntrackFlush, 0, len(entries))
+	for _, e := range entries {
+		held = append(held, openflow.ConntrackFlush{Protocol: e.Protocol, Dst: e.Orig.Dst, DstPort: e.Orig.DstPort, ReplySrc: e.Reply.Src})
+	}
+	return pipeline.StaleConntrackHeld(st, held), nil
 }
 
 // saveOwnerIndex writes the owner index flowctl names flows' owners with.
