@@ -83,7 +83,7 @@ func newPathsLab(ctx context.Context, l *Lab) (*pathsLab, error) {
 	p := &pathsLab{l: l}
 	for k, n := range l.Nodes {
 		pn := &pathsNode{n: n, subnet: netip.MustParsePrefix(fmt.Sprintf("10.128.%d.0/23", 2*(k+1))),
-			podNS: l.NetNSName(n.Name + "-pod"), plainNS: l.NetNSName(n.Name + "-plain"), plain: offset(l.Underlay, 100+k)}
+			podNS: l.NetNSName(n.Name + "-pod")}
 		pn.pod = pn.subnet.Addr().Next().Next()
 		pn.uplinkMC = macOf("0e:58", n.IP)
 		gw := pn.subnet.Addr().Next()
@@ -104,9 +104,11 @@ func newPathsLab(ctx context.Context, l *Lab) (*pathsLab, error) {
 		if err := p.podOn(ctx, n, pn.podNS, "br0", "10", netip.PrefixFrom(pn.pod, 14), l.MTU-VXLANOverhead); err != nil {
 			return nil, err
 		}
-		if err := p.podOn(ctx, n, pn.plainNS, UnderlayBridge, "", netip.PrefixFrom(pn.plain, l.Underlay.Bits()), l.MTU); err != nil {
+		plain, err := l.AttachToUplink(ctx, n, n.Name+"-plain", 100+k)
+		if err != nil {
 			return nil, err
 		}
+		pn.plainNS, pn.plain = plain.NetNS, plain.IP
 		if err := proc.Until(ctx, 10*time.Second, func() bool { _, err := n.Exec(ctx, "ip", "link", "show", "tun0"); return err == nil }); err != nil {
 			return nil, fmt.Errorf("%s: tun0: %w", n.Name, err)
 		}
@@ -138,8 +140,8 @@ func newPathsLab(ctx context.Context, l *Lab) (*pathsLab, error) {
 	return p, nil
 }
 
-// podOn makes a namespace with eth0 (TX checksum offload off, as LAB.md says) whose peer is a port of
-// bridge (with ofport_request when given).
+// podOn makes a namespace with eth0 (TX checksum offload off, as LAB.md says) whose peer is port ofport
+// of bridge.
 func (p *pathsLab) podOn(ctx context.Context, n *Node, ns, bridge, ofport string, addr netip.Prefix, mtu int) error {
 	host := "v" + strings.TrimPrefix(ns, p.l.Prefix+"-")
 	if len(host) > 15 {
@@ -158,11 +160,7 @@ func (p *pathsLab) podOn(ctx context.Context, n *Node, ns, bridge, ofport string
 	}); err != nil {
 		return err
 	}
-	args := []string{"add-port", bridge, host}
-	if ofport != "" {
-		args = append(args, "--", "set", "Interface", host, "ofport_request="+ofport)
-	}
-	_, err := n.Vsctl(ctx, args...)
+	_, err := n.Vsctl(ctx, "add-port", bridge, host, "--", "set", "Interface", host, "ofport_request="+ofport)
 	return err
 }
 
