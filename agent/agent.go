@@ -135,6 +135,9 @@ type Agent struct {
 	// conflicts tells each hostPort conflict once; policyProblems each NetworkPolicy problem.
 	conflicts      *conflictReporter
 	policyProblems *policyProblemReporter
+	// purger clears the userspace datapath's flow cache after policy changes (datapathpurge.go); nil
+	// but for netdev.
+	purger *datapathPurger
 	// neighbors keeps ovs-vswitchd's tunnel neighbours right (tunnelneigh.go); nil but for netdev.
 	neighbors *tunnelNeighbors
 	// health answers /healthz, /readyz and CNI STATUS (health.go).
@@ -198,6 +201,9 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	if cfg.DatapathType == "netdev" {
 		a.neighbors = newTunnelNeighbors(cfg.HostNetNS, cfg.OVSRunDir, a.view.peers, log)
 		w.newPeer = func(netip.Addr) { a.neighbors.kick() }
+		if deps.DialSwitch != nil { // a real ovs-vswitchd to purge
+			a.purger = newDatapathPurger(cfg.OVSRunDir)
+		}
 	}
 	if deps.DB != nil {
 		a.uplink = newUplinkSync(a.view, a.fs.trigger, uplinkNode{cfg.HostNetNS}, deps.DB, cfg.Bridge, cfg.DatapathType, log)
@@ -504,6 +510,13 @@ func (a *Agent) applyHost(ctx context.Context, st pipeline.NodeState, stale []op
 			a.log.Error(err, "flush stale service conntrack entries", "entries", len(stale))
 		} else {
 			a.log.V(2).Info("flushed stale service conntrack entries", "entries", stale)
+		}
+	}
+	if a.purger != nil {
+		if purged, err := a.purger.synced(ctx, st); err != nil {
+			a.log.Error(err, "policy verdicts may lag in the datapath cache")
+		} else if purged {
+			a.log.V(2).Info("purged the datapath flow cache after a policy change")
 		}
 	}
 	hostPorts, found := a.view.resolvedHostPorts()
