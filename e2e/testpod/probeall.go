@@ -1,8 +1,10 @@
 package testpod
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"strings"
 	"sync"
@@ -202,4 +204,61 @@ func once(ctx context.Context, proto, addr string) (Reply, error) {
 		return parseReply(string(buf[:n]))
 	}
 	return Reply{}, fmt.Errorf("repeat %q: want tcp, udp or sctp", proto)
+}
+
+// Session keeps one connection (TCP) or one socket (UDP: one conntrack entry) to addr and asks over it every
+// interval until ctx ends, numbering each question and waiting up to timeout for its echo. It writes one
+// line per question to out: "<ms since the start> ok" or "<ms> timeout". A TCP server echoes what it
+// is sent; a UDP server answers every datagram.
+func Session(ctx context.Context, proto, addr string, interval, timeout time.Duration, out io.Writer) error {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, proto, addr)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	r := bufio.NewReader(c)
+	if proto == "tcp" {
+		_ = c.SetReadDeadline(time.Now().Add(timeout))
+		if _, err := r.ReadString('\n'); err != nil { // the greeting
+			return fmt.Errorf("tcp %s: greeting: %w", addr, err)
+		}
+	}
+	start := time.Now()
+	for seq := 0; ctx.Err() == nil; seq++ {
+		asked := time.Now()
+		msg := fmt.Sprintf("%08d\n", seq)
+		if _, err := c.Write([]byte(msg)); err != nil {
+			fmt.Fprintln(out, time.Since(start).Milliseconds(), "error", err)
+		} else if sessionAnswer(c, r, proto, msg, asked.Add(timeout)) {
+			fmt.Fprintln(out, asked.Sub(start).Milliseconds(), "ok")
+		} else {
+			fmt.Fprintln(out, asked.Sub(start).Milliseconds(), "timeout")
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Until(asked.Add(interval))):
+		}
+	}
+	return nil
+}
+
+// sessionAnswer waits until deadline for the answer to msg: its echo (TCP) or any reply (UDP, whose
+// server answers each datagram with its name); late answers to earlier questions are skipped.
+func sessionAnswer(c net.Conn, r *bufio.Reader, proto, msg string, deadline time.Time) bool {
+	_ = c.SetReadDeadline(deadline)
+	if proto == "udp" {
+		buf := make([]byte, 1024)
+		_, err := c.Read(buf)
+		return err == nil
+	}
+	for {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			return false
+		}
+		if line == msg {
+			return true
+		}
+	}
 }

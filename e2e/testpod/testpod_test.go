@@ -173,3 +173,29 @@ func TestSCTPOnLoopback(t *testing.T) {
 		t.Error("corrupted packet accepted")
 	}
 }
+
+func TestSession(t *testing.T) {
+	port := freePort(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Serve(ctx, "ns/sess", []int{port}, []int{port}) }()
+	t.Cleanup(func() { cancel(); <-done })
+	addr := "127.0.0.1:" + strconv.Itoa(port)
+	for _, proto := range []string{"tcp", "udp"} {
+		var out strings.Builder
+		sctx, scancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		var err error
+		for i := 0; i < 50; i++ { // the server needs a moment to listen
+			out.Reset()
+			if err = Session(sctx, proto, addr, 50*time.Millisecond, 200*time.Millisecond, &out); err == nil {
+				break
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		scancel()
+		lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+		if err != nil || len(lines) < 3 || strings.Count(out.String(), " ok") != len(lines) {
+			t.Errorf("%s session: %v\n%s", proto, err, out.String())
+		}
+	}
+}

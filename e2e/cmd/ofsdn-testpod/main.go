@@ -7,6 +7,7 @@
 //	ofsdn-testpod repeat tcp|udp|sctp HOST:PORT [--want ns/pod] [--interval 10ms] [--timeout 500ms] [--duration 10s]
 //	                                                                                  (a new single-attempt connection per interval; JSON counts)
 //	ofsdn-testpod spread tcp|udp HOST:PORT [--count 600] [--parallel 8] [--timeout 2s]   (JSON counts per endpoint)
+//	ofsdn-testpod session tcp|udp HOST:PORT [--interval 100ms] [--timeout 1s] [--duration 10s]  (one connection, a line per question)
 //	ofsdn-testpod udp-session HOST:PORT [--interval 200ms] [--duration 10s]          (one socket, a line per question)
 //	ofsdn-testpod clients tcp|udp HOST:PORT[,HOST:PORT…] --sources A,B,… [--count 50] [--parallel 16] [--timeout 2s]
 //	                                                                  (JSON per source: endpoints and seen addresses)
@@ -173,6 +174,20 @@ func run(args []string) error {
 		ctx, cancel := context.WithTimeout(ctx, *duration)
 		defer cancel()
 		return json.NewEncoder(os.Stdout).Encode(testpod.Repeat(ctx, args[1], args[2], *want, *interval, *timeout))
+	case "session":
+		fs := flag.NewFlagSet("session", flag.ContinueOnError)
+		interval := fs.Duration("interval", 100*time.Millisecond, "between questions")
+		timeout := fs.Duration("timeout", time.Second, "per question")
+		duration := fs.Duration("duration", 10*time.Second, "how long")
+		if len(args) < 3 {
+			return fmt.Errorf("usage: session tcp|udp HOST:PORT")
+		}
+		if err := fs.Parse(args[3:]); err != nil {
+			return err
+		}
+		ctx, cancel := context.WithTimeout(ctx, *duration)
+		defer cancel()
+		return testpod.Session(ctx, args[1], args[2], *interval, *timeout, os.Stdout)
 	case "udp-session":
 		fs := flag.NewFlagSet("udp-session", flag.ContinueOnError)
 		interval := fs.Duration("interval", 200*time.Millisecond, "between questions")
