@@ -260,7 +260,8 @@ func TestNamedPorts(t *testing.T) {
 	w := newWorld(map[string]map[string]string{"x": nil, "y": nil},
 		map[string]map[string]string{"x/a": {"app": "a"}, "x/b": {"app": "b"}, "y/c": {"app": "c"}, "y/d": {"app": "d"}})
 	w.pods["x/a"].Ports = []corev1.ContainerPort{{Name: "http", ContainerPort: 8080, Protocol: tcp}, {Name: "dns", ContainerPort: 53, Protocol: udp}}
-	w.pods["x/b"].Ports = []corev1.ContainerPort{{Name: "http", ContainerPort: 9090}} // protocol unset: TCP
+	// protocol unset: TCP; and a "dns" that is TCP, which a UDP rule must not match
+	w.pods["x/b"].Ports = []corev1.ContainerPort{{Name: "http", ContainerPort: 9090}, {Name: "dns", ContainerPort: 53, Protocol: tcp}}
 	w.pods["y/c"].Ports = []corev1.ContainerPort{{Name: "dns", ContainerPort: 53, Protocol: udp}}
 	w.pods["y/d"].Ports = []corev1.ContainerPort{{Name: "dns", ContainerPort: 5353, Protocol: udp}, {Name: "web", ContainerPort: 53, Protocol: tcp}}
 	w.Policies = []networkingv1.NetworkPolicy{
@@ -273,7 +274,7 @@ func TestNamedPorts(t *testing.T) {
 	w.expect(t, []check{
 		{"y/d", "x/a", 8080, tcp, true}, {"y/d", "x/a", 9090, tcp, false}, {"y/d", "x/a", 8080, udp, false},
 		{"y/d", "x/b", 9090, tcp, true}, {"y/d", "x/b", 8080, tcp, false},
-		{"y/d", "x/a", 53, udp, true}, {"y/d", "x/b", 53, udp, false}, // x/b has no dns port
+		{"y/d", "x/a", 53, udp, true}, {"y/d", "x/b", 53, udp, false}, {"y/d", "x/b", 53, tcp, false}, // x/b's dns is TCP
 		{"y/c", "y/d", 5353, udp, true}, {"y/c", "y/d", 53, udp, false}, {"y/c", "y/d", 53, tcp, false},
 		{"y/c", "y/c", 53, udp, true}, // loopback
 		{"y/c", "x/a", 53, udp, true}, {"y/c", "x/b", 53, udp, false},
