@@ -541,6 +541,7 @@ func (f *npFixture) check(t *testing.T, ctx context.Context, step string) {
 			return
 		}
 		if time.Since(start) > npConverge || ctx.Err() != nil {
+			f.diagnose(t, ctx, want, got)
 			t.Errorf("%s: %d cells still differ from the model after %s (%d rounds):\n%s%s", step, len(diff),
 				time.Since(start).Round(time.Millisecond), round, f.format(want, got), firstLines(diff, 40))
 			return
@@ -639,4 +640,49 @@ func runNPTestpod(ctx context.Context, netns string, out any, args ...string) er
 		return fmt.Errorf("ofsdn-testpod %s in %s: %w", strings.Join(args, " "), netns, err)
 	}
 	return json.Unmarshal(data, out)
+}
+
+// diagnose logs, for a failed check, the policy tables of the nodes the first mismatches involve (the
+// source's for egress, the destination's for ingress) and their conntrack entries between those pods.
+func (f *npFixture) diagnose(t *testing.T, ctx context.Context, want, got *npMatrix) {
+	t.Helper()
+	dsts := f.dsts()
+	nodes := map[string]bool{}
+	pairs := map[[2]string]bool{}
+	for _, p := range f.probes {
+		for i, src := range f.keys {
+			for j, dst := range dsts {
+				if want.ok[p][i][j] == got.ok[p][i][j] || len(pairs) >= 6 {
+					continue
+				}
+				dstIP := f.ext.String()
+				nodes[f.pods[src].Node] = true
+				if dst != "ext" {
+					nodes[f.pods[dst].Node] = true
+					dstIP = f.pods[dst].IP.String()
+				}
+				pairs[[2]string{f.pods[src].IP.String(), dstIP}] = true
+			}
+		}
+	}
+	for name := range nodes {
+		n := lc.Node(name)
+		for _, table := range []string{"50", "80"} {
+			out, err := exec.CommandContext(ctx, filepath.Join(lc.BinDir, "flowctl"), "dump", "--rundir", n.Dir, "--bridge", "br0",
+				"--table", table).CombinedOutput()
+			t.Logf("flowctl dump --table %s on %s (%v):\n%s", table, name, err, out)
+		}
+		ctl := filepath.Join(n.Dir, fmt.Sprintf("ovs-vswitchd.%d.ctl", n.VswitchdPID()))
+		out, err := exec.CommandContext(ctx, "ovs-appctl", "-t", ctl, "dpctl/dump-conntrack", "netdev@ovs-netdev").CombinedOutput()
+		var lines []string
+		for _, l := range strings.Split(string(out), "\n") {
+			for pr := range pairs {
+				if strings.Contains(l, "="+pr[0]+",") && strings.Contains(l, "="+pr[1]+",") {
+					lines = append(lines, l)
+					break
+				}
+			}
+		}
+		t.Logf("conntrack on %s between the first mismatched pairs (%v):\n%s", name, err, firstLines(lines, 30))
+	}
 }
