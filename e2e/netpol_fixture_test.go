@@ -649,11 +649,17 @@ func (f *npFixture) diagnose(t *testing.T, ctx context.Context, want, got *npMat
 	dsts := f.dsts()
 	nodes := map[string]bool{}
 	pairs := map[[2]string]bool{}
+	var clientPorts []string // of connections that passed though they should not have: their conntrack entries say why
 	for _, p := range f.probes {
 		for i, src := range f.keys {
 			for j, dst := range dsts {
 				if want.ok[p][i][j] == got.ok[p][i][j] || len(pairs) >= 6 {
 					continue
+				}
+				if fields := strings.Fields(got.detail[p][i][j]); got.ok[p][i][j] && len(fields) > 1 && len(clientPorts) < 4 {
+					if ap, err := netip.ParseAddrPort(fields[1]); err == nil {
+						clientPorts = append(clientPorts, fmt.Sprintf("%s %s→%s: sport=%d", p.proto, src, dst, ap.Port()))
+					}
 				}
 				dstIP := f.ext.String()
 				nodes[f.pods[src].Node] = true
@@ -674,6 +680,16 @@ func (f *npFixture) diagnose(t *testing.T, ctx context.Context, want, got *npMat
 		}
 		ctl := filepath.Join(n.Dir, fmt.Sprintf("ovs-vswitchd.%d.ctl", n.VswitchdPID()))
 		out, err := exec.CommandContext(ctx, "ovs-appctl", "-t", ctl, "dpctl/dump-conntrack", "netdev@ovs-netdev").CombinedOutput()
+		for _, cp := range clientPorts {
+			_, port, _ := strings.Cut(cp, "sport=")
+			var hits []string
+			for _, l := range strings.Split(string(out), "\n") {
+				if strings.Contains(l, "port="+port+",") || strings.Contains(l, "port="+port+")") {
+					hits = append(hits, l)
+				}
+			}
+			t.Logf("conntrack on %s for the wrongly allowed %s:\n%s", name, cp, firstLines(hits, 10))
+		}
 		var lines []string
 		for _, l := range strings.Split(string(out), "\n") {
 			for pr := range pairs {
