@@ -700,5 +700,17 @@ func (f *npFixture) diagnose(t *testing.T, ctx context.Context, want, got *npMat
 			}
 		}
 		t.Logf("conntrack on %s between the first mismatched pairs (%v):\n%s", name, err, firstLines(lines, 30))
+		// The datapath's cached flows between them: what packets really hit, whatever the tables say now.
+		out, err = exec.CommandContext(ctx, "ovs-appctl", "-t", ctl, "dpctl/dump-flows", "netdev@ovs-netdev").CombinedOutput()
+		lines = nil
+		for _, l := range strings.Split(string(out), "\n") {
+			for pr := range pairs {
+				if strings.Contains(l, "dst="+pr[1]+",") || strings.Contains(l, "dst="+pr[1]+"/") {
+					lines = append(lines, l)
+					break
+				}
+			}
+		}
+		t.Logf("datapath flows on %s towards the first mismatched destinations (%v):\n%s", name, err, firstLines(lines, 30))
 	}
 }
