@@ -278,14 +278,7 @@ func npRestartCase(t *testing.T, ctx context.Context, f *npFixture) {
 			var repeats, leaks []*npRepeat
 			for _, p := range allowed {
 				from, to := f.pods[p.from], f.pods[p.to]
-				pg := &pinger{cmd: exec.Command("ip", "netns", "exec", from.NetNS, "ping", "-n", "-q", "-i", "0.01", "-W", "1",
-					"-c", fmt.Sprint(int(window/(10*time.Millisecond))), to.IP.String())}
-				pg.cmd.Stdout, pg.cmd.Stderr = &pg.out, &pg.out
-				if err := pg.cmd.Start(); err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { _ = pg.cmd.Process.Kill() })
-				pingers = append(pingers, pg)
+				pingers = append(pingers, startPinger(t, from, to, int(window/(10*time.Millisecond))))
 				repeats = append(repeats, startNPRepeat(t, from, "tcp", to, 80, 10*time.Millisecond, 900*time.Millisecond, window))
 			}
 			for _, p := range denied {
