@@ -391,6 +391,9 @@ func TestNetworkPolicy(t *testing.T) {
 		t.Fatal("networkpolicy mode without policies is not a flat network")
 	}
 	cases := npCases(f)
+	// A case whose policies are gone but whose effect stays fails its reset; the next cases still run
+	// (their own checks say what they see), but not after 3 such resets in a row.
+	failedResets := 0
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			for _, s := range c.steps {
@@ -399,8 +402,10 @@ func TestNetworkPolicy(t *testing.T) {
 			}
 		})
 		f.reset(t, ctx)
-		if !t.Run("reset after "+c.name, func(t *testing.T) { f.check(t, ctx, "back to no policies") }) {
-			t.Fatalf("the lab did not return to the flat network after %q: later cases cannot be trusted", c.name)
+		if t.Run("reset after "+c.name, func(t *testing.T) { f.check(t, ctx, "back to no policies") }) {
+			failedResets = 0
+		} else if failedResets++; failedResets == 3 {
+			t.Fatalf("the lab did not return to the flat network after 3 cases in a row (the last %q): later cases cannot be trusted", c.name)
 		}
 	}
 	t.Logf("%d cases; convergence: %s", len(cases), f.convergenceSummary())
