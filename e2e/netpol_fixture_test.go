@@ -166,6 +166,13 @@ func newNPFixture(t *testing.T, ctx context.Context) *npFixture {
 	}
 	t.Cleanup(func() { _ = srv.Process.Kill(); _ = srv.Wait() })
 	f.probes = []npProbe{{"tcp", 80}, {"tcp", 81}, {"udp", 80}, {"udp", 81}, {"sctp", 80}, {"sctp", 81}}
+	// The lab's nodes run OVS's userspace datapath, whose conntrack keys SCTP (like any protocol but
+	// TCP, UDP and ICMP) on addresses alone: an allowed SCTP connection to port 80 makes a denied one
+	// to port 81 between the same pods "established", and a denied one's entry answers for the next.
+	// Measured: 152 SCTP cells differed from the model in one run, every TCP and UDP cell agreed. The
+	// kernel datapath's conntrack keys SCTP by ports; SCTP policy flows are checked against a real
+	// ovs-vswitchd by TestSCTPPolicyOnOVS (flows/pipeline).
+	f.dropSCTP("the lab's userspace datapath (netdev) tracks SCTP without ports: its verdicts cannot be exact (README: SCTP)")
 	return f
 }
 
