@@ -2,7 +2,7 @@
 // and there are no container images here): it registers the Node with its underlay address and keeps it
 // Ready, watches the pods bound to it, creates each pod's network namespace, calls the CNI plugin through
 // libcni with the installed conflist exactly as container runtimes do, runs the pod's process (the
-// ofsdn-testpod server on its container ports) inside the namespace, reports status.podIP and
+// ofsdn-testpod server on its container ports, TCP, UDP and SCTP) inside the namespace, reports status.podIP and
 // Running/Ready, and on deletion calls CNI DEL, removes the namespace and finishes the deletion.
 package nodesim
 
@@ -213,13 +213,16 @@ func (s *Sim) reconcile(ctx context.Context, pod *corev1.Pod) {
 }
 
 func (s *Sim) startPod(ctx context.Context, pod *corev1.Pod, sp *simPod) error {
-	var tcp, udp []string
+	var tcp, udp, sctp []string
 	for _, c := range pod.Spec.Containers {
 		for _, p := range c.Ports {
 			port := strconv.Itoa(int(p.ContainerPort))
-			if p.Protocol == corev1.ProtocolUDP {
+			switch p.Protocol {
+			case corev1.ProtocolUDP:
 				udp = append(udp, port)
-			} else {
+			case corev1.ProtocolSCTP:
+				sctp = append(sctp, port)
+			default:
 				tcp = append(tcp, port)
 			}
 		}
@@ -247,7 +250,8 @@ func (s *Sim) startPod(ctx context.Context, pod *corev1.Pod, sp *simPod) error {
 		}
 		sp.ip = res.IPs[0].Address.IP.String()
 	}
-	args := []string{"serve", "--name", pod.Namespace + "/" + pod.Name, "--tcp", strings.Join(tcp, ","), "--udp", strings.Join(udp, ",")}
+	args := []string{"serve", "--name", pod.Namespace + "/" + pod.Name, "--tcp", strings.Join(tcp, ","), "--udp", strings.Join(udp, ","),
+		"--sctp", strings.Join(sctp, ",")}
 	var cmd *exec.Cmd
 	if netnsPath != "" {
 		nsName := filepath.Base(netnsPath)

@@ -1,9 +1,13 @@
 // Command ofsdn-testpod is the lab pods' process: `serve` answers on the pod's ports, `probe` tests a
 // peer. See e2e/testpod.
 //
-//	ofsdn-testpod serve --name ns/pod --tcp 8080 --udp 8080
-//	ofsdn-testpod probe tcp|udp HOST:PORT [--payload 1400] [--timeout 2s]
+//	ofsdn-testpod serve --name ns/pod --tcp 8080 --udp 8080 [--sctp 8080]
+//	ofsdn-testpod probe tcp|udp|sctp HOST:PORT [--payload 1400] [--timeout 2s]
+//	ofsdn-testpod probe-all [--timeout 1s] tcp|udp|sctp/HOST:PORT...                 (JSON result per target, all at once)
+//	ofsdn-testpod repeat tcp|udp|sctp HOST:PORT [--want ns/pod] [--interval 10ms] [--timeout 500ms] [--duration 10s]
+//	                                                                                  (a new single-attempt connection per interval; JSON counts)
 //	ofsdn-testpod spread tcp|udp HOST:PORT [--count 600] [--parallel 8] [--timeout 2s]   (JSON counts per endpoint)
+//	ofsdn-testpod session tcp|udp HOST:PORT [--interval 100ms] [--timeout 1s] [--duration 10s]  (one connection, a line per question)
 //	ofsdn-testpod udp-session HOST:PORT [--interval 200ms] [--duration 10s]          (one socket, a line per question)
 //	ofsdn-testpod clients tcp|udp HOST:PORT[,HOST:PORT…] --sources A,B,… [--count 50] [--parallel 16] [--timeout 2s]
 //	                                                                  (JSON per source: endpoints and seen addresses)
@@ -43,7 +47,12 @@ func run(args []string) error {
 		name := fs.String("name", "", "who this pod is")
 		tcp := fs.String("tcp", "", "TCP ports")
 		udp := fs.String("udp", "", "UDP ports")
+		sctp := fs.String("sctp", "", "SCTP ports (answered in user space: INIT → INIT-ACK, see testpod/sctp.go)")
 		if err := fs.Parse(args[1:]); err != nil {
+			return err
+		}
+		sp, err := testpod.ParsePorts(*sctp)
+		if err != nil {
 			return err
 		}
 		tp, err := testpod.ParsePorts(*tcp)
@@ -53,6 +62,18 @@ func run(args []string) error {
 		up, err := testpod.ParsePorts(*udp)
 		if err != nil {
 			return err
+		}
+		if len(sp) > 0 {
+			ctx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			sctpErr := make(chan error, 1)
+			go func() { sctpErr <- testpod.ServeSCTP(ctx, *name, sp) }()
+			go func() {
+				if err := <-sctpErr; err != nil {
+					fmt.Fprintln(os.Stderr, "ofsdn-testpod:", err)
+					os.Exit(1)
+				}
+			}()
 		}
 		return testpod.Serve(ctx, *name, tp, up)
 	case "probe":
@@ -74,8 +95,10 @@ func run(args []string) error {
 			rep, err = testpod.ProbeTCP(ctx, args[2], *payload)
 		case "udp":
 			rep, err = testpod.ProbeUDP(ctx, args[2])
+		case "sctp":
+			rep, err = testpod.ProbeSCTP(ctx, args[2])
 		default:
-			return fmt.Errorf("probe %q: want tcp or udp", args[1])
+			return fmt.Errorf("probe %q: want tcp, udp or sctp", args[1])
 		}
 		if err != nil {
 			return err
@@ -121,6 +144,50 @@ func run(args []string) error {
 			srcs = []netip.Addr{{}}
 		}
 		return json.NewEncoder(os.Stdout).Encode(testpod.Clients(ctx, args[1], strings.Split(args[2], ","), srcs, *count, *parallel, *timeout))
+	case "probe-all":
+		fs := flag.NewFlagSet("probe-all", flag.ContinueOnError)
+		timeout := fs.Duration("timeout", time.Second, "per target")
+		if err := fs.Parse(args[1:]); err != nil {
+			return err
+		}
+		var targets []testpod.Target
+		for _, a := range fs.Args() {
+			t, err := testpod.ParseTarget(a)
+			if err != nil {
+				return err
+			}
+			targets = append(targets, t)
+		}
+		return json.NewEncoder(os.Stdout).Encode(testpod.ProbeAll(ctx, targets, *timeout))
+	case "repeat":
+		fs := flag.NewFlagSet("repeat", flag.ContinueOnError)
+		want := fs.String("want", "", "count only replies from this server (ns/pod)")
+		interval := fs.Duration("interval", 10*time.Millisecond, "between connections")
+		timeout := fs.Duration("timeout", 500*time.Millisecond, "per connection")
+		duration := fs.Duration("duration", 10*time.Second, "how long")
+		if len(args) < 3 {
+			return fmt.Errorf("usage: repeat tcp|udp|sctp HOST:PORT")
+		}
+		if err := fs.Parse(args[3:]); err != nil {
+			return err
+		}
+		ctx, cancel := context.WithTimeout(ctx, *duration)
+		defer cancel()
+		return json.NewEncoder(os.Stdout).Encode(testpod.Repeat(ctx, args[1], args[2], *want, *interval, *timeout))
+	case "session":
+		fs := flag.NewFlagSet("session", flag.ContinueOnError)
+		interval := fs.Duration("interval", 100*time.Millisecond, "between questions")
+		timeout := fs.Duration("timeout", time.Second, "per question")
+		duration := fs.Duration("duration", 10*time.Second, "how long")
+		if len(args) < 3 {
+			return fmt.Errorf("usage: session tcp|udp HOST:PORT")
+		}
+		if err := fs.Parse(args[3:]); err != nil {
+			return err
+		}
+		ctx, cancel := context.WithTimeout(ctx, *duration)
+		defer cancel()
+		return testpod.Session(ctx, args[1], args[2], *interval, *timeout, os.Stdout)
 	case "udp-session":
 		fs := flag.NewFlagSet("udp-session", flag.ContinueOnError)
 		interval := fs.Duration("interval", 200*time.Millisecond, "between questions")
