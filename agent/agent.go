@@ -23,6 +23,7 @@ import (
 	"github.com/ofsdn/ofsdn/internal/atomicfile"
 	"github.com/ofsdn/ofsdn/ofswitch"
 	"github.com/ofsdn/ofsdn/ovsdb"
+	"github.com/ofsdn/ofsdn/unixctl"
 	corev1 "k8s.io/api/core/v1"
 	kubeinformers "k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -141,6 +142,8 @@ type Agent struct {
 	neighbors *tunnelNeighbors
 	// health answers /healthz, /readyz and CNI STATUS (health.go).
 	health *health
+	// uplink keeps br0's uplink port for encapsulation none (uplink.go); nil without OVSDB (unit tests).
+	uplink *uplinkSync
 
 	netInformers  networkinformers.SharedInformerFactory
 	kubeInformers kubeinformers.SharedInformerFactory
@@ -175,6 +178,9 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	a.fs.metrics = deps.Metrics
 	a.fs.onFailure = a.ownerFailed
 	a.hostFwd = newHostSync(log, a.applyHost)
+	if deps.DialSwitch != nil { // a real bridge: its conntrack can be read
+		a.hostFwd.heldStale = a.staleHeld
+	}
 	a.fs.host = a.hostFwd
 	a.fs.onIndexChanged = a.saveOwnerIndex
 	a.health = newHealth()
@@ -199,6 +205,11 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 			a.purger = newDatapathPurger(cfg.OVSRunDir)
 		}
 	}
+	if deps.DB != nil {
+		a.uplink = newUplinkSync(a.view, a.fs.trigger, uplinkNode{cfg.HostNetNS}, deps.DB, cfg.Bridge, cfg.DatapathType, log)
+		a.uplink.warn = a.nodeEvent
+		w.uplink = a.uplink
+	}
 	ws := &watchServices{view: a.view, sync: a.fs, log: log.WithName("services")}
 	wp := &watchPolicies{view: a.view, sync: a.fs}
 	net := a.netInformers.Network().V1()
@@ -217,6 +228,8 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 		{pods, (&watchHostPorts{view: a.view, sync: a.fs}).pod},
 		// NetworkPolicies and what their selectors select (every mode; enforced in networkpolicy mode).
 		{pods, wp.pod},
+		// Other nodes' pods: the source VNID of what arrives unencapsulated (encapsulation none).
+		{pods, (&watchRemotePods{view: a.view, sync: a.fs}).pod},
 		{a.kubeInformers.Core().V1().Namespaces().Informer(), wp.namespace},
 		{a.kubeInformers.Networking().V1().NetworkPolicies().Informer(), wp.networkPolicy},
 	} {
@@ -341,6 +354,7 @@ func (a *Agent) openBridge(ctx context.Context) error {
 			return err
 		}
 		a.neighbors.kick() // a restarted ovs-vswitchd starts with an empty tunnel neighbour cache
+		a.uplink.kick()    // tun0 came back with a MAC of its own
 		if err := a.fs.resync(ctx, resyncReconnect); err != nil {
 			return err
 		}
@@ -426,6 +440,13 @@ func (a *Agent) setUpNode(ctx context.Context) error {
 	}
 	a.host.set(nc)
 	go a.neighbors.run(ctx) // once vxlan0 exists: OVS snoops ARP only when it tunnels
+	if a.uplink != nil {
+		// Before the first sync, so a restart in encapsulation none renders the flows it had.
+		if err := a.uplink.ensure(ctx); err != nil {
+			a.log.Error(err, "uplink port (retried)")
+		}
+		go a.uplink.run(ctx)
+	}
 	return nil
 }
 
@@ -504,6 +525,20 @@ func (a *Agent) applyHost(ctx context.Context, st pipeline.NodeState, stale []op
 		return fmt.Errorf("NodePort and hostPort forwarding: %w", err)
 	}
 	return nil
+}
+
+// staleHeld reads what br0's conntrack holds in the service zone and returns the DNATed UDP and SCTP
+// entries st no longer DNATs to (the start-up half of the stale-entry flush; hostSync does the rest).
+func (a *Agent) staleHeld(ctx context.Context, st pipeline.NodeState) ([]openflow.ConntrackFlush, error) {
+	entries, err := unixctl.New(a.cfg.OVSRunDir, "ovs-vswitchd").Conntrack(ctx, pipeline.ZoneService)
+	if err != nil {
+		return nil, err
+	}
+	held := make([]openflow.ConntrackFlush, 0, len(entries))
+	for _, e := range entries {
+		held = append(held, openflow.ConntrackFlush{Protocol: e.Protocol, Dst: e.Orig.Dst, DstPort: e.Orig.DstPort, ReplySrc: e.Reply.Src})
+	}
+	return pipeline.StaleConntrackHeld(st, held), nil
 }
 
 // saveOwnerIndex writes the owner index flowctl names flows' owners with.

@@ -21,7 +21,8 @@
 //     transform trimForAgent) and the Warning Events of policies enforced only in part.
 //   - hostside.go: the node's own side through nodenet — routes, tun0, nf_tables SNAT, NodePort and
 //     hostPort forwards (of this node's pods, from the cluster-wide pod informer), HostPortConflict Events — and hostSync, the loop that carries synced states there
-//     (and flushes stale UDP conntrack) off the flow path.
+//     (and flushes stale UDP conntrack, at start those conntrack holds against the first state) off the
+//     flow path.
 //   - cnihandler.go: the CNI verbs (IPAM in ipam/, the veth in podnet/, the OVS port with its external_ids);
 //     a repeated ADD of an intact attachment answers with its result and changes nothing.
 //   - restore.go: after a restart, every attachment's pieces (OVS port, reservation, marked veth, pending
@@ -29,6 +30,10 @@
 //     are released; the janitor serves the DELs the plugin left while no agent could take them.
 //   - flowsync.go: render, diff per owner, one Apply; concurrent callers coalesce; failing owners keep
 //     their last good flows and are retried with back-off; resyncs (reconnect, periodic) run in its loop.
+//   - uplink.go: encapsulation none — br0's patch port into the OVS bridge holding the node's address,
+//     which peers are on its segment (the others, and every peer of a node without such a bridge, get
+//     VXLAN, with an EncapsulationFallback Event), tun0's MAC; informers.go's watchRemotePods keeps
+//     other nodes' pods' addresses for the source VNID of unencapsulated traffic (multitenant).
 //   - tunnelneigh.go: userspace datapath only — ovs-vswitchd's tunnel neighbour cache (through unixctl/)
 //     checked against the kernel's neighbour table for every peer's next hop, and corrected.
 //   - round.go: the reconciliation round stamped in cookies (kept in br0's external_ids), so a restarted

@@ -228,7 +228,12 @@ type hostSync struct {
 	kick    chan struct{}
 	// apply does the work; an error makes the loop try the latest state again after a pause.
 	apply func(ctx context.Context, st pipeline.NodeState, stale []openflow.ConntrackFlush) error
-	log   klog.Logger
+	// heldStale, when set, finds the stale entries of the first state from what conntrack holds: at
+	// start there is no previous state, and endpoints removed while no agent ran would keep their UDP
+	// clients forever. Until it succeeds it is asked again with each state.
+	heldStale func(ctx context.Context, st pipeline.NodeState) ([]openflow.ConntrackFlush, error)
+	heldDone  bool
+	log       klog.Logger
 }
 
 func newHostSync(log klog.Logger, apply func(context.Context, pipeline.NodeState, []openflow.ConntrackFlush) error) *hostSync {
@@ -266,6 +271,18 @@ func (h *hostSync) run(ctx context.Context) {
 		h.mu.Unlock()
 		if st == nil {
 			continue
+		}
+		if h.heldStale != nil && !h.heldDone {
+			held, err := h.heldStale(ctx, *st)
+			if err != nil {
+				h.log.Error(err, "reading conntrack for entries that went stale while no agent ran; asking again with the next state")
+			} else {
+				h.heldDone = true
+				if len(held) > 0 {
+					h.log.Info("flushing conntrack entries of endpoints removed while no agent ran", "entries", len(held))
+				}
+				stale = append(stale, held...)
+			}
 		}
 		if err := h.apply(ctx, *st, stale); err != nil {
 			h.log.Error(err, "host side of a synced state; retrying")

@@ -1,6 +1,8 @@
 package agent
 
 import (
+	"context"
+	"errors"
 	"net/netip"
 	"reflect"
 	"testing"
@@ -10,6 +12,7 @@ import (
 	"github.com/ofsdn/ofsdn/flows/openflow"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
 )
 
 func TestHostPortsOf(t *testing.T) {
@@ -54,5 +57,54 @@ func TestNodePortsOf(t *testing.T) {
 	want := []nodenet.NodePort{{Protocol: openflow.IPProtoUDP, Port: 30053}, {Protocol: openflow.IPProtoTCP, Port: 30080}}
 	if got := nodePortsOf(svcs); !reflect.DeepEqual(got, want) {
 		t.Errorf("got %+v, want %+v", got, want)
+	}
+}
+
+// TestHostSyncFlushesWhatConntrackHeldAtStart: the first state's stale entries come from what
+// conntrack holds (asked again while that fails, never twice once it worked); later states' from the
+// previous state, as before.
+func TestHostSyncFlushesWhatConntrackHeldAtStart(t *testing.T) {
+	type call struct {
+		stale []openflow.ConntrackFlush
+	}
+	calls := make(chan call, 10)
+	h := newHostSync(klog.Background(), func(_ context.Context, _ pipeline.NodeState, stale []openflow.ConntrackFlush) error {
+		calls <- call{stale}
+		return nil
+	})
+	old := openflow.ConntrackFlush{Protocol: openflow.IPProtoUDP, Dst: netip.MustParseAddr("172.30.0.53"), DstPort: 53, ReplySrc: netip.MustParseAddr("10.128.0.9")}
+	asked := 0
+	h.heldStale = func(context.Context, pipeline.NodeState) ([]openflow.ConntrackFlush, error) {
+		asked++
+		if asked == 1 {
+			return nil, errors.New("ovs-vswitchd not answering")
+		}
+		return []openflow.ConntrackFlush{old}, nil
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go h.run(ctx)
+	next := func() call {
+		t.Helper()
+		select {
+		case c := <-calls:
+			return c
+		case <-time.After(5 * time.Second):
+			t.Fatal("no apply")
+			return call{}
+		}
+	}
+	st := pipeline.NodeState{LocalSubnet: netip.MustParsePrefix("10.128.0.0/23")}
+	h.post(st)
+	if c := next(); len(c.stale) != 0 {
+		t.Errorf("conntrack unreadable: flushed %v", c.stale)
+	}
+	h.post(st)
+	if c := next(); len(c.stale) != 1 || c.stale[0] != old {
+		t.Errorf("second state: flushed %v, want %v", c.stale, old)
+	}
+	h.post(st)
+	if c := next(); len(c.stale) != 0 || asked != 2 {
+		t.Errorf("third state: flushed %v, conntrack asked %d times (want 2)", c.stale, asked)
 	}
 }

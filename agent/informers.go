@@ -6,6 +6,7 @@ import (
 
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 )
@@ -18,6 +19,14 @@ type watchNetwork struct {
 	log  klog.Logger
 	// newPeer, when set, is told of each remote node address as it appears (tunnel neighbour warm-up).
 	newPeer func(netip.Addr)
+	// uplink, when set, is asked to look again when the encapsulation or the peers change.
+	uplink interface{ kick() }
+}
+
+func (w *watchNetwork) kickUplink() {
+	if w.uplink != nil {
+		w.uplink.kick()
+	}
 }
 
 // handlers turns one function of (object, deleted) into an informer's handlers; a deletion whose final
@@ -60,10 +69,27 @@ func (w *watchNetwork) clusterNetwork(obj any, deleted bool) {
 		w.log.Error(fmt.Errorf("unknown pluginMode %q", cn.Spec.PluginMode), "treating the network as flat (subnet)")
 		mode = pipeline.ModeSubnet
 	}
+	encap := pipeline.Encapsulation(cn.Spec.Encapsulation)
+	switch encap {
+	case pipeline.EncapVXLAN, pipeline.EncapNone:
+	case "":
+		encap = pipeline.EncapVXLAN // an object written before the field existed
+	default:
+		w.log.Error(fmt.Errorf("unknown encapsulation %q", cn.Spec.Encapsulation), "using vxlan")
+		encap = pipeline.EncapVXLAN
+	}
 	var was pipeline.Mode
-	w.view.update(func(v *nodeView) { was, v.mode, v.clusterNets = v.mode, mode, nets })
+	var wasEncap pipeline.Encapsulation
+	w.view.update(func(v *nodeView) {
+		was, v.mode, v.clusterNets = v.mode, mode, nets
+		wasEncap, v.encap = v.encap, encap
+	})
 	if was != mode {
 		w.log.Info("pluginMode", "mode", mode, "networkPolicyEnforced", mode == pipeline.ModeNetworkPolicy)
+	}
+	if wasEncap != encap {
+		w.log.Info("encapsulation", "encapsulation", encap)
+		w.kickUplink()
 	}
 	w.sync.trigger()
 }
@@ -97,6 +123,7 @@ func (w *watchNetwork) hostSubnet(obj any, deleted bool) {
 		}
 		v.remote[hs.Host] = pipeline.RemoteNode{Name: hs.Host, NodeIP: ip, Subnet: subnet.Masked()}
 	})
+	w.kickUplink() // a new or moved peer: is it on the segment?
 	w.sync.trigger()
 }
 
@@ -113,4 +140,45 @@ func (w *watchNetwork) netNamespace(obj any, deleted bool) {
 		v.vnids[nn.NetName] = nn.NetID
 	})
 	w.sync.trigger()
+}
+
+// watchRemotePods keeps the view's remote pods from the (cluster-wide) pod informer: the address, node
+// and namespace of every pod of another node. Only multitenant mode with an uplink port renders them,
+// so only then does a change ask for a sync.
+type watchRemotePods struct {
+	view *nodeView
+	sync *flowSync
+}
+
+func (w *watchRemotePods) pod(obj any, deleted bool) {
+	pod, ok := obj.(*agentPod)
+	if !ok {
+		return
+	}
+	key := podKey(pod.Namespace, pod.Name)
+	var rp remotePod
+	keep := !deleted && pod.NodeName != "" && pod.NodeName != w.view.nodeName && !pod.HostNetwork &&
+		pod.Phase != corev1.PodSucceeded && pod.Phase != corev1.PodFailed && len(pod.IPs) > 0
+	if keep {
+		ip, err := netip.ParseAddr(pod.IPs[0])
+		if keep = err == nil && ip.Is4(); keep {
+			rp = remotePod{Node: pod.NodeName, Namespace: pod.Namespace, IP: ip}
+		}
+	}
+	changed, rendered := false, false
+	w.view.update(func(v *nodeView) {
+		prev, had := v.remotePods[key]
+		switch {
+		case keep && (!had || prev != rp):
+			v.remotePods[key] = rp
+			changed = true
+		case !keep && had:
+			delete(v.remotePods, key)
+			changed = true
+		}
+		rendered = v.mode == pipeline.ModeMultitenant && v.uplink != ""
+	})
+	if changed && rendered {
+		w.sync.trigger()
+	}
 }

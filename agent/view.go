@@ -50,15 +50,30 @@ type nodeView struct {
 	// (networkpolicy mode; netpol.go); policyProblems are its problems as of the last snapshot.
 	netpol         *policyIndex
 	policyProblems map[string][]policyProblem
+	// Encapsulation (uplink.go): the ClusterNetwork's; the uplink bridge br0 is patched into ("" none);
+	// the peers (by node name) on its segment; tun0's MAC.
+	encap      pipeline.Encapsulation
+	uplink     string
+	onSegment  map[string]bool
+	gatewayMAC net.HardwareAddr
+	// remotePods are the other nodes' pods (pod informer), whose addresses give the source VNID of
+	// traffic that arrives unencapsulated in multitenant mode.
+	remotePods map[string]remotePod
 	// generation counts changes, so a sync knows whether it saw the latest state.
 	generation uint64
+}
+
+// remotePod is another node's pod: where it runs, its namespace and address.
+type remotePod struct {
+	Node, Namespace string
+	IP              netip.Addr
 }
 
 func newNodeView(nodeName string) *nodeView {
 	return &nodeView{nodeName: nodeName, mode: pipeline.ModeSubnet, remote: map[string]pipeline.RemoteNode{},
 		vnids: map[string]uint32{}, pods: map[string]localPod{}, services: map[string]*corev1.Service{},
 		slices: map[string]*discoveryv1.EndpointSlice{}, hostPorts: map[string]hostPortPod{}, converted: serviceCache{},
-		netpol: newPolicyIndex(nodeName)}
+		netpol: newPolicyIndex(nodeName), encap: pipeline.EncapVXLAN, remotePods: map[string]remotePod{}}
 }
 
 // update applies f and returns the view's new generation: a sync of that generation or later includes f.
@@ -146,7 +161,8 @@ func (v *nodeView) snapshot() (st pipeline.NodeState, pending []string, generati
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	st = pipeline.NodeState{Mode: v.mode, NodeName: v.nodeName, NodeIP: v.nodeIP, LocalSubnet: v.localSubnet,
-		ClusterNetworks: append([]netip.Prefix(nil), v.clusterNets...)}
+		ClusterNetworks: append([]netip.Prefix(nil), v.clusterNets...),
+		Encapsulation:   v.encap, Uplink: v.uplink != "", GatewayMAC: v.gatewayMAC}
 	for _, p := range v.pods {
 		vnid, ok := v.vnids[p.Namespace]
 		if !ok {
@@ -158,8 +174,24 @@ func (v *nodeView) snapshot() (st pipeline.NodeState, pending []string, generati
 		}
 		st.Pods = append(st.Pods, pipeline.PodState{Namespace: p.Namespace, Name: p.Name, IP: p.IP, MAC: p.MAC, OFPort: p.OFPort, VNID: vnid})
 	}
+	// Traffic arriving unencapsulated names its source by address only: multitenant mode needs every
+	// remote pod's VNID (pods whose namespace has none yet are left out: their traffic is dropped).
+	var podsOf map[string][]pipeline.RemotePod
+	if v.mode == pipeline.ModeMultitenant && v.uplink != "" {
+		podsOf = map[string][]pipeline.RemotePod{}
+		for _, p := range v.remotePods {
+			if vnid, ok := v.vnids[p.Namespace]; ok {
+				podsOf[p.Node] = append(podsOf[p.Node], pipeline.RemotePod{IP: p.IP, VNID: vnid})
+			}
+		}
+	}
 	for name, n := range v.remote {
 		if name != v.nodeName {
+			n.OnSegment = v.onSegment[name]
+			if pods := podsOf[name]; len(pods) > 0 {
+				sort.Slice(pods, func(i, j int) bool { return pods[i].IP.Less(pods[j].IP) })
+				n.Pods = pods
+			}
 			st.RemoteNodes = append(st.RemoteNodes, n)
 		}
 	}

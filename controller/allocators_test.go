@@ -137,6 +137,10 @@ func TestValidateSpec(t *testing.T) {
 		{"two CIDRs", func(s *networkv1.ClusterNetworkSpec) { s.ClusterCIDRs = append(s.ClusterCIDRs, "10.200.0.0/16") }, true},
 		{"host bits set", func(s *networkv1.ClusterNetworkSpec) { s.ClusterCIDRs = []networkv1.CIDR{"10.128.0.1/14"} }, false},
 		{"mode", func(s *networkv1.ClusterNetworkSpec) { s.PluginMode = "flat" }, false},
+		{"encapsulation none", func(s *networkv1.ClusterNetworkSpec) { s.Encapsulation = networkv1.EncapsulationNone }, true},
+		{"encapsulation vxlan", func(s *networkv1.ClusterNetworkSpec) { s.Encapsulation = networkv1.EncapsulationVXLAN }, true},
+		{"encapsulation unknown", func(s *networkv1.ClusterNetworkSpec) { s.Encapsulation = "geneve" }, false},
+		{"encapsulation in capitals", func(s *networkv1.ClusterNetworkSpec) { s.Encapsulation = "VXLAN" }, false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

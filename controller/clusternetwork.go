@@ -60,6 +60,11 @@ func ValidateSpec(spec networkv1.ClusterNetworkSpec) error {
 	default:
 		errs = append(errs, fmt.Errorf("pluginMode %q: want subnet, multitenant or networkpolicy", spec.PluginMode))
 	}
+	switch spec.Encapsulation {
+	case "", networkv1.EncapsulationVXLAN, networkv1.EncapsulationNone: // "": an object from before the field (vxlan)
+	default:
+		errs = append(errs, fmt.Errorf("encapsulation %q: want vxlan or none", spec.Encapsulation))
+	}
 	return errors.Join(errs...)
 }
 

@@ -331,3 +331,57 @@ func TestAgentProbesMatchItsFlags(t *testing.T) {
 		t.Errorf("--drift-check-period: %v", err)
 	}
 }
+
+// TestClusterNetworkEncapsulation: the CRD's schema, on a real API server, defaults encapsulation to
+// vxlan, takes none, and refuses anything else with a message that names the allowed values.
+func TestClusterNetworkEncapsulation(t *testing.T) {
+	c := kubelab.StartDeploy(t, kubelab.Options{}, "crds/")
+	cn := func(encap string) string {
+		line := ""
+		if encap != "" {
+			line = "\n  encapsulation: " + encap
+		}
+		return `apiVersion: network.ofsdn.io/v1
+kind: ClusterNetwork
+metadata: {name: default}
+spec:
+  clusterCIDRs: ["10.128.0.0/14"]
+  hostSubnetLength: 9
+  serviceNetwork: 172.30.0.0/16` + line + "\n"
+	}
+	apply := func(doc string) (string, error) {
+		path := filepath.Join(t.TempDir(), "cn.yaml")
+		if err := os.WriteFile(path, []byte(doc), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return c.Kubectl("apply", "--server-side", "--force-conflicts", "-f", path)
+	}
+	get := func() string {
+		out, err := c.Kubectl("get", "clusternetwork", "default", "-o", "jsonpath={.spec.encapsulation}")
+		if err != nil {
+			t.Fatalf("%v\n%s", err, out)
+		}
+		return out
+	}
+	if out, err := apply(cn("")); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if got := get(); got != "vxlan" {
+		t.Errorf("encapsulation defaulted to %q, want vxlan", got)
+	}
+	if out, err := apply(cn("none")); err != nil {
+		t.Fatalf("none refused: %v\n%s", err, out)
+	}
+	if got := get(); got != "none" {
+		t.Errorf("encapsulation is %q after applying none", got)
+	}
+	for _, bad := range []string{"geneve", "VXLAN", `""`} {
+		out, err := apply(cn(bad))
+		if err == nil || !strings.Contains(err.Error()+out, `supported values: "vxlan", "none"`) {
+			t.Errorf("encapsulation %s: err %v, want a refusal naming the supported values:\n%s", bad, err, out)
+		}
+	}
+	if got := get(); got != "none" {
+		t.Errorf("a refused change altered encapsulation to %q", got)
+	}
+}

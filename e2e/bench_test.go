@@ -21,6 +21,7 @@ import (
 	"github.com/containernetworking/cni/libcni"
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
 	"github.com/ofsdn/ofsdn/e2e/cluster"
+	"github.com/ofsdn/ofsdn/e2e/lab"
 	"github.com/ofsdn/ofsdn/e2e/nodesim"
 	"github.com/ofsdn/ofsdn/flows/openflow"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
@@ -654,4 +655,62 @@ func vmRSS(pid int) (float64, error) {
 		}
 	}
 	return 0, fmt.Errorf("no VmRSS for %d", pid)
+}
+
+// BenchmarkEncapsulationThroughput: one TCP stream from a pod on node1 to a pod on node2 through
+// ofsdn's br0 with encapsulation vxlan and none (switched live on the same cluster), and between two
+// hosts of the lab's own plugged into node1's and node2's underlay bridges, which do nothing but NORMAL
+// switching: the baseline of the userspace datapath on this machine, measured in the same run. The
+// figures are MB/s and ratios; the two cores are shared with the whole lab, so compare ratios.
+func BenchmarkEncapsulationThroughput(b *testing.B) {
+	ctx := context.Background()
+	const ns = "bench-encap"
+	if err := lc.EnsureNamespace(ctx, ns); err != nil {
+		b.Fatal(err)
+	}
+	var pods []*cluster.Pod
+	for _, n := range lc.Nodes[:2] {
+		p, err := lc.RunPod(ctx, cluster.PodSpec(ns, "tp-"+n.Name, n.Name))
+		if err != nil {
+			b.Fatal(err)
+		}
+		pods = append(pods, p)
+	}
+	b.Cleanup(func() { deleteAll(b, ns) })
+	var plain []*lab.Host
+	for i, n := range lc.Lab.Nodes[:2] {
+		h, err := lc.Lab.AttachToUplink(ctx, n, fmt.Sprintf("plain%d", i+1), 40+i)
+		if err != nil {
+			b.Fatal(err)
+		}
+		plain = append(plain, h)
+	}
+	b.Cleanup(func() { _, _ = lc.SetEncapsulation(context.Background(), networkv1.EncapsulationVXLAN) })
+	const d = 4 * time.Second
+	sum := map[string]float64{}
+	runs := 0
+	measure := func(name, src, dst string, to netip.Addr) {
+		_, _ = lab.TCPThroughput(ctx, src, dst, to, 5201, 500*time.Millisecond) // warm the neighbours
+		mbps, err := lab.TCPThroughput(ctx, src, dst, to, 5201, d)
+		if err != nil {
+			b.Fatalf("%s: %v", name, err)
+		}
+		sum[name] += mbps
+	}
+	for b.Loop() {
+		runs++
+		measure("normal", plain[0].NetNS, plain[1].NetNS, plain[1].IP)
+		for _, e := range []networkv1.Encapsulation{networkv1.EncapsulationVXLAN, networkv1.EncapsulationNone} {
+			if _, err := lc.SetEncapsulation(ctx, e); err != nil {
+				b.Fatal(err)
+			}
+			measure(string(e), pods[0].NetNS, pods[1].NetNS, pods[1].IP)
+		}
+	}
+	for k, v := range sum {
+		b.ReportMetric(v/float64(runs), k+"-MB/s")
+	}
+	b.ReportMetric(sum["none"]/sum["normal"], "none/normal")
+	b.ReportMetric(sum["vxlan"]/sum["normal"], "vxlan/normal")
+	b.ReportMetric(sum["none"]/sum["vxlan"], "none/vxlan")
 }

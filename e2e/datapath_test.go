@@ -73,7 +73,10 @@ func TestPodToPod(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = lc.DeletePod(context.Background(), a2.Namespace, a2.Name) })
+	forEachEncapsulation(t, ctx, func(t *testing.T) { podToPod(t, ctx, a, a2, b) })
+}
 
+func podToPod(t *testing.T, ctx context.Context, a, a2, b *cluster.Pod) {
 	for _, tc := range []struct {
 		name     string
 		from, to *cluster.Pod
@@ -106,9 +109,13 @@ func TestPodToPod(t *testing.T) {
 }
 
 func TestTenantMatrix(t *testing.T) {
-	ctx := ctxT(t, 10*time.Minute)
+	ctx := ctxT(t, 20*time.Minute)
 	namespaces := []string{"default", "e2e-t1", "e2e-t2", "e2e-t3"}
 	pods := runPods(t, ctx, "mx", namespaces, lc.Nodes)
+	forEachEncapsulation(t, ctx, func(t *testing.T) { tenantMatrix(t, ctx, namespaces, pods) })
+}
+
+func tenantMatrix(t *testing.T, ctx context.Context, namespaces []string, pods []*cluster.Pod) {
 	check := func(t *testing.T, mode networkv1.PluginMode) {
 		t.Helper()
 		netids, err := lc.NetIDs(ctx, namespaces...)
@@ -169,8 +176,12 @@ func TestTenantMatrix(t *testing.T) {
 }
 
 func TestNodesAndOutside(t *testing.T) {
-	ctx := ctxT(t, 5*time.Minute)
+	ctx := ctxT(t, 10*time.Minute)
 	pods := runPods(t, ctx, "host", []string{"e2e-host"}, lc.Nodes)
+	forEachEncapsulation(t, ctx, func(t *testing.T) { nodesAndOutside(t, ctx, pods) })
+}
+
+func nodesAndOutside(t *testing.T, ctx context.Context, pods []*cluster.Pod) {
 	t.Run("every node reaches every pod", func(t *testing.T) {
 		for _, n := range lc.Nodes {
 			for _, p := range pods {

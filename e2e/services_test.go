@@ -107,7 +107,7 @@ func waitEndpoints(t *testing.T, ctx context.Context, netns, proto, addr string,
 }
 
 func TestServices(t *testing.T) {
-	ctx := ctxT(t, 15*time.Minute)
+	ctx := ctxT(t, 25*time.Minute)
 	for _, ns := range []string{svcNS, svcNSB} {
 		if err := lc.EnsureNamespace(ctx, ns); err != nil {
 			t.Fatal(err)
@@ -144,6 +144,13 @@ func TestServices(t *testing.T) {
 	took := waitEndpoints(t, ctx, cl.NetNS, "tcp", clusterIP(websvc, 80), 3, time.Minute)
 	t.Logf("service web: 3 endpoints served %s after creation", took.Round(time.Millisecond))
 
+	forEachEncapsulation(t, ctx, func(t *testing.T) { services(t, ctx, websvc, webPorts, clients) })
+}
+
+// services checks what a client sees of services, NodePorts and hostPorts (TestServices runs it in
+// each encapsulation).
+func services(t *testing.T, ctx context.Context, websvc *corev1.Service, webPorts []corev1.ServicePort, clients []*cluster.Pod) {
+	cl := clients[0]
 	t.Run("ClusterIP from every node", func(t *testing.T) {
 		for _, c := range clients {
 			for _, proto := range []string{"tcp", "udp"} {
@@ -261,6 +268,15 @@ func TestServices(t *testing.T) {
 		// The pod sees the client's own address: nothing masquerades a hostPort.
 		if f := strings.Fields(r); len(f) < 2 || !strings.HasPrefix(f[1], ext.IP.String()+":") {
 			t.Errorf("external → hostPort: the pod saw %q, want the client's address %s", r, ext.IP)
+		}
+		// Hairpin: the node's own pods reach its address at the hostPort — another pod, and the pod
+		// that holds the port. Their source becomes the node's gateway (the host DNATed them back into
+		// br0), so the reply returns through the host's un-DNAT.
+		for _, from := range []*cluster.Pod{clientOn(clients, node.Name), hp} {
+			r, err := from.Probe(ctx, "tcp", netip.AddrPortFrom(node.IP, 18080), 0)
+			if err != nil || !strings.HasPrefix(r, hp.Key()+" ") {
+				t.Errorf("%s (on %s) → its node's %s:18080: %q %v", from.Key(), node.Name, node.IP, r, err)
+			}
 		}
 		// A second pod asking for the same hostPort is told so; the first keeps it.
 		second := svcPod(t, ctx, svcNS, "hp-2", node.Name, "hp", withHostPort)
@@ -500,4 +516,14 @@ func nodeOf(p *cluster.Pod) *cluster.Node {
 		}
 	}
 	return lc.Nodes[0]
+}
+
+// clientOn returns the client pod on a node.
+func clientOn(clients []*cluster.Pod, node string) *cluster.Pod {
+	for _, c := range clients {
+		if c.Node == node {
+			return c
+		}
+	}
+	return nil
 }

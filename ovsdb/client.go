@@ -260,6 +260,85 @@ func (c *Client) EnsureVXLANPort(ctx context.Context, bridge, name string, dstPo
 		options: map[string]string{"remote_ip": "flow", "key": "flow", "dst_port": strconv.Itoa(dstPort)}})
 }
 
+// EnsurePatchPair ensures a patch port pair between two bridges of one ovs-vswitchd: port a on bridge
+// aBridge (with ofport_request aOFPort, 0 for any) joined to port b on bridge bBridge. ovs-vswitchd
+// refuses a patch port whose peer does not exist, so a missing or wrong pair is (re)made in one
+// transaction. It returns a's OpenFlow port number.
+func (c *Client) EnsurePatchPair(ctx context.Context, aBridge, a string, aOFPort int, bBridge, b string) (int, error) {
+	type end struct {
+		bridge, name, peer string
+		ofport             int
+	}
+	ends := []end{{aBridge, a, b, aOFPort}, {bBridge, b, a, 0}}
+	intact := true
+	var ops []libovsdb.Operation
+	for i, e := range ends {
+		br, err := c.mustBridge(ctx, e.bridge)
+		if err != nil {
+			return 0, err
+		}
+		port, iface, err := c.portAndInterface(ctx, e.name)
+		if err != nil {
+			return 0, err
+		}
+		spec := portSpec{name: e.name, ifType: "patch", options: map[string]string{"peer": e.peer}, ofportRequest: e.ofport}
+		var req *int
+		if e.ofport > 0 {
+			req = &spec.ofportRequest
+		}
+		if port != nil && iface != nil && slices.Contains(br.Ports, port.UUID) && sameInterface(iface, spec, req) {
+			continue
+		}
+		intact = false
+		if port != nil {
+			var owner []vswitch.Bridge
+			if err := c.c.WhereCache(func(x *vswitch.Bridge) bool { return slices.Contains(x.Ports, port.UUID) }).List(ctx, &owner); err != nil {
+				return 0, fmt.Errorf("ovsdb: %w", err)
+			}
+			for j := range owner {
+				del, err := c.c.Where(&owner[j]).Mutate(&owner[j], model.Mutation{Field: &owner[j].Ports, Mutator: libovsdb.MutateOperationDelete, Value: []string{port.UUID}})
+				if err != nil {
+					return 0, fmt.Errorf("ovsdb: patch port %s: %w", e.name, err)
+				}
+				ops = append(ops, del...)
+			}
+		}
+		newIf := vswitch.Interface{UUID: fmt.Sprintf("newiface%d", i), Name: e.name, Type: "patch", Options: spec.options, OfportRequest: req}
+		newPort := vswitch.Port{UUID: fmt.Sprintf("newport%d", i), Name: e.name, Interfaces: []string{newIf.UUID}}
+		create, err := c.c.Create(&newIf, &newPort)
+		if err != nil {
+			return 0, fmt.Errorf("ovsdb: patch port %s: %w", e.name, err)
+		}
+		ins, err := c.c.Where(br).Mutate(br, model.Mutation{Field: &br.Ports, Mutator: libovsdb.MutateOperationInsert, Value: []string{newPort.UUID}})
+		if err != nil {
+			return 0, fmt.Errorf("ovsdb: patch port %s: %w", e.name, err)
+		}
+		ops = append(append(ops, create...), ins...)
+	}
+	if !intact {
+		if err := c.transact(ctx, "patch ports "+a+" and "+b, ops...); err != nil {
+			return 0, err
+		}
+	}
+	if _, err := c.waitOFPort(ctx, b); err != nil {
+		return 0, err
+	}
+	return c.waitOFPort(ctx, a)
+}
+
+// BridgeDatapath returns a bridge's datapath type ("system" when unset); ok is false when there is no
+// such bridge.
+func (c *Client) BridgeDatapath(ctx context.Context, name string) (datapath string, ok bool, err error) {
+	br, err := c.bridge(ctx, name)
+	if err != nil || br == nil {
+		return "", false, err
+	}
+	if br.DatapathType == "" {
+		return "system", true, nil
+	}
+	return br.DatapathType, true, nil
+}
+
 // EnsureSystemPort attaches an existing interface (a pod's host veth) with external_ids that identify
 // the pod, and returns its OpenFlow port number.
 func (c *Client) EnsureSystemPort(ctx context.Context, bridge, name string, externalIDs map[string]string) (int, error) {

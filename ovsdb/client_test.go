@@ -164,3 +164,54 @@ func TestSurvivesVswitchdRestart(t *testing.T) {
 		t.Fatalf("after a vswitchd restart: %v", err)
 	}
 }
+
+// TestPatchPorts: a patch pair between two bridges of one ovs-vswitchd, each end numbered (br0's as
+// requested), idempotent, and removable from both sides; BridgeDatapath tells a bridge's datapath.
+func TestPatchPorts(t *testing.T) {
+	inst, c := connect(t)
+	ctx := context.Background()
+	for _, br := range []string{"br0", "br-ul"} {
+		if err := c.EnsureBridge(ctx, BridgeConfig{Name: br, DatapathType: "netdev"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if dp, ok, err := c.BridgeDatapath(ctx, "br-ul"); err != nil || !ok || dp != "netdev" {
+		t.Errorf("BridgeDatapath(br-ul) = %q, %v, %v", dp, ok, err)
+	}
+	if _, ok, err := c.BridgeDatapath(ctx, "eth0"); err != nil || ok {
+		t.Errorf("BridgeDatapath of no bridge: ok %v, %v", ok, err)
+	}
+	ensure := func() {
+		t.Helper()
+		ours, err := c.EnsurePatchPair(ctx, "br0", "patch-uplink", 65000, "br-ul", "patch-ofsdn-br0")
+		if err != nil || ours != 65000 {
+			t.Fatalf("br0 end: ofport %d, %v", ours, err)
+		}
+	}
+	ensure()
+	if got := vsctl(t, inst, "get", "Interface", "patch-uplink", "options:peer"); got != "patch-ofsdn-br0" {
+		t.Errorf("peer %s", got)
+	}
+	if got := vsctl(t, inst, "get", "Interface", "patch-ofsdn-br0", "ofport"); got == "-1" || got == "[]" {
+		t.Errorf("uplink end has no port number: %s", got)
+	}
+	before := c.Transactions()
+	ensure()
+	if c.Transactions() != before {
+		t.Errorf("ensuring again sent %d transactions", c.Transactions()-before)
+	}
+	// One end gone (someone deleted it by hand): the pair is made again.
+	vsctl(t, inst, "del-port", "br-ul", "patch-ofsdn-br0")
+	ensure()
+	if got := vsctl(t, inst, "list-ports", "br-ul"); got != "patch-ofsdn-br0" {
+		t.Errorf("br-ul ports after repair: %q", got)
+	}
+	for _, p := range [][2]string{{"br0", "patch-uplink"}, {"br-ul", "patch-ofsdn-br0"}} {
+		if err := c.DeletePort(ctx, p[0], p[1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := vsctl(t, inst, "list-ports", "br-ul"); got != "" {
+		t.Errorf("br-ul keeps ports %q", got)
+	}
+}

@@ -19,7 +19,8 @@ import (
 // NFTTable is ofsdn's own nf_tables table (family ip); nothing else in the node's firewall is touched.
 // Its chains:
 //   - postrouting (nat, srcnat): a pod reaching a NodePort through a node address is masqueraded to the
-//     gateway (its replies must come back through this host's un-DNAT, not straight from br0);
+//     gateway (its replies must come back through this host's un-DNAT, not straight from br0), and so
+//     is what the host DNATed from br0 back into br0 (a pod at its own node's hostPort);
 //     destinations in the cluster or service networks return untouched; pod traffic leaving the
 //     cluster is SNATed to the node's IP.
 //   - prerouting and output (nat, dstnat): NodePorts (any local address) are DNATed to br0's NodePort
@@ -31,6 +32,9 @@ const (
 	NFTTable = "ofsdn"
 	NFTChain = "postrouting"
 )
+
+// ctStatusDstNAT is conntrack's IPS_DST_NAT status bit: the connection was DNATed.
+const ctStatusDstNAT uint32 = 1 << 5
 
 // Forwards are the ports the node forwards into br0.
 type Forwards struct {
@@ -87,8 +91,8 @@ func chains(cfg Config) []nftChain {
 	}
 }
 
-// snatRules builds the postrouting chain, in order: pods reaching a NodePort through a node address take
-// the gateway's address; destinations in the cluster or service networks return untouched (nothing is NATed inside the cluster network, and host → pod keeps its
+// snatRules builds the postrouting chain, in order: pods reaching a NodePort through a node address, and
+// what the host DNATed from br0 back into br0 (hairpin), take the gateway's address; destinations in the cluster or service networks return untouched (nothing is NATed inside the cluster network, and host → pod keeps its
 // source); then sources in the cluster networks, now known to be leaving the cluster, are SNATed to the
 // node's IP.
 func snatRules(cfg Config) []nftRule {
@@ -102,6 +106,20 @@ func snatRules(cfg Config) []nftRule {
 					&expr.Counter{}, &expr.Masq{})})
 		}
 	}
+	// Hairpin: a pod reaching its own node's address at a hostPort (or a NodePort whose traffic policy
+	// keeps the client address) comes from br0 and, DNATed by the host, goes back into br0. Unless its
+	// source becomes the gateway, the destination pod answers it straight through br0, around the host's
+	// un-DNAT, and the client sees a reply from an address it never asked.
+	out = append(out, nftRule{Text: fmt.Sprintf("iifname %s oifname %s ct status dnat counter masquerade", cfg.Tun0, cfg.Tun0),
+		Exprs: []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1}, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname(cfg.Tun0)},
+			&expr.Meta{Key: expr.MetaKeyOIFNAME, Register: 1}, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname(cfg.Tun0)},
+			&expr.Ct{Key: expr.CtKeySTATUS, Register: 1},
+			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: native32(ctStatusDstNAT), Xor: native32(0)},
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: native32(0)},
+			&expr.Counter{},
+			&expr.Masq{},
+		}})
 	for _, p := range cfg.routed() {
 		out = append(out, nftRule{Text: fmt.Sprintf("ip daddr %s return", p),
 			Exprs: append(matchPrefix(16, p), &expr.Verdict{Kind: expr.VerdictReturn})})

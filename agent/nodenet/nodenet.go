@@ -388,12 +388,30 @@ func Cleanup(ctx context.Context, cfg Config) error {
 
 // UplinkMTU returns the MTU of the link that holds nodeIP in the node's namespace.
 func UplinkMTU(hostNetNS string, nodeIP netip.Addr) (int, error) {
+	link, err := uplink(hostNetNS, nodeIP)
+	if err != nil {
+		return 0, err
+	}
+	return link.Attrs().MTU, nil
+}
+
+// Uplink names the interface that holds nodeIP in the node's namespace: with an OVS bridge holding
+// the node's address, the bridge's own (internal) interface, which has the bridge's name.
+func Uplink(hostNetNS string, nodeIP netip.Addr) (string, error) {
+	link, err := uplink(hostNetNS, nodeIP)
+	if err != nil {
+		return "", err
+	}
+	return link.Attrs().Name, nil
+}
+
+func uplink(hostNetNS string, nodeIP netip.Addr) (netlink.Link, error) {
 	if !nodeIP.IsValid() {
-		return 0, errors.New("nodenet: uplink MTU: no node IP")
+		return nil, errors.New("nodenet: uplink: no node IP")
 	}
 	h, ns, err := handleAt(hostNetNS)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	defer h.Close()
 	defer ns.Close()
@@ -403,18 +421,33 @@ func UplinkMTU(hostNetNS string, nodeIP netip.Addr) (int, error) {
 	}
 	addrs, err := h.AddrList(nil, family)
 	if err != nil {
-		return 0, fmt.Errorf("nodenet: list addresses: %w", err)
+		return nil, fmt.Errorf("nodenet: list addresses: %w", err)
 	}
 	for _, a := range addrs {
 		if ip, ok := netip.AddrFromSlice(a.IP); ok && ip.Unmap() == nodeIP.Unmap() {
 			link, err := h.LinkByIndex(a.LinkIndex)
 			if err != nil {
-				return 0, fmt.Errorf("nodenet: link of %s: %w", nodeIP, err)
+				return nil, fmt.Errorf("nodenet: link of %s: %w", nodeIP, err)
 			}
-			return link.Attrs().MTU, nil
+			return link, nil
 		}
 	}
-	return 0, fmt.Errorf("nodenet: no interface in %s holds the node IP %s", nsName(hostNetNS), nodeIP)
+	return nil, fmt.Errorf("nodenet: no interface in %s holds the node IP %s", nsName(hostNetNS), nodeIP)
+}
+
+// LinkMAC returns an interface's MAC in the node's namespace (tun0's, which br0 addresses the host by).
+func LinkMAC(hostNetNS, name string) (net.HardwareAddr, error) {
+	h, ns, err := handleAt(hostNetNS)
+	if err != nil {
+		return nil, err
+	}
+	defer h.Close()
+	defer ns.Close()
+	link, err := h.LinkByName(name)
+	if err != nil {
+		return nil, fmt.Errorf("nodenet: look up %s: %w", name, err)
+	}
+	return link.Attrs().HardwareAddr, nil
 }
 
 func nsName(path string) string {

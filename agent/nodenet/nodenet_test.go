@@ -1,6 +1,7 @@
 package nodenet
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -85,21 +86,26 @@ func TestSNATRules(t *testing.T) {
 		want []string
 	}{
 		{"one cluster network and services", func(*Config) {}, []string{
+			"iifname tun0 oifname tun0 ct status dnat counter masquerade",
 			"ip daddr 10.128.0.0/14 return", "ip daddr 172.30.0.0/16 return",
 			"ip saddr 10.128.0.0/14 counter snat to 192.0.2.10"}},
 		{"no service network", func(c *Config) { c.ServiceNetwork = netip.Prefix{} }, []string{
+			"iifname tun0 oifname tun0 ct status dnat counter masquerade",
 			"ip daddr 10.128.0.0/14 return", "ip saddr 10.128.0.0/14 counter snat to 192.0.2.10"}},
 		{"two cluster networks, one unmasked", func(c *Config) {
 			c.ClusterNetworks = []netip.Prefix{p("10.128.0.0/14"), p("10.200.7.0/16")}
 		}, []string{
+			"iifname tun0 oifname tun0 ct status dnat counter masquerade",
 			"ip daddr 10.128.0.0/14 return", "ip daddr 10.200.0.0/16 return", "ip daddr 172.30.0.0/16 return",
 			"ip saddr 10.128.0.0/14 counter snat to 192.0.2.10", "ip saddr 10.200.0.0/16 counter snat to 192.0.2.10"}},
-		// Only pods reaching a NodePort through a node address are masqueraded by the host: br0 chooses
-		// everyone else's endpoint by their own address and masquerades after the choice.
+		// Only pods reaching a NodePort through a node address (and hairpinned hostPorts) are
+		// masqueraded by the host: br0 chooses everyone else's endpoint by their own address and
+		// masquerades after the choice.
 		{"NodePorts", func(c *Config) {
 			c.Forwards = Forwards{NodePortTarget: netip.MustParseAddr("169.254.169.3"), NodePorts: []NodePort{{Protocol: unix.IPPROTO_TCP, Port: 30080}}}
 		}, []string{
 			"ip saddr 10.128.0.0/14 ip daddr 169.254.169.3/32 counter masquerade",
+			"iifname tun0 oifname tun0 ct status dnat counter masquerade",
 			"ip daddr 10.128.0.0/14 return", "ip daddr 172.30.0.0/16 return", "ip saddr 10.128.0.0/14 counter snat to 192.0.2.10"}},
 	}
 	for _, tc := range tests {
@@ -145,12 +151,28 @@ func exprText(es []expr.Any) string {
 			a, _ := netip.AddrFromSlice(cmp.Data)
 			out = append(out, fmt.Sprintf("ip %s %s", field, netip.PrefixFrom(a, ones)))
 			i += 2
+		case *expr.Meta:
+			cmp, ok := es[i+1].(*expr.Cmp)
+			name := map[expr.MetaKey]string{expr.MetaKeyIIFNAME: "iifname", expr.MetaKeyOIFNAME: "oifname"}[e.Key]
+			if !ok || name == "" || cmp.Op != expr.CmpOpEq {
+				return fmt.Sprintf("unexpected meta at %d", i)
+			}
+			out = append(out, name+" "+strings.TrimRight(string(cmp.Data), "\x00"))
+			i++
+		case *expr.Ct:
+			bw, ok1 := es[i+1].(*expr.Bitwise)
+			cmp, ok2 := es[i+2].(*expr.Cmp)
+			if e.Key != expr.CtKeySTATUS || !ok1 || !ok2 || cmp.Op != expr.CmpOpNeq || binary.NativeEndian.Uint32(bw.Mask) != 1<<5 {
+				return fmt.Sprintf("unexpected ct at %d", i)
+			}
+			out = append(out, "ct status dnat")
+			i += 2
+		case *expr.Masq:
+			out = append(out, "masquerade")
 		case *expr.Verdict:
 			out = append(out, map[expr.VerdictKind]string{expr.VerdictReturn: "return", expr.VerdictAccept: "accept"}[e.Kind])
 		case *expr.Counter:
 			out = append(out, "counter")
-		case *expr.Masq:
-			out = append(out, "masquerade")
 		case *expr.Immediate:
 			reg = e.Data
 		case *expr.NAT:

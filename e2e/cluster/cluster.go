@@ -41,10 +41,11 @@ import (
 // Options shape a cluster. The zero value is 3 nodes in multitenant mode.
 type Options struct {
 	Nodes            int
-	Mode             networkv1.PluginMode // default multitenant
-	ClusterCIDR      string               // default 10.128.0.0/14
-	HostSubnetLength int                  // default 9 (a /23 per node)
-	ServiceCIDR      string               // default 172.30.0.0/16
+	Mode             networkv1.PluginMode    // default multitenant
+	Encapsulation    networkv1.Encapsulation // default vxlan
+	ClusterCIDR      string                  // default 10.128.0.0/14
+	HostSubnetLength int                     // default 9 (a /23 per node)
+	ServiceCIDR      string                  // default 172.30.0.0/16
 	// BinDir holds prebuilt binaries (ofsdn-agent, ofsdn-controller, ofsdn, flowctl, ofsdn-testpod);
 	// empty builds them into the cluster's directory.
 	BinDir string
@@ -110,6 +111,9 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	}
 	if opts.Mode == "" {
 		opts.Mode = networkv1.PluginModeMultitenant
+	}
+	if opts.Encapsulation == "" {
+		opts.Encapsulation = networkv1.EncapsulationVXLAN
 	}
 	if opts.ClusterCIDR == "" {
 		opts.ClusterCIDR = "10.128.0.0/14"
@@ -287,7 +291,7 @@ func (c *Cluster) startController(ctx context.Context) error {
 		return err
 	}
 	args := []string{"--kubeconfig", kc, "--cluster-cidrs", c.opts.ClusterCIDR, "--host-subnet-length", strconv.Itoa(c.opts.HostSubnetLength),
-		"--service-network", c.opts.ServiceCIDR, "--plugin-mode", string(c.opts.Mode), "--mtu", strconv.Itoa(c.Lab.PodMTU()),
+		"--service-network", c.opts.ServiceCIDR, "--plugin-mode", string(c.opts.Mode), "--encapsulation", string(c.opts.Encapsulation), "--mtu", strconv.Itoa(c.Lab.PodMTU()),
 		"--metrics-address", "127.0.0.1:0", "--leader-elect-namespace", systemNamespace,
 		// deploy/ names each replica after its pod (POD_NAME): one stable name, as a pod's would be.
 		"--leader-elect-identity", "ofsdn-controller-0"}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
+	"github.com/ofsdn/ofsdn/flows/pipeline"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -24,6 +25,32 @@ func (c *Cluster) SetMode(ctx context.Context, mode networkv1.PluginMode) error 
 		return fmt.Errorf("set pluginMode %s: %w", mode, err)
 	}
 	return nil
+}
+
+// SetEncapsulation switches the cluster's encapsulation live and waits until every node's br0 sends the
+// way it says: with none, each node's table 90 outputs to the uplink port (every lab node shares one
+// segment); with vxlan, none does. It returns how long the flows took to get there.
+func (c *Cluster) SetEncapsulation(ctx context.Context, encap networkv1.Encapsulation) (time.Duration, error) {
+	start := time.Now()
+	patch := fmt.Sprintf(`{"spec":{"encapsulation":%q}}`, encap)
+	if _, err := c.Net.NetworkV1().ClusterNetworks().Patch(ctx, networkv1.ClusterNetworkName, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		return 0, fmt.Errorf("set encapsulation %s: %w", encap, err)
+	}
+	uplink := fmt.Sprintf("output:%d", pipeline.PortUplink)
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	var last string
+	for _, n := range c.Nodes {
+		err := proc.Until(wctx, 0, func() bool {
+			out, err := n.Ofctl(wctx, "dump-flows", "br0", "table=90")
+			last = out
+			return err == nil && strings.Contains(out, uplink) == (encap == networkv1.EncapsulationNone)
+		})
+		if err != nil {
+			return 0, fmt.Errorf("encapsulation %s: node %s's table 90 never followed: %w\n%s", encap, n.Name, err, last)
+		}
+	}
+	return time.Since(start), nil
 }
 
 // ChangeNetwork writes a change-network request (join:<ns>, isolate, global) on namespace's NetNamespace,
@@ -164,3 +191,15 @@ func (c *Cluster) WaitMatrix(ctx context.Context, pods []*Pod, want Matrix, time
 		time.Sleep(200 * time.Millisecond)
 	}
 }
+
+// Encapsulation reads the cluster's encapsulation (vxlan when unset or unreadable).
+func (c *Cluster) Encapsulation(ctx context.Context) networkv1.Encapsulation {
+	cn, err := c.Net.NetworkV1().ClusterNetworks().Get(ctx, networkv1.ClusterNetworkName, metav1.GetOptions{})
+	if err != nil || cn.Spec.Encapsulation == "" {
+		return networkv1.EncapsulationVXLAN
+	}
+	return cn.Spec.Encapsulation
+}
+
+// AgentLogTail returns the last lines of a node's agent log.
+func (c *Cluster) AgentLogTail(n *Node, lines int) string { return proc.Tail(n.AgentLog, lines) }

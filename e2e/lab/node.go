@@ -251,3 +251,32 @@ func daemonPID(dir, daemon string) int {
 	}
 	return pid
 }
+
+// AttachToUplink makes a host of the lab's own (namespace "<prefix>-<role>") whose eth0 is a port of
+// node's underlay bridge br-ul, with the underlay address at the given offset (which must be free in the
+// address plan): something that reaches the other nodes through nothing but br-ul's NORMAL switching.
+func (l *Lab) AttachToUplink(ctx context.Context, node *Node, role string, offsetInUnderlay int) (*Host, error) {
+	ip := offset(l.Underlay, offsetInUnderlay)
+	if !l.Underlay.Contains(ip) || ip == l.Underlay.Addr() {
+		return nil, fmt.Errorf("lab: offset %d is outside the underlay %s", offsetInUnderlay, l.Underlay)
+	}
+	h := &Host{Name: role, NetNS: l.NetNSName(role), IP: ip, Addr: netip.PrefixFrom(ip, l.Underlay.Bits()), MAC: macFor(ip)}
+	port := "u" + strconv.Itoa(offsetInUnderlay)
+	mtu := strconv.Itoa(l.MTU)
+	if err := runAll(ctx, [][]string{
+		{"ip", "netns", "add", h.NetNS},
+		{"ip", "-n", node.NetNS, "link", "add", port, "mtu", mtu, "type", "veth", "peer", "name", Uplink, "mtu", mtu, "netns", h.NetNS},
+		{"ip", "-n", h.NetNS, "link", "set", Uplink, "address", h.MAC.String()},
+		{"ip", "netns", "exec", h.NetNS, "ethtool", "-K", Uplink, "tx", "off"},
+		{"ip", "-n", h.NetNS, "addr", "add", h.Addr.String(), "dev", Uplink},
+		{"ip", "-n", h.NetNS, "link", "set", Uplink, "up"},
+		{"ip", "-n", h.NetNS, "link", "set", "lo", "up"},
+		{"ip", "-n", node.NetNS, "link", "set", port, "up"},
+	}); err != nil {
+		return nil, err
+	}
+	if _, err := node.Vsctl(ctx, "add-port", UnderlayBridge, port); err != nil {
+		return nil, err
+	}
+	return h, nil
+}

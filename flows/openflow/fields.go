@@ -29,8 +29,8 @@ const (
 	FieldReg4
 	FieldReg5
 	FieldReg6
-	// FieldReg7 (and FieldMetadata below) no ofsdn flow renders: they complete the register file and
-	// OpenFlow's metadata, so a flow someone else put on the bridge decodes and prints like any other.
+	// FieldReg7 is the pipeline's proxy ARP scratch. FieldMetadata (below) no ofsdn flow renders: it
+	// completes OpenFlow's fields, so a flow someone else put on the bridge decodes and prints like any other.
 	FieldReg7
 	FieldTunID
 	FieldTunSrc

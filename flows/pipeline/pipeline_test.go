@@ -34,18 +34,33 @@ const pipelineGolden = "testdata/pipeline.golden"
 func TestPipelineGolden(t *testing.T) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "version %d\n", PipelineVersion)
-	for _, mode := range []Mode{ModeMultitenant, ModeSubnet, ModeNetworkPolicy} {
+	for _, variant := range []struct {
+		mode  Mode
+		encap Encapsulation
+	}{{ModeMultitenant, EncapVXLAN}, {ModeSubnet, EncapVXLAN}, {ModeNetworkPolicy, EncapVXLAN},
+		{ModeMultitenant, EncapNone}, {ModeSubnet, EncapNone}, {ModeNetworkPolicy, EncapNone}} {
+		mode := variant.mode
 		st := sampleNodeState()
 		st.Mode = mode
 		if mode == ModeNetworkPolicy {
 			st.Pods[0].IngressIsolated = true
 			st.Pods[1].IngressIsolated, st.Pods[1].EgressIsolated = true, true
 		}
+		if variant.encap == EncapNone {
+			// node-2 shares the uplink segment, node-3 does not (VXLAN to it).
+			st.Encapsulation, st.Uplink = EncapNone, true
+			st.RemoteNodes[0].OnSegment = true
+			st.RemoteNodes[0].Pods = []RemotePod{{IP: netip.MustParseAddr("10.128.2.7"), VNID: 11}, {IP: netip.MustParseAddr("10.128.2.9"), VNID: 0}}
+		}
 		owners, err := Render(st)
 		if err != nil {
 			t.Fatal(err)
 		}
-		fmt.Fprintf(&b, "\n# mode %s\n", mode)
+		if variant.encap == EncapNone {
+			fmt.Fprintf(&b, "\n# mode %s, encapsulation none\n", mode)
+		} else {
+			fmt.Fprintf(&b, "\n# mode %s\n", mode)
+		}
 		for _, o := range reconcile.SortedOwnerKeys(owners) {
 			fmt.Fprintf(&b, "## %s\n", o)
 			rendered := owners[o].Flows
@@ -155,6 +170,7 @@ func sampleNodeState() NodeState {
 		LocalSubnet:       netip.MustParsePrefix("10.128.0.0/23"),
 		ClusterNetworks:   []netip.Prefix{netip.MustParsePrefix("10.128.0.0/14")},
 		NodePortAddresses: []netip.Addr{ServiceNodePortIP},
+		GatewayMAC:        net.HardwareAddr{0x2e, 0x11, 0x22, 0x33, 0x44, 0x55}, // tun0's
 		Pods: []PodState{
 			{Namespace: "a", Name: "web", IP: netip.MustParseAddr("10.128.0.2"), MAC: mac(2), OFPort: 3, VNID: 11},
 			{Namespace: "b", Name: "db", IP: netip.MustParseAddr("10.128.0.3"), MAC: mac(3), OFPort: 4, VNID: 12},

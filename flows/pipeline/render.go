@@ -40,6 +40,13 @@ type NodeState struct {
 	NodePortAddresses []netip.Addr
 	// Policies are the NetworkPolicies this node enforces (networkpolicy mode; see netpol.go).
 	Policies []PolicyState
+	// Encapsulation between nodes; Uplink: br0 has its patch port into the uplink bridge (PortUplink),
+	// so it can send and receive unencapsulated pod traffic (uplink.go).
+	Encapsulation Encapsulation
+	Uplink        bool
+	// GatewayMAC is tun0's MAC when known: packets routed to the gateway address get it as eth_dst, so
+	// the host takes them whatever MAC the sender had for its gateway.
+	GatewayMAC net.HardwareAddr
 }
 
 // PodState is one local pod's network identity.
@@ -59,6 +66,12 @@ type RemoteNode struct {
 	Name   string
 	NodeIP netip.Addr
 	Subnet netip.Prefix
+	// OnSegment: the node's address is on-link through this node's uplink bridge, so with
+	// encapsulation none its traffic goes unencapsulated (uplink.go).
+	OnSegment bool
+	// Pods are its pods' addresses and VNIDs, for traffic that arrives from it unencapsulated
+	// (multitenant mode with an uplink port; otherwise unused).
+	Pods []RemotePod
 }
 
 // Gateway is the node subnet's first address: tun0's address, the pods' default gateway.
@@ -89,6 +102,7 @@ func Render(s NodeState) (map[reconcile.Owner]reconcile.OwnerState, error) {
 // is ready; a Renderer is not safe for concurrent use.
 type Renderer struct {
 	pods     map[reconcile.Owner]podMemo
+	nodes    map[reconcile.Owner]nodeMemo
 	services map[reconcile.Owner]serviceMemo
 	policies map[reconcile.Owner]policyMemo
 }
@@ -100,6 +114,26 @@ type podMemo struct {
 	st        PodState
 	isolation bool // with its isolation flows (networkpolicy mode)
 	out       reconcile.OwnerState
+}
+
+// nodeMemo is a remote node's last render and its inputs: with encapsulation none in multitenant mode
+// a node owns a flow per pod, and most syncs change none of them.
+type nodeMemo struct {
+	n   RemoteNode
+	key nodeRenderKey
+	out reconcile.OwnerState
+}
+
+// nodeRenderKey is what of the node's own state a remote node's flows depend on.
+type nodeRenderKey struct {
+	mode   Mode
+	encap  Encapsulation
+	uplink bool
+	nodeIP netip.Addr
+}
+
+func remoteNodeEqual(a, b RemoteNode) bool {
+	return a.Name == b.Name && a.NodeIP == b.NodeIP && a.Subnet == b.Subnet && a.OnSegment == b.OnSegment && slices.Equal(a.Pods, b.Pods)
 }
 
 func podEqual(a, b PodState) bool {
@@ -147,12 +181,22 @@ func (r *Renderer) Render(s NodeState) (owners map[reconcile.Owner]reconcile.Own
 			}
 		}
 	}
+	nodes := make(map[reconcile.Owner]nodeMemo, len(s.RemoteNodes))
+	key := nodeRenderKey{mode: s.Mode, encap: s.Encapsulation, uplink: s.Uplink, nodeIP: s.NodeIP}
 	for _, n := range s.RemoteNodes {
 		if !n.Subnet.IsValid() || !n.NodeIP.IsValid() {
 			continue
 		}
-		out[NodeOwner(n.Name)] = reconcile.OwnerState{Flows: RenderRemoteNode(n, s.Mode == ModeNetworkPolicy)}
+		o := NodeOwner(n.Name)
+		m, ok := r.nodes[o]
+		if !ok || m.key != key || !remoteNodeEqual(m.n, n) {
+			n.Pods = slices.Clone(n.Pods)
+			m = nodeMemo{n: n, key: key, out: reconcile.OwnerState{Flows: RenderRemoteNode(s, n)}}
+		}
+		out[o] = m.out
+		nodes[o] = m
 	}
+	r.nodes = nodes
 	r.renderServices(s, out, failed)
 	r.renderPolicies(s, out, failed)
 	return out, failed, nil
@@ -160,7 +204,7 @@ func (r *Renderer) Render(s NodeState) (owners map[reconcile.Owner]reconcile.Own
 
 // renderPipeline renders the fixed plumbing of the tables and their defaults.
 func renderPipeline(s NodeState) []Flow {
-	out := RenderBase()
+	out := append(RenderBase(), renderUplinkBase(s)...)
 	switch s.Mode {
 	case ModeNetworkPolicy:
 		// Flat, with policy: what no isolation dropped is delivered, its connection committed so that
@@ -184,12 +228,17 @@ func renderPipeline(s NodeState) []Flow {
 // out of the cluster through the host, and drops for cluster addresses nobody hosts.
 func renderLocal(s NodeState) []Flow {
 	gw := Gateway(s.LocalSubnet)
+	toGateway := []Action{LoadReg(RegDstVNID, GlobalVNID), LoadReg(RegOutPort, PortTun0), Goto{Table: TableIngressIsolation}}
+	if len(s.GatewayMAC) == 6 {
+		// A peer sending unencapsulated addressed the gateway by the MAC proxy ARP gave it (uplink.go).
+		toGateway = append([]Action{SetField{Field: FieldEthDst, Value: MACValue(s.GatewayMAC)}}, toGateway...)
+	}
 	out := []Flow{
 		// ARP for the gateway goes to the host, which answers with tun0's MAC.
 		F(TableARP, 300, M(append(ARP, ARPTPA(gw))...), Output{Port: PortTun0}),
 		// IP for the gateway, and anything outside the cluster network, leaves through the host
 		// (which routes it and SNATs it to the node's IP).
-		F(TableRouting, 300, M(append(IP, IPDst(gw))...), LoadReg(RegDstVNID, GlobalVNID), LoadReg(RegOutPort, PortTun0), Goto{Table: TableIngressIsolation}),
+		F(TableRouting, 300, M(append(IP, IPDst(gw))...), toGateway...),
 		F(TableRouting, 10, M(IP...), LoadReg(RegDstVNID, GlobalVNID), LoadReg(RegOutPort, PortTun0), Goto{Table: TableIngressIsolation}),
 	}
 	for _, cn := range s.ClusterNetworks {
@@ -218,20 +267,21 @@ func RenderTenant(vnid uint32) []Flow {
 	return []Flow{F(TableIngressIsolation, 100, M(Reg(RegSrcVNID, vnid), Reg(RegDstVNID, vnid)), Goto{Table: TableOutput})}
 }
 
-// RenderRemoteNode renders another node: accept its tunnel traffic (tun_id carries the source VNID),
-// and send IP and ARP for its subnet through the tunnel to it. With commit (networkpolicy mode), a
-// connection routed there is committed to conntrack first: its egress was allowed by then, and its
-// replies must pass the policy tables.
-func RenderRemoteNode(n RemoteNode, commit bool) []Flow {
+// RenderRemoteNode renders another node: accept its tunnel traffic (tun_id carries the source VNID)
+// and, with an uplink port, its unencapsulated traffic (the source address gives the VNID); send IP and
+// ARP for its subnet through the tunnel to it, or IP through the uplink port when it is direct
+// (uplink.go). In networkpolicy mode a connection routed there is committed to conntrack first: its
+// egress was allowed by then, and its replies must pass the policy tables.
+func RenderRemoteNode(s NodeState, n RemoteNode) []Flow {
 	route := []Action{Goto{Table: TableTunnelEgress}}
-	if commit {
+	if s.Mode == ModeNetworkPolicy {
 		route = []Action{commitService, Goto{Table: TableTunnelEgress}}
 	}
 	toTunnel := func() []Action {
 		return []Action{Move{Src: Whole(RegSrcVNID), Dst: Bits(FieldTunID, 0, 31)}, SetTunDst(n.NodeIP), Output{Port: PortVXLAN}}
 	}
 	fromTunnel := Move{Src: Bits(FieldTunID, 0, 31), Dst: Whole(RegSrcVNID)}
-	return []Flow{
+	out := []Flow{
 		F(TableTunnelIngress, 100, M(append(IP, TunSrc(n.NodeIP))...), fromTunnel, Goto{Table: TableConntrack}),
 		F(TableTunnelIngress, 100, M(append(ARP, TunSrc(n.NodeIP))...), fromTunnel, Goto{Table: TableARP}),
 		F(TableRouting, 100, M(append(IP, IPDstNet(n.Subnet))...), route...),
@@ -239,4 +289,9 @@ func RenderRemoteNode(n RemoteNode, commit bool) []Flow {
 		F(TableTunnelEgress, 100, M(append(IP, IPDstNet(n.Subnet))...), toTunnel()...),
 		F(TableTunnelEgress, 100, M(append(ARP, ARPTPANet(n.Subnet))...), toTunnel()...),
 	}
+	out = append(out, renderUplinkIngress(s, n)...)
+	if s.direct(n) {
+		out = append(out, renderUplinkEgress(s, n)...)
+	}
+	return out
 }

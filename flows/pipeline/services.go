@@ -634,38 +634,63 @@ func affinityLearn(owner reconcile.Owner, timeout uint32) Learn {
 // every service address, the endpoints (or the reject target) it DNATed to before and no longer does.
 // TCP needs none: its connections end, and a reset follows a removed endpoint.
 func StaleConntrack(old, new NodeState) []ConntrackFlush {
-	targets := func(s NodeState) map[ConntrackFlush]bool {
-		out := map[ConntrackFlush]bool{}
-		for _, svc := range s.Services {
-			if !svc.ClusterIP.Is4() {
-				continue
-			}
-			for _, p := range svc.Ports {
-				if p.Protocol != IPProtoUDP && p.Protocol != IPProtoSCTP {
-					continue
-				}
-				for _, fe := range frontends(s, svc, p) {
-					k := ConntrackFlush{Protocol: p.Protocol, Dst: fe.addr, DstPort: fe.port}
-					if fe.reject {
-						k.ReplySrc = Gateway(s.LocalSubnet)
-						out[k] = true
-					}
-					for _, e := range fe.eps {
-						k.ReplySrc = e.IP
-						out[k] = true
-					}
-				}
-			}
-		}
-		return out
-	}
-	before, after := targets(old), targets(new)
+	before, after := conntrackTargets(old), conntrackTargets(new)
 	var out []ConntrackFlush
 	for k := range before {
 		if !after[k] {
 			out = append(out, k)
 		}
 	}
+	return sortFlushes(out)
+}
+
+// StaleConntrackHeld is StaleConntrack for an agent that has no previous state (it just started): of
+// the DNATed UDP and SCTP entries conntrack holds in ZoneService (each as its original destination and
+// its reply's source), those s no longer DNATs to — endpoints removed, services deleted while no agent
+// ran.
+func StaleConntrackHeld(s NodeState, held []ConntrackFlush) []ConntrackFlush {
+	now := conntrackTargets(s)
+	seen := map[ConntrackFlush]bool{}
+	var out []ConntrackFlush
+	for _, k := range held {
+		if (k.Protocol != IPProtoUDP && k.Protocol != IPProtoSCTP) || k.Dst == k.ReplySrc || now[k] || seen[k] {
+			continue
+		}
+		seen[k] = true
+		out = append(out, k)
+	}
+	return sortFlushes(out)
+}
+
+// conntrackTargets lists, for every UDP and SCTP service address of s, the endpoints (or the reject
+// target) its connections are DNATed to.
+func conntrackTargets(s NodeState) map[ConntrackFlush]bool {
+	out := map[ConntrackFlush]bool{}
+	for _, svc := range s.Services {
+		if !svc.ClusterIP.Is4() {
+			continue
+		}
+		for _, p := range svc.Ports {
+			if p.Protocol != IPProtoUDP && p.Protocol != IPProtoSCTP {
+				continue
+			}
+			for _, fe := range frontends(s, svc, p) {
+				k := ConntrackFlush{Protocol: p.Protocol, Dst: fe.addr, DstPort: fe.port}
+				if fe.reject {
+					k.ReplySrc = Gateway(s.LocalSubnet)
+					out[k] = true
+				}
+				for _, e := range fe.eps {
+					k.ReplySrc = e.IP
+					out[k] = true
+				}
+			}
+		}
+	}
+	return out
+}
+
+func sortFlushes(out []ConntrackFlush) []ConntrackFlush {
 	slices.SortFunc(out, func(a, b ConntrackFlush) int {
 		return cmp.Or(a.Dst.Compare(b.Dst), cmp.Compare(a.DstPort, b.DstPort), cmp.Compare(a.Protocol, b.Protocol),
 			a.ReplySrc.Compare(b.ReplySrc))

@@ -451,6 +451,33 @@ func TestStaleConntrack(t *testing.T) {
 	}
 }
 
+// TestStaleConntrackHeld: a starting agent compares what conntrack holds with the state: DNATed UDP and
+// SCTP entries towards endpoints the state no longer has, or of services it no longer has, go; entries
+// the state still DNATs to, TCP, and connections that were never NATed (committed by policy) stay.
+func TestStaleConntrackHeld(t *testing.T) {
+	a, b := readyEP("10.128.0.5", 53, true), readyEP("10.128.0.6", 53, true)
+	st := svcNode(ServiceState{Namespace: "ns", Name: "dns", ClusterIP: netip.MustParseAddr("172.30.0.53"),
+		Ports: []ServicePort{{Name: "dns", Protocol: IPProtoUDP, Port: 53, Endpoints: []Endpoint{b}}}})
+	ip := netip.MustParseAddr
+	held := []ConntrackFlush{
+		{Protocol: IPProtoUDP, Dst: ip("172.30.0.53"), DstPort: 53, ReplySrc: a.IP},            // a was removed: stale
+		{Protocol: IPProtoUDP, Dst: ip("172.30.0.53"), DstPort: 53, ReplySrc: a.IP},            // the same, twice
+		{Protocol: IPProtoUDP, Dst: ip("172.30.0.53"), DstPort: 53, ReplySrc: b.IP},            // still used
+		{Protocol: IPProtoUDP, Dst: ip("172.30.0.99"), DstPort: 53, ReplySrc: b.IP},            // service deleted: stale
+		{Protocol: IPProtoSCTP, Dst: ip("172.30.0.98"), DstPort: 9, ReplySrc: b.IP},            // stale too
+		{Protocol: IPProtoTCP, Dst: ip("172.30.0.99"), DstPort: 80, ReplySrc: b.IP},            // TCP: left alone
+		{Protocol: IPProtoUDP, Dst: ip("10.128.2.7"), DstPort: 53, ReplySrc: ip("10.128.2.7")}, // not NATed
+	}
+	var got []string
+	for _, c := range StaleConntrackHeld(st, held) {
+		got = append(got, c.String())
+	}
+	want := "udp 172.30.0.53:53 → 10.128.0.5,sctp 172.30.0.98:9 → 10.128.0.6,udp 172.30.0.99:53 → 10.128.0.6"
+	if strings.Join(got, ",") != want {
+		t.Errorf("got %v, want %s", got, want)
+	}
+}
+
 // TestRendererReusesUnchangedServices: a Renderer's output equals Render's, and a service whose inputs
 // did not change comes back as the very same slices (so the agent's comparison is cheap).
 func TestRendererReusesUnchangedServices(t *testing.T) {

@@ -5,13 +5,18 @@
 // flows/reconcile, which installs it; the words of the flows are flows/openflow's.
 //
 // Where each flow comes from: render_base.go (dispatch, table defaults, version note), render.go
-// (the local subnet, pods, tenants, remote nodes), services.go (services, their groups and learned
+// (the local subnet, pods, tenants, remote nodes), uplink.go (encapsulation none: the uplink port, and
+// why it is that rather than host routes), services.go (services, their groups and learned
 // affinity), services_affinity.go (sessionAffinity's choice), owners.go (who owns what).
 //
 // The pipeline (table numbers are fixed so dumps stay comparable across versions):
 //
-//	  0 classifier        in_port: vxlan0 → 10, tun0 → 25, any other port → 20 (pods)
+//	  0 classifier        in_port: vxlan0 → 10, tun0 → 25, the uplink port (encapsulation none) → 15
+//	                      when addressed to our uplink MAC (else drop), any other port → 20 (pods)
 //	 10 tunnel-ingress    tun_src must be a known node; tun_id → reg0 (source VNID); else drop
+//	 15 uplink-ingress    unencapsulated from a known node's uplink MAC (uplink.go): a source address of
+//	                      its pods → reg0 = that pod's VNID (its gateway: 0), eth_dst = the pod MAC of the
+//	                      destination; else drop
 //	 20 pod-ingress       anti-spoofing: in_port + MAC + IP (and ARP sha/spa) must be the pod's; reg0 = pod VNID
 //	 25 host-ingress      from tun0 (host, hostNetwork pods): reg0 = 0 (global)
 //	 30 conntrack         ct(nat) in ofsdn's zones so replies are un-NATed before routing: replies to the
@@ -41,13 +46,16 @@
 //	                      policy's rules are conjunctions (pods × ports × peers) at its own priority; an
 //	                      egress-isolated pod's default deny; everything else continues to 60
 //	 60 routing           local pod → reg1 = its VNID, reg2 = its port; remote subnet → 90 (networkpolicy
-//	                      mode: committing the connection to conntrack first); else → tun0
-//	 70 arp               ARP for local pods, the gateway, and remote subnets (through the tunnel)
+//	                      mode: committing the connection to conntrack first); the gateway → tun0 (with
+//	                      tun0's MAC); else → tun0
+//	 70 arp               ARP for local pods, the gateway, and remote subnets (through the tunnel; for a
+//	                      peer reached through the uplink, requests are answered here with the pod MAC)
 //	 80 ingress-isolation multitenant: reg0 vs reg1, same VNID or either 0 passes to 100, else drop.
 //	                      networkpolicy: replies/related pass; the node (tun0, gateway address) passes;
 //	                      policies' rules as conjunctions (pods by reg2 × ports × peers by nw_src); an
 //	                      ingress-isolated pod's default deny; what passes is committed to conntrack
-//	 90 tunnel-egress     reg0 → tun_id, remote node IP → tun_dst, output vxlan0
+//	 90 tunnel-egress     reg0 → tun_id, remote node IP → tun_dst, output vxlan0; encapsulation none, a
+//	                      peer on the uplink segment: our and its uplink MACs, output the uplink port
 //	100 output            output:reg2; a packet leaving by the port it came in by (hairpin: a pod reaching
 //	                      itself through a service, the host through tun0) is SNATed to the hairpin
 //	                      address in the hairpin zone when reg3 says it went through a service DNAT, and
@@ -58,7 +66,8 @@
 // Every table ends in an explicit default (miss) flow, so drop counters in `flowctl dump` show where
 // packets die. Registers: reg0 = source VNID, reg1 = destination VNID, reg2 = output port (openshift-sdn's
 // convention), reg3 = flags, reg4/reg5/reg6 = the chosen endpoint's IP and port and the service's
-// load-balancer ID, reg7 = sessionAffinity's hash; see the Reg* names below.
+// load-balancer ID, reg7 = sessionAffinity's hash (IP packets) or the proxy ARP responder's scratch
+// (ARP packets: never both in one packet); see the Reg* names below.
 package pipeline
 
 import (
@@ -73,6 +82,7 @@ import (
 const (
 	TableClassifier       TableID = 0
 	TableTunnelIngress    TableID = 10
+	TableUplinkIngress    TableID = 15
 	TablePodIngress       TableID = 20
 	TableHostIngress      TableID = 25
 	TableConntrack        TableID = 30
@@ -106,6 +116,9 @@ const (
 	RegServiceLB    = FieldReg6
 	// RegAffinityHash: bits 0..15 a hash of a sessionAffinity client's address, 16..23 how many were taken.
 	RegAffinityHash = FieldReg7
+	// RegARPScratch holds an address while the proxy ARP responder swaps sender and target
+	// (uplink.go). It shares reg7 with RegAffinityHash: ARP never reaches the services tables.
+	RegARPScratch = FieldReg7
 )
 
 // Table documents one table: its name, what it is for, and what happens to a packet that matches
@@ -122,6 +135,7 @@ type Table struct {
 var Tables = []Table{
 	{TableClassifier, "classifier", "dispatch by ingress port: tunnel, host (tun0), else a pod", TablePodIngress},
 	{TableTunnelIngress, "tunnel-ingress", "accept VXLAN only from known nodes; tun_id becomes the source VNID", NoTable},
+	{TableUplinkIngress, "uplink-ingress", "accept unencapsulated traffic only from known nodes' uplink MACs and their pods' addresses; the address gives the source VNID", NoTable},
 	{TablePodIngress, "pod-ingress", "anti-spoofing: a pod sends only from its own port, MAC and IP; load its VNID", NoTable},
 	{TableHostIngress, "host-ingress", "traffic from the host through tun0 is global (VNID 0)", TableConntrack},
 	{TableConntrack, "conntrack", "send IP through conntrack so replies of NATed connections are un-NATed", TableServices},

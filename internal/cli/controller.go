@@ -35,6 +35,7 @@ func Controller(args []string) int {
 		hostBits       = fs.Int("host-subnet-length", 9, "host bits of each node's subnet (9 = a /23 per node)")
 		svcNet         = fs.String("service-network", "172.30.0.0/16", "service ClusterIP range")
 		mode           = fs.String("plugin-mode", "multitenant", "subnet, multitenant or networkpolicy")
+		encap          = fs.String("encapsulation", string(networkv1.EncapsulationVXLAN), "vxlan, or none (unencapsulated between nodes on one L2 segment)")
 		vxlanPort      = fs.Int("vxlan-port", int(networkv1.DefaultVXLANPort), "VXLAN UDP port")
 		mtu            = fs.Int("mtu", 1450, "pod MTU (underlay MTU less 50)")
 		globals        = fs.String("global-namespaces", "kube-system", "comma-separated namespaces with VNID 0 besides default")
@@ -58,14 +59,14 @@ func Controller(args []string) int {
 	log.Info("starting", "version", version.String())
 	lc := controller.LeaderConfig{Namespace: *leaseNS, Name: *leaseName, Identity: *leaseID, LeaseDuration: *leaseDur,
 		RenewDeadline: *renewDeadline, RetryPeriod: *retryPeriod}
-	if err := runController(log, *kubeconfigPath, *cidrs, *hostBits, *svcNet, *mode, *vxlanPort, *mtu, *globals, lc, *metricsAddr, *workers); err != nil {
+	if err := runController(log, *kubeconfigPath, *cidrs, *hostBits, *svcNet, *mode, *encap, *vxlanPort, *mtu, *globals, lc, *metricsAddr, *workers); err != nil {
 		log.Error(err, "exiting")
 		return 1
 	}
 	return 0
 }
 
-func runController(log klog.Logger, kubeconfigPath, cidrs string, hostBits int, svcNet, mode string, vxlanPort, mtu int, globals string,
+func runController(log klog.Logger, kubeconfigPath, cidrs string, hostBits int, svcNet, mode, encap string, vxlanPort, mtu int, globals string,
 	lc controller.LeaderConfig, metricsAddr string, workers int) error {
 	cfg, err := kubeconfig.Load(kubeconfigPath)
 	if err != nil {
@@ -81,7 +82,7 @@ func runController(log klog.Logger, kubeconfigPath, cidrs string, hostBits int, 
 		return err
 	}
 	spec := networkv1.ClusterNetworkSpec{HostSubnetLength: int32(hostBits), ServiceNetwork: networkv1.CIDR(svcNet),
-		PluginMode: networkv1.PluginMode(mode), VXLANPort: int32(vxlanPort), MTU: int32(mtu)}
+		PluginMode: networkv1.PluginMode(mode), Encapsulation: networkv1.Encapsulation(encap), VXLANPort: int32(vxlanPort), MTU: int32(mtu)}
 	for _, c := range strings.Split(cidrs, ",") {
 		spec.ClusterCIDRs = append(spec.ClusterCIDRs, networkv1.CIDR(strings.TrimSpace(c)))
 	}

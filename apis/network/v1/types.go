@@ -40,6 +40,20 @@ const (
 	PluginModeNetworkPolicy PluginMode = "networkpolicy"
 )
 
+// Encapsulation selects how pod traffic crosses between nodes.
+// +kubebuilder:validation:Enum=vxlan;none
+type Encapsulation string
+
+const (
+	// EncapsulationVXLAN tunnels pod traffic to other nodes in VXLAN; the VNI carries the source's VNID.
+	EncapsulationVXLAN Encapsulation = "vxlan"
+	// EncapsulationNone sends pod traffic to nodes on the same L2 segment unencapsulated, pod addresses
+	// untouched, through a patch port from br0 into the OVS bridge that holds the node's address; the
+	// destination node derives the source's VNID from its address. Peers it cannot reach that way (not on
+	// the segment, or the node's address is not on an OVS bridge) still get VXLAN.
+	EncapsulationNone Encapsulation = "none"
+)
+
 // CIDR is an IPv4 network in canonical form (no host bits set), e.g. 10.128.0.0/14.
 // +kubebuilder:validation:MaxLength=18
 // +kubebuilder:validation:XValidation:rule="isCIDR(self) && cidr(self).ip().family() == 4 && cidr(self).masked() == cidr(self)",message="must be an IPv4 CIDR with no host bits set, e.g. 10.128.0.0/14"
@@ -68,6 +82,7 @@ const (
 // +kubebuilder:printcolumn:name="Host Subnet Length",type=integer,JSONPath=`.spec.hostSubnetLength`
 // +kubebuilder:printcolumn:name="Service Network",type=string,JSONPath=`.spec.serviceNetwork`
 // +kubebuilder:printcolumn:name="Plugin Mode",type=string,JSONPath=`.spec.pluginMode`
+// +kubebuilder:printcolumn:name="Encapsulation",type=string,JSONPath=`.spec.encapsulation`
 // +kubebuilder:printcolumn:name="Valid",type=string,JSONPath=`.status.conditions[?(@.type=="Valid")].status`
 // +kubebuilder:validation:XValidation:rule="self.metadata.name == 'default'",message="the ClusterNetwork is a singleton named default"
 type ClusterNetwork struct {
@@ -102,6 +117,13 @@ type ClusterNetworkSpec struct {
 	// PluginMode is subnet, multitenant or networkpolicy.
 	// +kubebuilder:default=multitenant
 	PluginMode PluginMode `json:"pluginMode"`
+
+	// Encapsulation is vxlan (every node tunnels to every other) or none (nodes on one L2 segment
+	// exchange pod traffic unencapsulated, pod addresses untouched; VXLAN remains for peers off the
+	// segment). It can change on a running cluster; pods keep running.
+	// +kubebuilder:default=vxlan
+	// +optional
+	Encapsulation Encapsulation `json:"encapsulation,omitempty"`
 
 	// VXLANPort is the UDP port of the overlay.
 	// +kubebuilder:default=4789

@@ -1,0 +1,218 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ofsdn/ofsdn/agent/nodenet"
+	"github.com/ofsdn/ofsdn/flows/pipeline"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/klog/v2"
+)
+
+type fakeUplinkHost struct {
+	uplink    string
+	uplinkErr error
+	neigh     []nodenet.Neighbor
+	mac       net.HardwareAddr
+}
+
+func (h *fakeUplinkHost) Uplink(netip.Addr) (string, error) { return h.uplink, h.uplinkErr }
+func (h *fakeUplinkHost) PeerNeighbors([]netip.Addr) ([]nodenet.Neighbor, error) {
+	return h.neigh, nil
+}
+func (h *fakeUplinkHost) GatewayMAC() (net.HardwareAddr, error) { return h.mac, nil }
+
+type fakeUplinkOVS struct {
+	bridges map[string]string // name → datapath
+	ports   map[string]string // port → bridge
+	failure error
+}
+
+func (o *fakeUplinkOVS) BridgeDatapath(_ context.Context, name string) (string, bool, error) {
+	dp, ok := o.bridges[name]
+	return dp, ok, nil
+}
+
+func (o *fakeUplinkOVS) EnsurePatchPair(_ context.Context, aBridge, a string, aOFPort int, bBridge, b string) (int, error) {
+	if o.failure != nil {
+		return 0, o.failure
+	}
+	o.ports[a], o.ports[b] = aBridge, bBridge
+	return aOFPort, nil
+}
+
+func (o *fakeUplinkOVS) DeletePort(_ context.Context, bridge, name string) error {
+	if o.ports[name] == bridge {
+		delete(o.ports, name)
+	}
+	return nil
+}
+
+func uplinkFixture(t *testing.T) (*nodeView, *fakeUplinkHost, *fakeUplinkOVS, *uplinkSync, *[]string, *int) {
+	t.Helper()
+	v := newNodeView("n1")
+	v.nodeIP = netip.MustParseAddr("192.0.2.11")
+	v.remote["n2"] = pipeline.RemoteNode{Name: "n2", NodeIP: netip.MustParseAddr("192.0.2.12"), Subnet: netip.MustParsePrefix("10.128.2.0/23")}
+	v.remote["n3"] = pipeline.RemoteNode{Name: "n3", NodeIP: netip.MustParseAddr("198.51.100.13"), Subnet: netip.MustParsePrefix("10.128.4.0/23")}
+	host := &fakeUplinkHost{uplink: "br-ul", mac: net.HardwareAddr{2, 0, 0, 0, 0, 1}, neigh: []nodenet.Neighbor{
+		{Peer: netip.MustParseAddr("192.0.2.12"), Link: "br-ul", NextHop: netip.MustParseAddr("192.0.2.12")},
+		// n3 is behind a router.
+		{Peer: netip.MustParseAddr("198.51.100.13"), Link: "br-ul", NextHop: netip.MustParseAddr("192.0.2.1")},
+	}}
+	ovs := &fakeUplinkOVS{bridges: map[string]string{"br0": "netdev", "br-ul": "netdev"}, ports: map[string]string{}}
+	syncs := 0
+	u := newUplinkSync(v, func() { syncs++ }, host, ovs, "br0", "netdev", klog.Background())
+	var warned []string
+	u.warn = func(reason, msg string) { warned = append(warned, reason+": "+msg) }
+	return v, host, ovs, u, &warned, &syncs
+}
+
+// TestUplinkSync: encapsulation none patches br0 into the bridge holding the node's address and marks
+// the peers on its segment; a node without such a bridge falls back to VXLAN once, with an Event; back
+// to vxlan, the port lingers, then goes.
+func TestUplinkSync(t *testing.T) {
+	ctx := context.Background()
+	v, host, ovs, u, warned, syncs := uplinkFixture(t)
+	now := time.Unix(1000, 0)
+	u.now = func() time.Time { return now }
+
+	// vxlan: nothing to do but tun0's MAC.
+	if err := u.ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if v.uplink != "" || len(ovs.ports) != 0 || v.gatewayMAC.String() != "02:00:00:00:00:01" {
+		t.Fatalf("vxlan: uplink %q, ports %v, gateway MAC %s", v.uplink, ovs.ports, v.gatewayMAC)
+	}
+
+	v.encap = pipeline.EncapNone
+	if err := u.ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if v.uplink != "br-ul" || ovs.ports[uplinkPort] != "br0" || ovs.ports[uplinkPeerPort] != "br-ul" {
+		t.Fatalf("none: uplink %q, ports %v", v.uplink, ovs.ports)
+	}
+	if !v.onSegment["n2"] || v.onSegment["n3"] {
+		t.Errorf("on the segment: %v, want n2 only (n3's next hop is a router)", v.onSegment)
+	}
+	st, _, _ := v.snapshot()
+	if !st.Uplink || st.Encapsulation != pipeline.EncapNone || !st.RemoteNodes[0].OnSegment || st.RemoteNodes[1].OnSegment {
+		t.Errorf("snapshot: %+v", st)
+	}
+	before := *syncs
+	if err := u.ensure(ctx); err != nil || *syncs != before {
+		t.Errorf("an unchanged check asked for a sync (%v)", err)
+	}
+
+	// Back to vxlan: the port stays uplinkLinger, then goes.
+	v.encap = pipeline.EncapVXLAN
+	if err := u.ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if v.uplink != "br-ul" || len(ovs.ports) != 2 {
+		t.Errorf("right after the change back: uplink %q, ports %v; want them kept a while", v.uplink, ovs.ports)
+	}
+	now = now.Add(uplinkLinger + time.Second)
+	if err := u.ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if v.uplink != "" || len(ovs.ports) != 0 {
+		t.Errorf("after the linger: uplink %q, ports %v", v.uplink, ovs.ports)
+	}
+
+	// The node address on a plain interface: VXLAN to everyone, told once.
+	host.uplink = "eth0"
+	v.encap = pipeline.EncapNone
+	for range 2 {
+		if err := u.ensure(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if v.uplink != "" || len(ovs.ports) != 0 {
+		t.Errorf("no OVS uplink: uplink %q, ports %v", v.uplink, ovs.ports)
+	}
+	if len(*warned) != 1 || !strings.Contains((*warned)[0], "EncapsulationFallback") || !strings.Contains((*warned)[0], "eth0") {
+		t.Errorf("warnings %q, want one EncapsulationFallback naming eth0", *warned)
+	}
+	// Another datapath type cannot be patched.
+	host.uplink = "br-sys"
+	ovs.bridges["br-sys"] = "system"
+	if err := u.ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if v.uplink != "" || len(*warned) != 2 || !strings.Contains((*warned)[1], "datapath") {
+		t.Errorf("system-datapath uplink: uplink %q, warnings %q", v.uplink, *warned)
+	}
+	// The patch pair failing: fallback, the error returned for a retry.
+	host.uplink = "br-ul"
+	ovs.failure = errors.New("ovsdb down")
+	if err := u.ensure(ctx); err == nil || v.uplink != "" {
+		t.Errorf("patch failure: err %v, uplink %q", err, v.uplink)
+	}
+	ovs.failure = nil
+	if err := u.ensure(ctx); err != nil || v.uplink != "br-ul" {
+		t.Errorf("recovered: err %v, uplink %q", err, v.uplink)
+	}
+}
+
+// TestUplinkSweepsAnEarlierRunsPort: an agent starting in vxlan mode removes the pair a run in none
+// mode left.
+func TestUplinkSweepsAnEarlierRunsPort(t *testing.T) {
+	_, _, ovs, u, _, _ := uplinkFixture(t)
+	ovs.ports[uplinkPort], ovs.ports[uplinkPeerPort] = "br0", "br-ul"
+	if err := u.ensure(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if len(ovs.ports) != 0 {
+		t.Errorf("ports left: %v", ovs.ports)
+	}
+}
+
+// TestRemotePodsInSnapshot: in multitenant mode with an uplink port each remote node carries its pods'
+// addresses with their namespaces' VNIDs; pods of namespaces without a VNID, of this node, hostNetwork
+// or finished ones are left out; other modes carry none.
+func TestRemotePodsInSnapshot(t *testing.T) {
+	v := newNodeView("n1")
+	v.mode, v.uplink = pipeline.ModeMultitenant, "br-ul"
+	v.localSubnet, v.nodeIP = netip.MustParsePrefix("10.128.0.0/23"), netip.MustParseAddr("192.0.2.11")
+	v.remote["n2"] = pipeline.RemoteNode{Name: "n2", NodeIP: netip.MustParseAddr("192.0.2.12"), Subnet: netip.MustParsePrefix("10.128.2.0/23")}
+	v.vnids = map[string]uint32{"a": 20, "default": 0}
+	w := &watchRemotePods{view: v, sync: newFlowSync(v, nil, klog.Background())}
+	pod := func(ns, name, node, ip string, mod func(*agentPod)) *agentPod {
+		p := &agentPod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, NodeName: node, IPs: []string{ip}, Phase: corev1.PodRunning}
+		if mod != nil {
+			mod(p)
+		}
+		return p
+	}
+	for _, p := range []*agentPod{
+		pod("a", "x", "n2", "10.128.2.5", nil),
+		pod("default", "y", "n2", "10.128.2.3", nil),
+		pod("novnid", "z", "n2", "10.128.2.9", nil),
+		pod("a", "local", "n1", "10.128.0.5", nil),
+		pod("a", "host", "n2", "192.0.2.12", func(p *agentPod) { p.HostNetwork = true }),
+		pod("a", "done", "n2", "10.128.2.7", func(p *agentPod) { p.Phase = corev1.PodSucceeded }),
+		pod("a", "pending", "n2", "", func(p *agentPod) { p.IPs = nil }),
+	} {
+		w.pod(p, false)
+	}
+	st, _, _ := v.snapshot()
+	want := []pipeline.RemotePod{{IP: netip.MustParseAddr("10.128.2.3"), VNID: 0}, {IP: netip.MustParseAddr("10.128.2.5"), VNID: 20}}
+	if got := st.RemoteNodes[0].Pods; len(got) != len(want) || got[0] != want[0] || got[1] != want[1] {
+		t.Errorf("n2's pods %v, want %v", got, want)
+	}
+	w.pod(pod("a", "x", "n2", "10.128.2.5", nil), true)
+	if st, _, _ = v.snapshot(); len(st.RemoteNodes[0].Pods) != 1 {
+		t.Errorf("a deleted pod stays: %v", st.RemoteNodes[0].Pods)
+	}
+	v.mode = pipeline.ModeSubnet
+	if st, _, _ = v.snapshot(); st.RemoteNodes[0].Pods != nil {
+		t.Errorf("subnet mode carries pods: %v", st.RemoteNodes[0].Pods)
+	}
+}
