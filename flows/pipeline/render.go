@@ -239,7 +239,9 @@ func renderLocal(s NodeState) []Flow {
 		// IP for the gateway, and anything outside the cluster network, leaves through the host
 		// (which routes it and SNATs it to the node's IP).
 		F(TableRouting, 300, M(append(IP, IPDst(gw))...), toGateway...),
-		F(TableRouting, 10, M(IP...), LoadReg(RegDstVNID, GlobalVNID), LoadReg(RegOutPort, PortTun0), Goto{Table: TableIngressIsolation}),
+		// The default route too: a reply un-NATed back to an outside client can arrive over the uplink
+		// addressed to the gateway's proxy-ARP MAC, and tun0 drops frames not addressed to it.
+		F(TableRouting, 10, M(IP...), toGateway...),
 	}
 	for _, cn := range s.ClusterNetworks {
 		// A cluster address on no node: drop rather than leak it to the host's default route.
