@@ -54,6 +54,9 @@ type Config struct {
 	// AbsentPodGrace is how long after its ADD an attached pod may be missing from the API before the
 	// agent releases its attachment (DefaultAbsentPodGrace).
 	AbsentPodGrace time.Duration
+	// UplinkLinger is how long br0's uplink port outlives a change from encapsulation none back to vxlan
+	// (DefaultUplinkLinger), for peers that still send unencapsulated until they follow.
+	UplinkLinger time.Duration
 	// MetricsAddress serves /metrics, /healthz and /readyz ("" = not served). DebugAddress serves the
 	// read-only debug API (debugapi/) over TCP for flowctl through the API server's node proxy ("" = not
 	// served); DebugSocket serves it on a root-only unix socket for flowctl on the node (default
@@ -91,6 +94,9 @@ func (c *Config) defaults() error {
 	}
 	if c.ResyncPeriod == 0 {
 		c.ResyncPeriod = 5 * time.Minute
+	}
+	if c.UplinkLinger == 0 {
+		c.UplinkLinger = DefaultUplinkLinger
 	}
 	if c.AbsentPodGrace == 0 {
 		c.AbsentPodGrace = DefaultAbsentPodGrace
@@ -206,7 +212,7 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 		}
 	}
 	if deps.DB != nil {
-		a.uplink = newUplinkSync(a.view, a.fs.trigger, uplinkNode{cfg.HostNetNS}, deps.DB, cfg.Bridge, cfg.DatapathType, log)
+		a.uplink = newUplinkSync(a.view, a.fs.trigger, uplinkNode{cfg.HostNetNS}, deps.DB, cfg.Bridge, cfg.DatapathType, cfg.UplinkLinger, log)
 		a.uplink.warn = a.nodeEvent
 		w.uplink = a.uplink
 	}

@@ -31,8 +31,9 @@ import (
 // uplink bridge (the kernel routes it through a gateway, or out of another interface) gets VXLAN, and the
 // agent logs which. Every node accepts VXLAN from every peer in every mode, so a mixed cluster works.
 //
-// After a change back to vxlan the uplink port stays uplinkLinger longer (still accepting what peers that
-// have not switched yet send through it), then goes.
+// After a change back to vxlan the uplink port stays Config.UplinkLinger longer (still accepting what
+// peers that have not switched yet send through it), then goes. The deadline is kept in br0's
+// external_ids (lingerKey), so an agent restarted in that window keeps the port until then too.
 
 // Names of the patch port pair: br0's end (PortUplink) and the uplink bridge's end.
 const (
@@ -40,12 +41,15 @@ const (
 	uplinkPeerPort = "patch-ofsdn-br0"
 )
 
-// uplinkLinger is how long the uplink port outlives encapsulation none; uplinkCheckPeriod how often the
-// segment is looked at again without a reason.
-var (
-	uplinkLinger      = 30 * time.Second
-	uplinkCheckPeriod = 30 * time.Second
+// DefaultUplinkLinger is how long the uplink port outlives encapsulation none by default; uplinkCheckPeriod
+// how often the segment is looked at again without a reason.
+const (
+	DefaultUplinkLinger = 30 * time.Second
+	uplinkCheckPeriod   = 30 * time.Second
 )
+
+// lingerKey is br0's external_ids key holding the lingering uplink port's deadline (RFC 3339; "" none).
+const lingerKey = "ofsdn-uplink-linger-until"
 
 // uplinkHost is what uplinkSync asks the node (the real one: uplinkNode).
 type uplinkHost interface {
@@ -67,6 +71,8 @@ type uplinkOVS interface {
 	BridgeDatapath(ctx context.Context, name string) (string, bool, error)
 	EnsurePatchPair(ctx context.Context, aBridge, a string, aOFPort int, bBridge, b string) (int, error)
 	DeletePort(ctx context.Context, bridge, name string) error
+	BridgeExternalIDs(ctx context.Context, bridge string) (map[string]string, error)
+	SetBridgeExternalIDs(ctx context.Context, bridge string, set map[string]string) error
 }
 
 var _ uplinkOVS = (*ovsdb.Client)(nil)
@@ -78,6 +84,7 @@ type uplinkSync struct {
 	ovs      uplinkOVS
 	bridge   string // br0
 	datapath string // br0's datapath type
+	linger   time.Duration
 	log      klog.Logger
 	// warn reports a problem on the Node (an Event); nil: log only.
 	warn  func(reason, message string)
@@ -89,11 +96,13 @@ type uplinkSync struct {
 	patched     string    // the uplink bridge the pair was last made to ("" none)
 	told        string    // the last fallback reason reported
 	offSegment  string    // the last list of peers off the segment that was logged
-	swept       bool      // a pair left by an earlier run in none mode was looked for
+	swept       bool      // a pair left by an earlier run was looked for
+	savedLinger string    // lingerKey's value in br0's external_ids, once read or written
+	lingerRead  bool
 }
 
-func newUplinkSync(view *nodeView, trigger func(), host uplinkHost, ovs uplinkOVS, bridge, datapath string, log klog.Logger) *uplinkSync {
-	return &uplinkSync{view: view, trigger: trigger, host: host, ovs: ovs, bridge: bridge, datapath: datapath,
+func newUplinkSync(view *nodeView, trigger func(), host uplinkHost, ovs uplinkOVS, bridge, datapath string, linger time.Duration, log klog.Logger) *uplinkSync {
+	return &uplinkSync{view: view, trigger: trigger, host: host, ovs: ovs, bridge: bridge, datapath: datapath, linger: linger,
 		log: log.WithName("uplink"), now: time.Now, kicks: make(chan struct{}, 1)}
 }
 
@@ -153,11 +162,24 @@ func (u *uplinkSync) ensure(ctx context.Context) error {
 		errs = append(errs, fmt.Errorf("tun0's MAC: %w", err))
 	}
 	now := u.now()
+	if !u.swept {
+		// The first check: an earlier run may have left the pair (in none mode, or lingering when it
+		// stopped); in vxlan it stays until that run's deadline, or goes now.
+		u.swept = true
+		if encap != pipeline.EncapNone {
+			if name, why := u.findUplink(ctx, nodeIP); why == "" {
+				u.patched = name
+				if u.lingerUntil = u.loadLinger(ctx); u.lingerUntil.IsZero() {
+					u.lingerUntil = now
+				}
+			}
+		}
+	}
 	if encap == pipeline.EncapNone {
 		u.lingerUntil = time.Time{}
 	} else if u.patched != "" && u.lingerUntil.IsZero() {
-		u.lingerUntil = now.Add(uplinkLinger)
-		u.log.Info("encapsulation vxlan: the uplink port stays a while for peers still sending through it", "for", uplinkLinger)
+		u.lingerUntil = now.Add(u.linger)
+		u.log.Info("encapsulation vxlan: the uplink port stays a while for peers still sending through it", "for", u.linger)
 	}
 	keep := encap == pipeline.EncapNone || (u.patched != "" && now.Before(u.lingerUntil))
 
@@ -176,13 +198,6 @@ func (u *uplinkSync) ensure(ctx context.Context) error {
 			onSegment = u.segment(peers, name)
 		}
 	}
-	if !keep && !u.swept {
-		// An earlier run of the agent may have left the pair (it ran in none mode).
-		u.swept = true
-		if name, why := u.findUplink(ctx, nodeIP); why == "" {
-			u.patched = name
-		}
-	}
 	if uplink == "" && u.patched != "" {
 		if err := u.removePatch(ctx); err != nil {
 			errs = append(errs, err)
@@ -190,6 +205,9 @@ func (u *uplinkSync) ensure(ctx context.Context) error {
 	}
 	if !keep {
 		u.lingerUntil = time.Time{}
+	}
+	if err := u.saveLinger(ctx); err != nil {
+		errs = append(errs, err)
 	}
 
 	changed := false
@@ -291,6 +309,46 @@ func onSegment(neigh []nodenet.Neighbor, uplink string) map[netip.Addr]bool {
 		}
 	}
 	return out
+}
+
+// loadLinger reads the deadline an earlier run left in br0's external_ids (zero: none, or unreadable).
+func (u *uplinkSync) loadLinger(ctx context.Context) time.Time {
+	ids, err := u.ovs.BridgeExternalIDs(ctx, u.bridge)
+	if err != nil || ids[lingerKey] == "" {
+		return time.Time{}
+	}
+	t, err := time.Parse(time.RFC3339Nano, ids[lingerKey])
+	if err != nil {
+		u.log.Info("ignoring an unreadable uplink linger deadline", "key", lingerKey, "value", ids[lingerKey])
+		return time.Time{}
+	}
+	if t.After(u.now()) {
+		u.log.Info("the uplink port keeps lingering after the restart", "until", t)
+	}
+	return t
+}
+
+// saveLinger writes the current deadline to br0's external_ids (no transaction when it is already there).
+func (u *uplinkSync) saveLinger(ctx context.Context) error {
+	v := ""
+	if !u.lingerUntil.IsZero() {
+		v = u.lingerUntil.UTC().Format(time.RFC3339Nano)
+	}
+	if !u.lingerRead {
+		ids, err := u.ovs.BridgeExternalIDs(ctx, u.bridge)
+		if err != nil {
+			return fmt.Errorf("uplink linger deadline: %w", err)
+		}
+		u.savedLinger, u.lingerRead = ids[lingerKey], true
+	}
+	if v == u.savedLinger {
+		return nil
+	}
+	if err := u.ovs.SetBridgeExternalIDs(ctx, u.bridge, map[string]string{lingerKey: v}); err != nil {
+		return fmt.Errorf("uplink linger deadline: %w", err)
+	}
+	u.savedLinger = v
+	return nil
 }
 
 func (u *uplinkSync) removePatch(ctx context.Context) error {

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"errors"
+	"maps"
 	"net"
 	"net/netip"
 	"strings"
@@ -32,7 +33,22 @@ func (h *fakeUplinkHost) GatewayMAC() (net.HardwareAddr, error) { return h.mac, 
 type fakeUplinkOVS struct {
 	bridges map[string]string // name → datapath
 	ports   map[string]string // port → bridge
+	ids     map[string]string // br0's external_ids
+	writes  int               // external_ids transactions
 	failure error
+}
+
+func (o *fakeUplinkOVS) BridgeExternalIDs(context.Context, string) (map[string]string, error) {
+	return maps.Clone(o.ids), nil
+}
+
+func (o *fakeUplinkOVS) SetBridgeExternalIDs(_ context.Context, _ string, set map[string]string) error {
+	if o.ids == nil {
+		o.ids = map[string]string{}
+	}
+	o.writes++
+	maps.Copy(o.ids, set)
+	return nil
 }
 
 func (o *fakeUplinkOVS) BridgeDatapath(_ context.Context, name string) (string, bool, error) {
@@ -68,7 +84,7 @@ func uplinkFixture(t *testing.T) (*nodeView, *fakeUplinkHost, *fakeUplinkOVS, *u
 	}}
 	ovs := &fakeUplinkOVS{bridges: map[string]string{"br0": "netdev", "br-ul": "netdev"}, ports: map[string]string{}}
 	syncs := 0
-	u := newUplinkSync(v, func() { syncs++ }, host, ovs, "br0", "netdev", klog.Background())
+	u := newUplinkSync(v, func() { syncs++ }, host, ovs, "br0", "netdev", DefaultUplinkLinger, klog.Background())
 	var warned []string
 	u.warn = func(reason, msg string) { warned = append(warned, reason+": "+msg) }
 	return v, host, ovs, u, &warned, &syncs
@@ -110,7 +126,7 @@ func TestUplinkSync(t *testing.T) {
 		t.Errorf("an unchanged check asked for a sync (%v)", err)
 	}
 
-	// Back to vxlan: the port stays uplinkLinger, then goes.
+	// Back to vxlan: the port stays DefaultUplinkLinger, then goes.
 	v.encap = pipeline.EncapVXLAN
 	if err := u.ensure(ctx); err != nil {
 		t.Fatal(err)
@@ -118,7 +134,7 @@ func TestUplinkSync(t *testing.T) {
 	if v.uplink != "br-ul" || len(ovs.ports) != 2 {
 		t.Errorf("right after the change back: uplink %q, ports %v; want them kept a while", v.uplink, ovs.ports)
 	}
-	now = now.Add(uplinkLinger + time.Second)
+	now = now.Add(DefaultUplinkLinger + time.Second)
 	if err := u.ensure(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -214,5 +230,57 @@ func TestRemotePodsInSnapshot(t *testing.T) {
 	v.mode = pipeline.ModeSubnet
 	if st, _, _ = v.snapshot(); st.RemoteNodes[0].Pods != nil {
 		t.Errorf("subnet mode carries pods: %v", st.RemoteNodes[0].Pods)
+	}
+}
+
+// TestUplinkLingerSurvivesRestart: an agent restarted while the uplink port lingers keeps it until the
+// deadline the earlier run left in br0's external_ids (peers still sending unencapsulated would lose
+// traffic otherwise); one started in vxlan with no linger under way removes a pair left behind at once,
+// and writes nothing to OVSDB.
+func TestUplinkLingerSurvivesRestart(t *testing.T) {
+	ctx := context.Background()
+	v, host, ovs, u, _, _ := uplinkFixture(t)
+	now := time.Unix(1000, 0)
+	u.now = func() time.Time { return now }
+	v.encap = pipeline.EncapNone
+	if err := u.ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	v.encap = pipeline.EncapVXLAN
+	if err := u.ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ovs.ids[lingerKey] == "" {
+		t.Fatalf("lingering with no deadline in br0's external_ids: %v", ovs.ids)
+	}
+
+	// The agent restarts 10 s into the linger: a new uplinkSync over the same OVSDB.
+	now = now.Add(10 * time.Second)
+	restarted := newUplinkSync(v, func() {}, host, ovs, "br0", "netdev", DefaultUplinkLinger, klog.Background())
+	restarted.now = u.now
+	if err := restarted.ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if v.uplink != "br-ul" || len(ovs.ports) != 2 {
+		t.Fatalf("restarted within the linger: uplink %q, ports %v; want them kept", v.uplink, ovs.ports)
+	}
+	now = now.Add(DefaultUplinkLinger - 10*time.Second + time.Millisecond)
+	if err := restarted.ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if v.uplink != "" || len(ovs.ports) != 0 || ovs.ids[lingerKey] != "" {
+		t.Fatalf("after the first run's deadline: uplink %q, ports %v, external_ids %v", v.uplink, ovs.ports, ovs.ids)
+	}
+
+	// A pair left by a run in none mode, no linger recorded: a vxlan start removes it at once.
+	ovs.ports[uplinkPort], ovs.ports[uplinkPeerPort] = "br0", "br-ul"
+	writes := ovs.writes
+	fresh := newUplinkSync(v, func() {}, host, ovs, "br0", "netdev", DefaultUplinkLinger, klog.Background())
+	fresh.now = u.now
+	if err := fresh.ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if len(ovs.ports) != 0 || ovs.writes != writes {
+		t.Errorf("vxlan start over a leftover pair: ports %v, %d external_ids writes; want none of either", ovs.ports, ovs.writes-writes)
 	}
 }

@@ -313,7 +313,10 @@ func (c *Cluster) StartAgent(n *Node) error {
 	}
 	args := []string{"--node-name", n.Name, "--kubeconfig", n.kubeconfig, "--ovs-rundir", n.Dir, "--datapath-type", "netdev",
 		"--state-dir", n.StateDir, "--cni-socket", n.CNISocket, "--cni-conf-dir", n.CNIConfDir, "--cni-bin-dir", n.CNIBinDir,
-		"--cni-plugin", filepath.Join(c.BinDir, "ofsdn")}
+		"--cni-plugin", filepath.Join(c.BinDir, "ofsdn"),
+		// The lab's agents follow an encapsulation change within a second; a short linger lets a test
+		// that switches back to vxlan wait for the uplink port to go, so later tests find br0 as before.
+		"--uplink-linger", UplinkLinger.String()}
 	args = append(append(args, manifest...), c.opts.AgentArgs...)
 	p, err := startProcess(filepath.Join(c.BinDir, "ofsdn-agent"), n.AgentLog, n.NetNS, args...)
 	if err != nil {

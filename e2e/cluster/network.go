@@ -27,9 +27,13 @@ func (c *Cluster) SetMode(ctx context.Context, mode networkv1.PluginMode) error 
 	return nil
 }
 
+// UplinkLinger is the lab agents' --uplink-linger.
+const UplinkLinger = 3 * time.Second
+
 // SetEncapsulation switches the cluster's encapsulation live and waits until every node's br0 sends the
 // way it says: with none, each node's table 90 outputs to the uplink port (every lab node shares one
-// segment); with vxlan, none does. It returns how long the flows took to get there.
+// segment); with vxlan, none does, and then it waits until the uplink port went too. It returns how long
+// the flows took to get there (the linger not counted).
 func (c *Cluster) SetEncapsulation(ctx context.Context, encap networkv1.Encapsulation) (time.Duration, error) {
 	start := time.Now()
 	patch := fmt.Sprintf(`{"spec":{"encapsulation":%q}}`, encap)
@@ -50,7 +54,24 @@ func (c *Cluster) SetEncapsulation(ctx context.Context, encap networkv1.Encapsul
 			return 0, fmt.Errorf("encapsulation %s: node %s's table 90 never followed: %w\n%s", encap, n.Name, err, last)
 		}
 	}
-	return time.Since(start), nil
+	took := time.Since(start)
+	if encap == networkv1.EncapsulationNone {
+		return took, nil
+	}
+	// Back at vxlan the uplink port lingers (UplinkLinger), still accepting from the uplink; wait until
+	// it went, so the next test finds br0 as it was before any switch.
+	fromUplink := fmt.Sprintf("in_port=%d", pipeline.PortUplink)
+	for _, n := range c.Nodes {
+		err := proc.Until(wctx, 0, func() bool {
+			out, err := n.Ofctl(wctx, "dump-flows", "br0", "table=0")
+			last = out
+			return err == nil && !strings.Contains(out, fromUplink)
+		})
+		if err != nil {
+			return 0, fmt.Errorf("encapsulation vxlan: node %s's uplink port never went after the linger: %w\n%s", n.Name, err, last)
+		}
+	}
+	return took, nil
 }
 
 // ChangeNetwork writes a change-network request (join:<ns>, isolate, global) on namespace's NetNamespace,
