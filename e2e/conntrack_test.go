@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -104,7 +105,14 @@ func TestUDPEndpointRemovedWhileAgentDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	if !waitLine(fmt.Sprintf("ok %s/u2:%d", ns, cluster.TestPort), 60*time.Second) {
-		t.Fatalf("the UDP session never moved to u2: its conntrack entry still leads to the deleted u1\n%s", lc.AgentLogTail(clientNode, 40))
+		t.Errorf("the UDP session never moved to u2: its conntrack entry still leads to the deleted u1\n%s", lc.AgentLogTail(clientNode, 40))
+		// What the client's node really does with the session: its conntrack entries, and the datapath's
+		// cached flows for them (whatever the tables say now).
+		for _, cmd := range []string{"dpctl/dump-conntrack", "dpctl/dump-flows"} {
+			out, err := clientNode.VswitchdAppctl(ctx, cmd, "netdev@ovs-netdev")
+			t.Logf("%s on %s (%v):\n%s", cmd, clientNode.Name, err, grepLines(out, svc.Spec.ClusterIP, cl.IP.String()))
+		}
+		t.FailNow()
 	}
 	t.Logf("the UDP session reached the new endpoint %s after the agent was started again", time.Since(start).Round(time.Millisecond))
 }
@@ -134,4 +142,18 @@ func waitSlice(ctx context.Context, ns, service, pod string) error {
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// grepLines keeps the lines of out that contain any of subs.
+func grepLines(out string, subs ...string) string {
+	var keep []string
+	for _, l := range strings.Split(out, "\n") {
+		for _, sub := range subs {
+			if strings.Contains(l, sub) {
+				keep = append(keep, l)
+				break
+			}
+		}
+	}
+	return strings.Join(keep, "\n")
 }

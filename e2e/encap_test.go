@@ -283,10 +283,11 @@ func TestEncapsulationSwitchLive(t *testing.T) {
 	time.Sleep(2 * time.Second)
 	for _, e := range []networkv1.Encapsulation{networkv1.EncapsulationNone, networkv1.EncapsulationVXLAN} {
 		c := change{to: e, at: time.Now()}
-		if _, err := lc.SetEncapsulation(ctx, e); err != nil {
+		took, err := lc.SetEncapsulation(ctx, e) // back at vxlan it also waits out the uplink port's linger
+		if err != nil {
 			t.Fatal(err)
 		}
-		c.done = time.Now()
+		c.done = c.at.Add(took)
 		changes = append(changes, c)
 		time.Sleep(3 * time.Second)
 	}

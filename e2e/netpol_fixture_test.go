@@ -685,12 +685,11 @@ func (f *npFixture) diagnose(t *testing.T, ctx context.Context, want, got *npMat
 				"--table", table).CombinedOutput()
 			t.Logf("flowctl dump --table %s on %s (%v):\n%s", table, name, err, out)
 		}
-		ctl := filepath.Join(n.Dir, fmt.Sprintf("ovs-vswitchd.%d.ctl", n.VswitchdPID()))
-		out, err := exec.CommandContext(ctx, "ovs-appctl", "-t", ctl, "dpctl/dump-conntrack", "netdev@ovs-netdev").CombinedOutput()
+		out, err := n.VswitchdAppctl(ctx, "dpctl/dump-conntrack", "netdev@ovs-netdev")
 		for _, cp := range clientPorts {
 			_, port, _ := strings.Cut(cp, "sport=")
 			var hits []string
-			for _, l := range strings.Split(string(out), "\n") {
+			for _, l := range strings.Split(out, "\n") {
 				if strings.Contains(l, "port="+port+",") || strings.Contains(l, "port="+port+")") {
 					hits = append(hits, l)
 				}
@@ -698,7 +697,7 @@ func (f *npFixture) diagnose(t *testing.T, ctx context.Context, want, got *npMat
 			t.Logf("conntrack on %s for the wrongly allowed %s:\n%s", name, cp, firstLines(hits, 10))
 		}
 		var lines []string
-		for _, l := range strings.Split(string(out), "\n") {
+		for _, l := range strings.Split(out, "\n") {
 			for pr := range pairs {
 				if strings.Contains(l, "="+pr[0]+",") && strings.Contains(l, "="+pr[1]+",") {
 					lines = append(lines, l)
@@ -708,9 +707,9 @@ func (f *npFixture) diagnose(t *testing.T, ctx context.Context, want, got *npMat
 		}
 		t.Logf("conntrack on %s between the first mismatched pairs (%v):\n%s", name, err, firstLines(lines, 30))
 		// The datapath's cached flows between them: what packets really hit, whatever the tables say now.
-		out, err = exec.CommandContext(ctx, "ovs-appctl", "-t", ctl, "dpctl/dump-flows", "netdev@ovs-netdev").CombinedOutput()
+		out, err = n.VswitchdAppctl(ctx, "dpctl/dump-flows", "netdev@ovs-netdev")
 		lines = nil
-		for _, l := range strings.Split(string(out), "\n") {
+		for _, l := range strings.Split(out, "\n") {
 			for pr := range pairs {
 				if strings.Contains(l, "dst="+pr[1]+",") || strings.Contains(l, "dst="+pr[1]+"/") {
 					lines = append(lines, l)

@@ -59,6 +59,12 @@ func (n *Node) Ofctl(ctx context.Context, cmd, bridge string, args ...string) (s
 	return output(ctx, n.OVSEnv(), "ovs-ofctl", append([]string{"-O", "OpenFlow13", cmd, "unix:" + n.MgmtSocket(bridge)}, args...)...)
 }
 
+// VswitchdAppctl runs an ovs-appctl command against the node's running ovs-vswitchd.
+func (n *Node) VswitchdAppctl(ctx context.Context, args ...string) (string, error) {
+	ctl := filepath.Join(n.Dir, fmt.Sprintf("ovs-vswitchd.%d.ctl", n.VswitchdPID()))
+	return output(ctx, n.OVSEnv(), "ovs-appctl", append([]string{"-t", ctl}, args...)...)
+}
+
 // VswitchdPID is the PID of the node's running ovs-vswitchd, or 0.
 func (n *Node) VswitchdPID() int { return daemonPID(n.Dir, "ovs-vswitchd") }
 
