@@ -147,7 +147,6 @@ func TestServices(t *testing.T) {
 		took := waitEndpoints(t, ctx, c.NetNS, "tcp", clusterIP(websvc, 80), 3, time.Minute)
 		t.Logf("service web: 3 endpoints served from %s %s after creation", c.Key(), took.Round(time.Millisecond))
 	}
-	cl := clients[0]
 
 	forEachEncapsulation(t, ctx, func(t *testing.T) { services(t, ctx, websvc, webPorts, clients) })
 }
