@@ -233,11 +233,19 @@ type hostSync struct {
 	// clients forever. Until it succeeds it is asked again with each state.
 	heldStale func(ctx context.Context, st pipeline.NodeState) ([]openflow.ConntrackFlush, error)
 	heldDone  bool
-	log       klog.Logger
+	// After a flush, conntrack is read again verifyAfter, 2×, 4× … later (verifyChecks times, until
+	// nothing stale is held) and what is still stale flushed again: in the lab a flushed UDP session
+	// was now and then DNATed to its deleted endpoint again at once, though no table led there any
+	// more (cause not found in OVS); a later flush moved it.
+	verifyAfter  time.Duration
+	verifyChecks int
+	verifyLeft   int
+	log          klog.Logger
 }
 
 func newHostSync(log klog.Logger, apply func(context.Context, pipeline.NodeState, []openflow.ConntrackFlush) error) *hostSync {
-	return &hostSync{kick: make(chan struct{}, 1), apply: apply, log: log.WithName("hostsync")}
+	return &hostSync{kick: make(chan struct{}, 1), apply: apply, log: log.WithName("hostsync"),
+		verifyAfter: time.Second, verifyChecks: 4}
 }
 
 // post hands over a synced state; it never blocks.
@@ -258,31 +266,62 @@ func (h *hostSync) post(st pipeline.NodeState) {
 func (h *hostSync) run(ctx context.Context) {
 	retry := time.NewTimer(time.Hour)
 	defer retry.Stop()
+	verify := time.NewTimer(time.Hour)
+	defer verify.Stop()
 	for {
+		verifying := false
 		select {
 		case <-ctx.Done():
 			return
 		case <-h.kick:
 		case <-retry.C:
+		case <-verify.C:
+			verifying = true
 		}
 		h.mu.Lock()
 		st, stale := h.pending, h.stale
 		h.pending, h.stale = nil, nil
+		recheck := st == nil && verifying // only the check: nothing new to apply unless it finds some
+		if recheck {
+			st = h.last
+		}
 		h.mu.Unlock()
 		if st == nil {
 			continue
 		}
-		if h.heldStale != nil && !h.heldDone {
+		if h.heldStale != nil && (!h.heldDone || verifying) {
 			held, err := h.heldStale(ctx, *st)
-			if err != nil {
-				h.log.Error(err, "reading conntrack for entries that went stale while no agent ran; asking again with the next state")
-			} else {
+			switch {
+			case err != nil:
+				h.log.Error(err, "reading conntrack for stale service entries; asking again with the next state")
+			case verifying:
+				if len(held) > 0 {
+					h.log.Info("flushing again conntrack entries a flush left leading to removed endpoints", "entries", held)
+				}
+			default:
 				h.heldDone = true
 				if len(held) > 0 {
 					h.log.Info("flushing conntrack entries of endpoints removed while no agent ran", "entries", len(held))
 				}
-				stale = append(stale, held...)
 			}
+			stale = append(stale, held...)
+			if verifying && len(held) == 0 {
+				h.verifyLeft = 0
+			}
+		}
+		if h.heldStale != nil && h.heldDone {
+			// A flush now restarts the checks; each check, whatever it found, uses one up.
+			if !verifying && len(stale) > 0 {
+				h.verifyLeft = h.verifyChecks
+			} else if verifying && h.verifyLeft > 0 {
+				h.verifyLeft--
+			}
+			if h.verifyLeft > 0 {
+				verify.Reset(h.verifyAfter << (h.verifyChecks - h.verifyLeft))
+			}
+		}
+		if recheck && len(stale) == 0 {
+			continue
 		}
 		if err := h.apply(ctx, *st, stale); err != nil {
 			h.log.Error(err, "host side of a synced state; retrying")

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/netip"
 	"reflect"
+	"sync"
 	"testing"
 	"time"
 
@@ -106,5 +107,56 @@ func TestHostSyncFlushesWhatConntrackHeldAtStart(t *testing.T) {
 	h.post(st)
 	if c := next(); len(c.stale) != 0 || asked != 2 {
 		t.Errorf("third state: flushed %v, conntrack asked %d times (want 2)", c.stale, asked)
+	}
+}
+
+// TestHostSyncVerifiesAFlush: after a flush conntrack is read again, sooner then later, and what is
+// still stale is flushed again; the checks stop once nothing stale is held.
+func TestHostSyncVerifiesAFlush(t *testing.T) {
+	calls := make(chan []openflow.ConntrackFlush, 10)
+	h := newHostSync(klog.Background(), func(_ context.Context, _ pipeline.NodeState, stale []openflow.ConntrackFlush) error {
+		calls <- stale
+		return nil
+	})
+	h.verifyAfter = 10 * time.Millisecond
+	old := openflow.ConntrackFlush{Protocol: openflow.IPProtoUDP, Dst: netip.MustParseAddr("172.30.0.53"), DstPort: 53, ReplySrc: netip.MustParseAddr("10.128.0.9")}
+	var mu sync.Mutex
+	held := 3 // the entry comes back after the first two flushes
+	asked := 0
+	h.heldStale = func(context.Context, pipeline.NodeState) ([]openflow.ConntrackFlush, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		asked++
+		if held > 0 {
+			held--
+			return []openflow.ConntrackFlush{old}, nil
+		}
+		return nil, nil
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go h.run(ctx)
+	h.post(pipeline.NodeState{LocalSubnet: netip.MustParsePrefix("10.128.0.0/23")})
+	for i := range 3 {
+		select {
+		case stale := <-calls:
+			if len(stale) != 1 || stale[0] != old {
+				t.Fatalf("flush %d: %v, want %v", i+1, stale, old)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("flush %d never came", i+1)
+		}
+	}
+	// The next check finds nothing: no apply, and no check after it.
+	time.Sleep(500 * time.Millisecond)
+	select {
+	case stale := <-calls:
+		t.Errorf("an apply after the entry stayed gone: %v", stale)
+	default:
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if asked != 4 {
+		t.Errorf("conntrack read %d times, want 4 (start, two checks that found the entry, one that did not)", asked)
 	}
 }
