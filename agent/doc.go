@@ -21,8 +21,8 @@
 //     transform trimForAgent) and the Warning Events of policies enforced only in part.
 //   - hostside.go: the node's own side through nodenet — routes, tun0, nf_tables SNAT, NodePort and
 //     hostPort forwards (of this node's pods, from the cluster-wide pod informer), HostPortConflict Events — and hostSync, the loop that carries synced states there
-//     (and flushes stale UDP conntrack, at start those conntrack holds against the first state) off the
-//     flow path.
+//     (and flushes stale UDP conntrack, at start those conntrack holds against the first state, then
+//     reads conntrack again to verify each flush) off the flow path.
 //   - cnihandler.go: the CNI verbs (IPAM in ipam/, the veth in podnet/, the OVS port with its external_ids);
 //     a repeated ADD of an intact attachment answers with its result and changes nothing.
 //   - restore.go: after a restart, every attachment's pieces (OVS port, reservation, marked veth, pending
