@@ -3,7 +3,6 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -358,42 +357,7 @@ func services(t *testing.T, ctx context.Context, websvc *corev1.Service, webPort
 		udp1 := createService(t, ctx, svcNS, "udp1", corev1.ServiceSpec{Selector: map[string]string{"svc": "udp1"}, Ports: webPorts[1:]})
 		waitEndpoints(t, ctx, cl.NetNS, "udp", clusterIP(udp1, 53), 1, time.Minute)
 		// One socket, one source port, one conntrack entry, asking 5 times a second.
-		sctx, cancel := context.WithTimeout(ctx, 90*time.Second)
-		defer cancel()
-		cmd := exec.CommandContext(sctx, "ip", "netns", "exec", cl.NetNS, filepath.Join(lc.BinDir, "ofsdn-testpod"), "udp-session",
-			clusterIP(udp1, 53), "--interval", "200ms", "--duration", "80s")
-		out, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { cancel(); _ = cmd.Wait() })
-		lines := make(chan string, 1024)
-		go func() {
-			s := bufio.NewScanner(out)
-			for s.Scan() {
-				lines <- s.Text()
-			}
-			close(lines)
-		}()
-		waitLine := func(want string, d time.Duration) bool {
-			timer := time.After(d)
-			for {
-				select {
-				case l, ok := <-lines:
-					if !ok {
-						return false
-					}
-					if l == want {
-						return true
-					}
-				case <-timer:
-					return false
-				}
-			}
-		}
+		waitLine := udpSession(t, ctx, cl.NetNS, clusterIP(udp1, 53), 80*time.Second)
 		u1 := fmt.Sprintf("ok %s/u1:%d", svcNS, cluster.TestPort)
 		if !waitLine(u1, 10*time.Second) {
 			t.Fatal("the UDP session never reached u1")
