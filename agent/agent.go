@@ -505,13 +505,6 @@ func (a *Agent) serveCNI(ctx context.Context) error {
 // reports the NetworkPolicy problems the sync found.
 func (a *Agent) applyHost(ctx context.Context, st pipeline.NodeState, stale []openflow.ConntrackFlush) error {
 	a.policyProblems.report(a.view.problemsOfPolicies())
-	if a.purger != nil {
-		if purged, err := a.purger.synced(ctx, st, len(stale)); err != nil {
-			a.log.Error(err, "policy verdicts and service endpoints may lag in the datapath cache")
-		} else if purged {
-			a.log.V(2).Info("purged the datapath flow cache after a policy change or before a conntrack flush")
-		}
-	}
 	// UDP and SCTP entries towards endpoints a service no longer uses would keep their clients on
 	// them: flush them in br0's service zone.
 	if len(stale) > 0 && a.sess != nil {
@@ -523,6 +516,13 @@ func (a *Agent) applyHost(ctx context.Context, st pipeline.NodeState, stale []op
 			a.log.Error(err, "flush stale service conntrack entries", "entries", len(stale))
 		} else {
 			a.log.V(2).Info("flushed stale service conntrack entries", "entries", stale)
+		}
+	}
+	if a.purger != nil {
+		if purged, err := a.purger.synced(ctx, st); err != nil {
+			a.log.Error(err, "policy verdicts may lag in the datapath cache")
+		} else if purged {
+			a.log.V(2).Info("purged the datapath flow cache after a policy change")
 		}
 	}
 	hostPorts, found := a.view.resolvedHostPorts()

@@ -23,12 +23,6 @@ import (
 // the tables now installed (a slow-path cost for the node's traffic for a moment, only when policies
 // or the set of pods they select change). The kernel datapath was not seen to need it and is left
 // alone.
-//
-// The same stale flows defeated the flush of UDP conntrack entries towards removed endpoints: a UDP
-// client whose session began just before its node's agent stopped was DNATed to the deleted endpoint
-// again right after the restarted agent flushed its entry, although no table led there any more (the
-// megaflow for a new connection, translated before the restart, was still cached). So a sync that
-// flushes stale service entries purges the cache first.
 
 // policyFingerprint is a hash of everything in st that decides NetworkPolicy verdicts: the policies
 // as resolved for this node and which pods are isolated.
@@ -46,8 +40,7 @@ func policyFingerprint(st pipeline.NodeState) uint64 {
 
 // datapathPurger purges the datapath flow cache when the policy fingerprint of a synced state differs
 // from the last one it saw (the first state only records it: nothing was cached under ofsdn's older
-// policies in a fresh datapath, and after a restart the flows were re-translated at reconnection), and
-// before stale service conntrack entries are flushed.
+// policies in a fresh datapath, and after a restart the flows were re-translated at reconnection).
 type datapathPurger struct {
 	purge func(ctx context.Context) error
 	seen  bool
@@ -62,18 +55,17 @@ func newDatapathPurger(ovsRunDir string) *datapathPurger {
 	}}
 }
 
-// synced is called with each state hostSync carries, before its stale conntrack entries (flushing of
-// them) are flushed; it reports whether it purged.
-func (d *datapathPurger) synced(ctx context.Context, st pipeline.NodeState, flushing int) (bool, error) {
+// synced is called with each state hostSync carries; it reports whether it purged.
+func (d *datapathPurger) synced(ctx context.Context, st pipeline.NodeState) (bool, error) {
 	fp := policyFingerprint(st)
 	first := !d.seen
 	d.seen = true
-	if flushing == 0 && (first || fp == d.last) {
+	if first || fp == d.last {
 		d.last = fp
 		return false, nil
 	}
 	if err := d.purge(ctx); err != nil {
-		return false, fmt.Errorf("purge the datapath flow cache after a policy change or before a conntrack flush: %w", err)
+		return false, fmt.Errorf("purge the datapath flow cache after a policy change: %w", err)
 	}
 	d.last = fp
 	return true, nil
