@@ -314,7 +314,11 @@ func onSegment(neigh []nodenet.Neighbor, uplink string) map[netip.Addr]bool {
 // loadLinger reads the deadline an earlier run left in br0's external_ids (zero: none, or unreadable).
 func (u *uplinkSync) loadLinger(ctx context.Context) time.Time {
 	ids, err := u.ovs.BridgeExternalIDs(ctx, u.bridge)
-	if err != nil || ids[lingerKey] == "" {
+	if err != nil {
+		return time.Time{}
+	}
+	u.savedLinger, u.lingerRead = ids[lingerKey], true // saveLinger need not read it again
+	if ids[lingerKey] == "" {
 		return time.Time{}
 	}
 	t, err := time.Parse(time.RFC3339Nano, ids[lingerKey])
