@@ -295,7 +295,9 @@ func (h *hostSync) run(ctx context.Context) {
 			case err != nil:
 				h.log.Error(err, "reading conntrack for stale service entries; asking again with the next state")
 			case verifying:
-				if len(held) > 0 {
+				if len(held) == 0 {
+					h.verifyLeft = 0 // nothing stale is held: no more checks
+				} else {
 					h.log.Info("flushing again conntrack entries a flush left leading to removed endpoints", "entries", held)
 				}
 			default:
@@ -305,12 +307,10 @@ func (h *hostSync) run(ctx context.Context) {
 				}
 			}
 			stale = append(stale, held...)
-			if verifying && len(held) == 0 {
-				h.verifyLeft = 0
-			}
 		}
 		if h.heldStale != nil && h.heldDone {
-			// A flush now restarts the checks; each check, whatever it found, uses one up.
+			// A flush now restarts the checks; each check that still found some (or could not read
+			// conntrack) uses one up.
 			if !verifying && len(stale) > 0 {
 				h.verifyLeft = h.verifyChecks
 			} else if verifying && h.verifyLeft > 0 {
