@@ -135,8 +135,10 @@ func TestAgentProbes(t *testing.T) {
 	var sawStarting bool
 	deadline := time.Now().Add(90 * time.Second)
 	for {
-		lcode, _, lerr := httpGet(ctx, live, timeout)
+		// readyz first: once it answers the server listens, so healthz is judged on a listening server
+		// (asked the other way round, healthz could be refused just before the server came up).
 		rcode, rbody, rerr := httpGet(ctx, ready, timeout)
+		lcode, _, lerr := httpGet(ctx, live, timeout)
 		if rerr == nil && rcode == http.StatusOK {
 			if lerr != nil || lcode != http.StatusOK {
 				t.Errorf("ready but not live: %d %v", lcode, lerr)
