@@ -138,8 +138,11 @@ func (c *Cluster) Reachability(ctx context.Context, pods []*Pod) Matrix {
 	var mu sync.Mutex
 	sem := make(chan struct{}, 16)
 	var wg sync.WaitGroup
+	// Every row exists before the first probe writes, so the outer map is only read concurrently.
 	for _, a := range pods {
 		m[a.Key()] = map[string]bool{}
+	}
+	for _, a := range pods {
 		for _, b := range pods {
 			if a == b {
 				continue
