@@ -9,7 +9,8 @@ package pipeline
 // Every policy is one owner (netpol/<ns>/<name>) and gets a priority of its own in each table it
 // renders into (policyBand): all of its flows sit at that priority, so no flow is ever shared with
 // another policy and cookie ownership and diffs stay exact. Within the policy, each rule is a
-// conjunction (conj_id stable per rule, see policyRuleKey):
+// conjunction (conj_id stable, see policyRuleKey; rules of one direction naming the same ports share
+// one, see directionConjunctions):
 //
 //	clause "pods"  the selected local pods: in_port=<pod port> (egress) or reg2=<pod port> (ingress)
 //	clause "ports" tcp/udp/sctp with tp_dst (a port, or an endPort range as masked prefixes), or ip
@@ -17,7 +18,8 @@ package pipeline
 //	clause "peers" nw_dst (egress) / nw_src (ingress): each peer pod's address, and each ipBlock cut
 //	               into the prefixes its excepts leave (absent when the rule allows everyone)
 //
-// and a flow conj_id=<id> that allows the packet — one per rule, so its counters show the rule's hits.
+// and a flow conj_id=<id> that allows the packet — one per conjunction, so its counters show the hits
+// of the rules behind it.
 // Two rules of one policy that need the same clause flow share it: one flow, several conjunction()
 // actions. A flow must fit an OpenFlow message (64 KiB, 16 bytes per conjunction action), so a policy
 // with more than maxConjunctionsPerPriority conjunctions (thousands of rules, say) spreads them over
@@ -45,6 +47,7 @@ import (
 	"net/netip"
 	"slices"
 	"strconv"
+	"strings"
 
 	. "github.com/ofsdn/ofsdn/flows/openflow"
 	"github.com/ofsdn/ofsdn/flows/reconcile"
@@ -278,23 +281,32 @@ func (m *policyMemo) regrant(ids *idAllocator) bool {
 // renderPolicy renders one policy: its first maxConjunctionsPerPriority conjunctions at prio(0), the
 // next ones (if any) at prio(1), and so on.
 func renderPolicy(p *PolicyState, prio func(chunk int) (uint16, error), ids *idAllocator) (reconcile.OwnerState, error) {
-	// Clause flows by priority and match: two rules needing one match share the flow.
+	// Clause flows by table, priority and match: two conjunctions needing one match share the flow.
+	// The match is known by what it was built from (a pod's port, a peer prefix, a port match's text),
+	// not by its own text: a policy of thousands of CIDRs would spend most of its render printing them.
+	type clauseKey struct {
+		table TableID
+		prio  uint16
+		pod   uint32
+		peer  netip.Prefix
+		ports string
+	}
 	type clauseFlow struct {
 		match Match
 		table TableID
 		prio  uint16
 		conj  []Conjunction
 	}
-	clauses := map[string]*clauseFlow{}
-	var order []string
+	clauses := map[clauseKey]*clauseFlow{}
+	var order []clauseKey
 	var allows []Flow
 	conjunctions, chunk := 0, -1
 	var at uint16 // the priority of the conjunction being rendered
-	addClause := func(table TableID, m Match, c Conjunction) {
-		k := strconv.Itoa(int(table)) + "|" + strconv.Itoa(int(at)) + "|" + m.String()
+	addClause := func(k clauseKey, build func() Match, c Conjunction) {
+		k.prio = at
 		cf := clauses[k]
 		if cf == nil {
-			cf = &clauseFlow{match: m, table: table, prio: at}
+			cf = &clauseFlow{match: build(), table: k.table, prio: at}
 			clauses[k] = cf
 			order = append(order, k)
 		}
@@ -309,40 +321,46 @@ func renderPolicy(p *PolicyState, prio func(chunk int) (uint16, error), ids *idA
 		if !dir.on(p) {
 			continue
 		}
-		for i, rule := range dir.rules(p) {
-			for _, sub := range expandRule(p, rule, dir.name == "egress") {
-				if len(sub.pods) == 0 || (sub.peers != nil && len(sub.peers) == 0) {
-					continue // matches nothing on this node
-				}
-				id, err := ids.get(policyRuleKey(p, dir.name, i, sub.key))
-				if err != nil {
+		for _, sub := range directionConjunctions(p, dir) {
+			if len(sub.pods) == 0 || (sub.peers != nil && len(sub.peers) == 0) {
+				continue // matches nothing on this node
+			}
+			id, err := ids.get(sub.key)
+			if err != nil {
+				return reconcile.OwnerState{}, err
+			}
+			if c := conjunctions / maxConjunctionsPerPriority; c != chunk {
+				if at, err = prio(c); err != nil {
 					return reconcile.OwnerState{}, err
 				}
-				if c := conjunctions / maxConjunctionsPerPriority; c != chunk {
-					if at, err = prio(c); err != nil {
-						return reconcile.OwnerState{}, err
-					}
-					chunk = c
-				}
-				conjunctions++
-				n := uint8(2)
-				if sub.peers != nil {
-					n = 3
-				}
-				for _, port := range sub.pods {
-					addClause(dir.table, M(append(IP, dir.pod(port))...), Conjunction{ID: id, Clause: 1, NClauses: n})
-				}
-				if len(sub.ports) == 0 {
-					addClause(dir.table, M(IP...), Conjunction{ID: id, Clause: 2, NClauses: n})
-				}
-				for _, pm := range sub.ports {
-					addClause(dir.table, pm, Conjunction{ID: id, Clause: 2, NClauses: n})
-				}
-				for _, peer := range sub.peers {
-					addClause(dir.table, M(append(IP, dir.peer(peer))...), Conjunction{ID: id, Clause: 3, NClauses: n})
-				}
-				allows = append(allows, F(dir.table, at, M(append(IP, ConjID(id))...), dir.allow...))
+				chunk = c
 			}
+			conjunctions++
+			n := uint8(2)
+			if sub.peers != nil {
+				n = 3
+			}
+			for _, port := range sub.pods {
+				addClause(clauseKey{table: dir.table, pod: port}, func() Match { return M(append(IP, dir.pod(port))...) },
+					Conjunction{ID: id, Clause: 1, NClauses: n})
+			}
+			if len(sub.ports) == 0 {
+				addClause(clauseKey{table: dir.table, ports: "ip"}, func() Match { return M(IP...) },
+					Conjunction{ID: id, Clause: 2, NClauses: n})
+			}
+			for _, pm := range sub.ports {
+				addClause(clauseKey{table: dir.table, ports: pm.String()}, func() Match { return pm },
+					Conjunction{ID: id, Clause: 2, NClauses: n})
+			}
+			for _, peer := range sub.peers {
+				k := clauseKey{table: dir.table, peer: peer}
+				if peer.Bits() == 0 {
+					k = clauseKey{table: dir.table, ports: "ip"} // 0.0.0.0/0 matches as plain ip, like every port
+				}
+				addClause(k, func() Match { return M(append(IP, dir.peer(peer))...) },
+					Conjunction{ID: id, Clause: 3, NClauses: n})
+			}
+			allows = append(allows, F(dir.table, at, M(append(IP, ConjID(id))...), dir.allow...))
 		}
 	}
 	out := make([]Flow, 0, len(order)+len(allows))
@@ -358,8 +376,89 @@ func renderPolicy(p *PolicyState, prio func(chunk int) (uint16, error), ids *idA
 	return reconcile.OwnerState{Flows: append(out, allows...)}, nil
 }
 
-// subRule is one conjunction of a rule: the pods, peers (nil: everyone) and port matches (none:
-// every port) it combines, and a key that names it within the rule.
+// directionConjunctions lists the conjunctions of a policy's rules in one direction, each keyed for
+// the ID allocator. The numbered-port conjunctions of rules that name the same ports become one, its
+// peers the union of theirs: rules are ORed, so pods ∧ ports ∧ (A ∪ B) allows exactly what the two
+// rules allowed, and a generated policy of thousands of one-CIDR rules on one port costs what one
+// rule of thousands of CIDRs does (half the flows: one conj_id flow, not one per rule). Its key names
+// the ports, not a rule's index, so removing one rule leaves the others' IDs alone. Named ports split
+// a rule into one conjunction per number the name resolves to — against the selected pods for
+// ingress, against the peer pods for egress — and stay per rule.
+func directionConjunctions(p *PolicyState, dir policyDirection) []subRule {
+	allPods := make([]uint32, 0, len(p.Pods))
+	for _, pod := range p.Pods {
+		allPods = append(allPods, pod.OFPort)
+	}
+	var out []subRule
+	byPorts := map[string]int{} // numbered ports signature → index in out
+	grown := map[int]bool{}     // merged conjunctions, whose peers need sorting again
+	for i, rule := range dir.rules(p) {
+		peers := peerPrefixes(rule)
+		if sig, ok := numberedPortsSignature(rule.Ports); ok {
+			switch j, seen := byPorts[sig]; {
+			case !seen:
+				byPorts[sig] = len(out)
+				out = append(out, subRule{key: policyRuleKey(p, dir.name, "ports:"+sig), pods: allPods, peers: peers,
+					ports: numberedPortMatches(rule.Ports)})
+			case out[j].peers == nil: // already everyone
+			case peers == nil:
+				out[j].peers = nil
+			default:
+				out[j].peers = append(out[j].peers, peers...)
+				grown[j] = true
+			}
+		}
+		for _, sub := range namedConjunctions(p, rule, dir.name == "egress", allPods, peers) {
+			sub.key = policyRuleKey(p, dir.name, strconv.Itoa(i)+"/"+sub.key)
+			out = append(out, sub)
+		}
+	}
+	for j := range grown {
+		if out[j].peers != nil {
+			out[j].peers = sortedPrefixes(out[j].peers)
+		}
+	}
+	return out
+}
+
+// numberedPortsSignature names a rule's numbered ports as a set ("any": the rule names no ports, so
+// every port); false when the rule has no numbered port br0 can match (only named ports, or only
+// protocols without ports), and so no numbered conjunction.
+func numberedPortsSignature(ports []PolicyPort) (string, bool) {
+	if len(ports) == 0 {
+		return "any", true
+	}
+	var parts []string
+	for _, pp := range ports {
+		if _, _, ok := l4Fields(pp.Protocol); pp.Name != "" || !ok {
+			continue
+		}
+		part := ProtoName(pp.Protocol) + "/*"
+		if pp.Port != 0 {
+			part = ProtoName(pp.Protocol) + "/" + strconv.Itoa(int(pp.Port)) + "-" + strconv.Itoa(int(max(pp.EndPort, pp.Port)))
+		}
+		parts = append(parts, part)
+	}
+	if len(parts) == 0 {
+		return "", false
+	}
+	slices.Sort(parts)
+	return strings.Join(slices.Compact(parts), ","), true
+}
+
+// numberedPortMatches are the port matches of a rule's numbered ports (none: every port).
+func numberedPortMatches(ports []PolicyPort) []Match {
+	var out []Match
+	for _, pp := range ports {
+		if pp.Name == "" {
+			out = append(out, portMatches(pp)...)
+		}
+	}
+	return out
+}
+
+// subRule is one conjunction: the pods, peers (nil: everyone) and port matches (none: every port) it
+// combines, and its key for the ID allocator.
 type subRule struct {
 	key   string
 	pods  []uint32
@@ -367,30 +466,15 @@ type subRule struct {
 	ports []Match
 }
 
-// expandRule splits a rule into its conjunctions: one for its numbered ports (or for all ports), and
-// one per number each of its named ports resolves to — against the selected pods for ingress, against
-// the peer pods for egress.
-func expandRule(p *PolicyState, rule PolicyRule, egress bool) []subRule {
-	allPods := make([]uint32, 0, len(p.Pods))
-	for _, pod := range p.Pods {
-		allPods = append(allPods, pod.OFPort)
-	}
-	allPeers := peerPrefixes(rule)
-	var numbered []Match
-	var named []PolicyPort
-	for _, port := range rule.Ports {
-		if port.Name != "" {
-			named = append(named, port)
+// namedConjunctions splits a rule's named ports into conjunctions, one per number a name resolves to:
+// against the selected pods for ingress (peers: the rule's), against the peer pods for egress (pods:
+// every selected pod).
+func namedConjunctions(p *PolicyState, rule PolicyRule, egress bool, allPods []uint32, allPeers []netip.Prefix) []subRule {
+	var out []subRule
+	for _, np := range rule.Ports {
+		if np.Name == "" {
 			continue
 		}
-		numbered = append(numbered, portMatches(port)...)
-	}
-	var out []subRule
-	if len(rule.Ports) == 0 || len(numbered) > 0 {
-		out = append(out, subRule{key: "ports", pods: allPods, peers: allPeers, ports: numbered})
-	}
-	for _, np := range named {
-		// Group by the number the name resolves to: the pods (ingress) or peers (egress) that have it.
 		groups := map[uint16]*subRule{}
 		var numbers []uint16
 		group := func(num uint16) *subRule {
@@ -444,19 +528,18 @@ func peerPrefixes(rule PolicyRule) []netip.Prefix {
 		return nil
 	}
 	out := []netip.Prefix{}
-	seen := map[netip.Prefix]bool{}
 	for _, peer := range rule.Peers {
-		for _, p := range cidrMinus(peer.Net.Masked(), peer.Except) {
-			if !seen[p] {
-				seen[p] = true
-				out = append(out, p)
-			}
-		}
+		out = append(out, cidrMinus(peer.Net.Masked(), peer.Except)...)
 	}
-	slices.SortFunc(out, func(a, b netip.Prefix) int {
+	return sortedPrefixes(out)
+}
+
+// sortedPrefixes sorts prefixes by address, then length, and drops repeats (in place; never nil).
+func sortedPrefixes(ps []netip.Prefix) []netip.Prefix {
+	slices.SortFunc(ps, func(a, b netip.Prefix) int {
 		return cmp.Or(a.Addr().Compare(b.Addr()), cmp.Compare(a.Bits(), b.Bits()))
 	})
-	return out
+	return slices.Compact(ps)
 }
 
 // cidrMinus returns the prefixes that cover p but none of except: each except that falls inside p
@@ -544,8 +627,8 @@ func portPrefixes(lo, hi uint16) []portPrefix {
 }
 
 // policyRuleKey names one conjunction for the ID allocator: stable across renders and restarts.
-func policyRuleKey(p *PolicyState, dir string, rule int, sub string) string {
-	return "netpol/" + p.Namespace + "/" + p.Name + "/" + dir + "/" + strconv.Itoa(rule) + "/" + sub
+func policyRuleKey(p *PolicyState, dir, conj string) string {
+	return "netpol/" + p.Namespace + "/" + p.Name + "/" + dir + "/" + conj
 }
 
 // bandAllocator gives each policy a priority of its own, derived from its key (so it survives

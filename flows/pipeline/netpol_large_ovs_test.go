@@ -27,7 +27,7 @@ func TestLargePolicyOnOVS(t *testing.T) {
 	pol := PolicyState{Namespace: "t", Name: "many", Ingress: true, Pods: []PolicyPod{{OFPort: uint32(b.OFPort)}}}
 	for i := range n {
 		pol.IngressRules = append(pol.IngressRules, PolicyRule{Peers: []PolicyPeer{{Net: netip.PrefixFrom(addrN("100.64.0.0", i), 32)}},
-			Ports: []PolicyPort{{Protocol: IPProtoTCP, Port: uint16(1000 + i%7)}}})
+			Ports: []PolicyPort{{Protocol: IPProtoTCP, Port: uint16(1000 + i)}}}) // a port each: no two rules share a conjunction
 	}
 	pol.IngressRules[0] = PolicyRule{Peers: []PolicyPeer{{Net: netip.PrefixFrom(c.IP.Addr(), 32)}}, Ports: []PolicyPort{{Protocol: IPProtoTCP, Port: 80}}}
 	pol.IngressRules[n-1] = PolicyRule{Peers: []PolicyPeer{{Net: netip.PrefixFrom(a.IP.Addr(), 32)}}}

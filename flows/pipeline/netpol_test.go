@@ -301,7 +301,7 @@ func TestLargePolicySpreadsOverPriorities(t *testing.T) {
 	p := PolicyState{Namespace: "a", Name: "many", Ingress: true, Pods: []PolicyPod{{OFPort: 3}}}
 	for i := range 5000 {
 		p.IngressRules = append(p.IngressRules, PolicyRule{Peers: []PolicyPeer{{Net: netip.PrefixFrom(addrN("100.64.0.0", i), 32)}},
-			Ports: []PolicyPort{{Protocol: IPProtoTCP, Port: 443}}})
+			Ports: []PolicyPort{{Protocol: IPProtoTCP, Port: uint16(1000 + i)}}}) // a port each: no two rules share a conjunction
 	}
 	st.Policies = []PolicyState{p}
 	var r Renderer
