@@ -1,10 +1,11 @@
 package openflow
 
 import (
+	"cmp"
 	"fmt"
 	"net"
 	"net/netip"
-	"sort"
+	"slices"
 	"strings"
 )
 
@@ -69,7 +70,7 @@ func M(fields ...MatchField) Match {
 		}
 		out = append(out, f)
 	}
-	sort.SliceStable(out, func(i, j int) bool { return out[i].Field < out[j].Field })
+	slices.SortStableFunc(out, func(a, b MatchField) int { return cmp.Compare(a.Field, b.Field) })
 	for i := 1; i < len(out); i++ {
 		if out[i].Field == out[i-1].Field {
 			err = fmt.Errorf("match: field %s given twice", out[i].Field)
