@@ -289,16 +289,7 @@ func npRestartCase(t *testing.T, ctx context.Context, f *npFixture) {
 			time.Sleep(2 * time.Second)
 			logFrom := npFileSize(node.AgentLog)
 			stopped := time.Now()
-			lc.StopAgent(node, crash)
-			if err := lc.StartAgent(node); err != nil {
-				t.Fatal(err)
-			}
-			for round(t, ctx, node) == roundBefore {
-				if time.Since(stopped) > window-3*time.Second {
-					t.Fatalf("the restarted agent on %s did not finish its round within %s:\n%s", node.Name, time.Since(stopped), lc.Logs(30))
-				}
-				time.Sleep(50 * time.Millisecond)
-			}
+			restartAgent(t, ctx, node, crash, roundBefore, window-3*time.Second)
 			restart := time.Since(stopped)
 			for i, pg := range pingers {
 				sent, got, out := pg.wait()

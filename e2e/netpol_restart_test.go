@@ -67,17 +67,7 @@ func TestAgentRestartKeepsPolicies(t *testing.T) {
 			roundBefore := round(t, ctx, n)
 			ok, leak := startPinger(t, allowed, target, 80), startPinger(t, denied, target, 80)
 			time.Sleep(2 * time.Second)
-			lc.StopAgent(n, crash)
-			if err := lc.StartAgent(n); err != nil {
-				t.Fatal(err)
-			}
-			deadline := time.Now().Add(time.Minute)
-			for round(t, ctx, n) == roundBefore {
-				if time.Now().After(deadline) {
-					t.Fatalf("the restarted agent never finished its round:\n%s", lc.Logs(30))
-				}
-				time.Sleep(50 * time.Millisecond)
-			}
+			restartAgent(t, ctx, n, crash, roundBefore, time.Minute)
 			if sent, got, out := ok.wait(); sent == 0 || got != sent {
 				t.Errorf("allowed pings across the restart: %d sent, %d received\n%s", sent, got, out)
 			}

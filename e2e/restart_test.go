@@ -147,6 +147,23 @@ func restartPairs(t *testing.T, ctx context.Context, prefix, namespace string, n
 	return pairs
 }
 
+// restartAgent stops n's agent (crash: kill -9) and starts it again, and returns once the new agent
+// recorded its round (roundBefore is the old agent's), failing the test after within.
+func restartAgent(t *testing.T, ctx context.Context, n *cluster.Node, crash bool, roundBefore string, within time.Duration) {
+	t.Helper()
+	stopped := time.Now()
+	lc.StopAgent(n, crash)
+	if err := lc.StartAgent(n); err != nil {
+		t.Fatal(err)
+	}
+	for round(t, ctx, n) == roundBefore {
+		if time.Since(stopped) > within {
+			t.Fatalf("the restarted agent on %s did not finish its round within %s:\n%s", n.Name, within, lc.Logs(30))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // restartRound restarts n's agent (crash: kill -9) in a subtest while every pair pings at 100/s both
 // ways for a 15 s window: not one packet may be lost, and the flows after must equal those before but
 // for the round. vxlan: also check ovs-vswitchd's tunnel neighbours.
@@ -163,18 +180,7 @@ func restartRound(t *testing.T, ctx context.Context, n *cluster.Node, pairs [][2
 		}
 		began := time.Now()
 		time.Sleep(time.Second)
-		lc.StopAgent(n, crash)
-		if err := lc.StartAgent(n); err != nil {
-			t.Fatal(err)
-		}
-		// The new agent is done once it recorded its round.
-		deadline := time.Now().Add(time.Minute)
-		for round(t, ctx, n) == roundBefore {
-			if time.Now().After(deadline) {
-				t.Fatalf("the restarted agent never finished its round:\n%s", lc.Logs(30))
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+		restartAgent(t, ctx, n, crash, roundBefore, time.Minute)
 		restarted := time.Since(began)
 		// The neighbour checks of the new agent run right after its start; leave them time inside
 		// the window too.
