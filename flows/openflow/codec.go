@@ -405,6 +405,14 @@ func encodeActions(acts []Action) ([]byte, error) { return appendActions(nil, ac
 
 func appendActions(out []byte, acts []Action) ([]byte, error) {
 	for _, a := range acts {
+		if c, ok := a.(Conjunction); ok {
+			// Laid out here, not through libOpenflow's three allocations: policy flows carry thousands.
+			if err := c.check(); err != nil {
+				return nil, fmt.Errorf("action %s: %w", a, err)
+			}
+			out = appendConjunction(out, c)
+			continue
+		}
 		oa, err := toLibAction(a)
 		if err != nil {
 			return nil, fmt.Errorf("action %s: %w", a, err)
@@ -423,6 +431,25 @@ func checkSub(s SubField) (*of.MatchField, error) {
 		return nil, err
 	}
 	return nxmField(s.Field), nil
+}
+
+// check refuses a clause OVS would refuse.
+func (c Conjunction) check() error {
+	if c.NClauses < 2 || c.NClauses > 64 || c.Clause < 1 || c.Clause > c.NClauses {
+		return fmt.Errorf("clause %d/%d out of range", c.Clause, c.NClauses)
+	}
+	return nil
+}
+
+// appendConjunction lays out NXAST_CONJUNCTION as libOpenflow's NXActionConjunction does: the
+// experimenter action header, the 0-based clause, the clause count and the ID (16 bytes).
+func appendConjunction(out []byte, c Conjunction) []byte {
+	out = binary.BigEndian.AppendUint16(out, of.ActionType_Experimenter)
+	out = binary.BigEndian.AppendUint16(out, of.NxActionHeaderLength+6)
+	out = binary.BigEndian.AppendUint32(out, of.NxExperimenterID)
+	out = binary.BigEndian.AppendUint16(out, of.NXAST_CONJUNCTION)
+	out = append(out, c.Clause-1, c.NClauses)
+	return binary.BigEndian.AppendUint32(out, c.ID)
 }
 
 // toLibAction maps one typed action to its libOpenflow encoder.
@@ -477,8 +504,8 @@ func toLibAction(a Action) (of.Action, error) {
 	case DecTTL:
 		return of.NewActionDecNwTtl(), nil
 	case Conjunction:
-		if a.NClauses < 2 || a.NClauses > 64 || a.Clause < 1 || a.Clause > a.NClauses {
-			return nil, fmt.Errorf("clause %d/%d out of range", a.Clause, a.NClauses)
+		if err := a.check(); err != nil {
+			return nil, err
 		}
 		return of.NewNXActionConjunction(a.Clause-1, a.NClauses, a.ID), nil
 	case Note:
