@@ -297,31 +297,49 @@ func renderPolicy(p *PolicyState, prio func(chunk int) (uint16, error), ids *idA
 		prio  uint16
 		conj  []Conjunction
 	}
-	clauses := map[clauseKey]*clauseFlow{}
-	var order []clauseKey
+	type direction struct {
+		dir  policyDirection
+		subs []subRule
+	}
+	var dirs []direction
+	bound := 0 // at most this many clause flows: one per clause of every conjunction
+	for _, dir := range []policyDirection{ingressDir, egressDir} {
+		if dir.on(p) {
+			d := direction{dir, directionConjunctions(p, dir)}
+			for _, sub := range d.subs {
+				bound += len(sub.pods) + max(len(sub.ports), 1) + len(sub.peers)
+			}
+			dirs = append(dirs, d)
+		}
+	}
+	// Sized up front: on a policy change the agent renders whole policies, and growing these was half
+	// of the render's allocations.
+	clauses := make(map[clauseKey]*clauseFlow, bound)
+	slab := make([]clauseFlow, 0, bound)
+	order := make([]*clauseFlow, 0, bound)
 	var allows []Flow
 	conjunctions, chunk := 0, -1
 	var at uint16 // the priority of the conjunction being rendered
-	addClause := func(k clauseKey, build func() Match, c Conjunction) {
+	// clause returns the clause flow of k at the current priority; fresh when it has no match yet.
+	clause := func(k clauseKey) (cf *clauseFlow, fresh bool) {
 		k.prio = at
-		cf := clauses[k]
-		if cf == nil {
-			cf = &clauseFlow{match: build(), table: k.table, prio: at}
-			clauses[k] = cf
-			order = append(order, k)
+		if cf = clauses[k]; cf != nil {
+			return cf, false
 		}
-		for _, have := range cf.conj {
-			if have == c {
-				return
-			}
-		}
-		cf.conj = append(cf.conj, c)
+		slab = append(slab, clauseFlow{table: k.table, prio: at}) // within bound: never moves
+		cf = &slab[len(slab)-1]
+		clauses[k] = cf
+		order = append(order, cf)
+		return cf, true
 	}
-	for _, dir := range []policyDirection{ingressDir, egressDir} {
-		if !dir.on(p) {
-			continue
+	join := func(cf *clauseFlow, c Conjunction) {
+		if !slices.Contains(cf.conj, c) {
+			cf.conj = append(cf.conj, c)
 		}
-		for _, sub := range directionConjunctions(p, dir) {
+	}
+	for _, d := range dirs {
+		dir := d.dir
+		for _, sub := range d.subs {
 			if len(sub.pods) == 0 || (sub.peers != nil && len(sub.peers) == 0) {
 				continue // matches nothing on this node
 			}
@@ -341,31 +359,42 @@ func renderPolicy(p *PolicyState, prio func(chunk int) (uint16, error), ids *idA
 				n = 3
 			}
 			for _, port := range sub.pods {
-				addClause(clauseKey{table: dir.table, pod: port}, func() Match { return M(append(IP, dir.pod(port))...) },
-					Conjunction{ID: id, Clause: 1, NClauses: n})
+				cf, fresh := clause(clauseKey{table: dir.table, pod: port})
+				if fresh {
+					cf.match = M(append(IP, dir.pod(port))...)
+				}
+				join(cf, Conjunction{ID: id, Clause: 1, NClauses: n})
 			}
 			if len(sub.ports) == 0 {
-				addClause(clauseKey{table: dir.table, ports: "ip"}, func() Match { return M(IP...) },
-					Conjunction{ID: id, Clause: 2, NClauses: n})
+				cf, fresh := clause(clauseKey{table: dir.table, ports: "ip"})
+				if fresh {
+					cf.match = M(IP...)
+				}
+				join(cf, Conjunction{ID: id, Clause: 2, NClauses: n})
 			}
 			for _, pm := range sub.ports {
-				addClause(clauseKey{table: dir.table, ports: pm.String()}, func() Match { return pm },
-					Conjunction{ID: id, Clause: 2, NClauses: n})
+				cf, fresh := clause(clauseKey{table: dir.table, ports: pm.String()})
+				if fresh {
+					cf.match = pm
+				}
+				join(cf, Conjunction{ID: id, Clause: 2, NClauses: n})
 			}
 			for _, peer := range sub.peers {
 				k := clauseKey{table: dir.table, peer: peer}
 				if peer.Bits() == 0 {
 					k = clauseKey{table: dir.table, ports: "ip"} // 0.0.0.0/0 matches as plain ip, like every port
 				}
-				addClause(k, func() Match { return M(append(IP, dir.peer(peer))...) },
-					Conjunction{ID: id, Clause: 3, NClauses: n})
+				cf, fresh := clause(k)
+				if fresh {
+					cf.match = M(append(IP, dir.peer(peer))...)
+				}
+				join(cf, Conjunction{ID: id, Clause: 3, NClauses: n})
 			}
 			allows = append(allows, F(dir.table, at, M(append(IP, ConjID(id))...), dir.allow...))
 		}
 	}
 	out := make([]Flow, 0, len(order)+len(allows))
-	for _, k := range order {
-		cf := clauses[k]
+	for _, cf := range order {
 		slices.SortFunc(cf.conj, func(a, b Conjunction) int { return cmp.Or(cmp.Compare(a.ID, b.ID), cmp.Compare(a.Clause, b.Clause)) })
 		acts := make([]Action, len(cf.conj))
 		for i, c := range cf.conj {
