@@ -14,6 +14,7 @@ import (
 	"math/bits"
 	"net"
 	"net/netip"
+	"strings"
 	"time"
 
 	of "antrea.io/libOpenflow/openflow13"
@@ -125,18 +126,29 @@ func Compile(f Flow) (CompiledFlow, error) {
 	if err := f.Match.err; err != nil {
 		return CompiledFlow{}, fmt.Errorf("flow %s: %w", f, err)
 	}
-	oxm, err := encodeOXM(f.Match)
+	// Match and instructions are laid out in a scratch buffer on the stack, then copied once into the
+	// string that holds both key and instructions: the agent compiles every flow of every owner a
+	// change touches.
+	var scratch [512]byte
+	buf, err := appendOXM(scratch[:0], f.Match)
 	if err != nil {
 		return CompiledFlow{}, fmt.Errorf("flow %s: %w", f, err)
 	}
-	instr, err := encodeInstructions(f.Actions)
-	if err != nil {
+	oxmLen := len(buf)
+	if buf, err = appendInstructions(buf, f.Actions); err != nil {
 		return CompiledFlow{}, fmt.Errorf("flow %s: %w", f, err)
 	}
-	if n := FlowModFixedLen + matchLen(len(oxm)) + len(instr); n > MaxBundledMessageLen {
+	if n := FlowModFixedLen + matchLen(oxmLen) + len(buf) - oxmLen; n > MaxBundledMessageLen {
 		return CompiledFlow{}, fmt.Errorf("flow %s: encodes to %d bytes, more than a bundled OpenFlow message holds (%d)", f, n, MaxBundledMessageLen)
 	}
-	return CompiledFlow{Key: makeFlowKey(f.Table, f.Priority, oxm), Instr: string(instr), Cookie: f.Cookie,
+	var b strings.Builder
+	b.Grow(3 + len(buf))
+	b.WriteByte(byte(f.Table))
+	b.WriteByte(byte(f.Priority >> 8))
+	b.WriteByte(byte(f.Priority))
+	b.Write(buf)
+	both := b.String()
+	return CompiledFlow{Key: FlowKey(both[:3+oxmLen]), Instr: both[3+oxmLen:], Cookie: f.Cookie,
 		Idle: f.IdleTimeout, Hard: f.HardTimeout}, nil
 }
 
@@ -256,19 +268,11 @@ func fieldValueMessage(f Field, v uint64) *util.Buffer {
 	return util.NewBuffer(b)
 }
 
-// encodeOXM appends match fields, in canonical order, as OXM TLVs. This is the one piece of the wire
-// format laid out here rather than through libOpenflow's MatchField: it runs for every flow of every
-// render, and a TLV written in place costs one allocation where libOpenflow's costs four per field.
-func encodeOXM(m Match) ([]byte, error) {
-	size := 0
-	for _, mf := range m.fields {
-		n := fieldTable[mf.Field].bytes
-		if mf.Masked {
-			n *= 2
-		}
-		size += 4 + n
-	}
-	out := make([]byte, 0, size)
+// appendOXM appends match fields as OXM TLVs, in the order ovs-vswitchd encodes them (see wireRank).
+// This is the one piece of the wire format laid out here rather than through libOpenflow's
+// MatchField: it runs for every flow of every render, and a TLV written in place costs nothing where
+// libOpenflow's costs four allocations per field.
+func appendOXM(out []byte, m Match) ([]byte, error) {
 	var order [int(fieldCount)]MatchField
 	fields := order[:0]
 	fields = append(fields, m.fields...)
@@ -375,27 +379,29 @@ func decodeOXM(b []byte) (Match, error) {
 
 // ---- actions ----
 
-func encodeInstructions(acts []Action) ([]byte, error) {
+// appendInstructions appends the instructions of a flow's actions: apply-actions, then goto_table.
+func appendInstructions(out []byte, acts []Action) ([]byte, error) {
 	apply := acts
-	var gotoTable *Goto
+	var gotoTable Goto
+	hasGoto := false
 	for i, a := range acts {
 		if g, ok := a.(Goto); ok {
 			if i != len(acts)-1 {
 				return nil, errors.New("goto_table must be the last action")
 			}
-			gotoTable, apply = &g, acts[:i]
+			gotoTable, hasGoto, apply = g, true, acts[:i]
 		}
 	}
-	out := make([]byte, 0, 64)
 	if len(apply) > 0 {
+		start := len(out)
 		out = append(out, 0, instrApplyActions, 0, 0, 0, 0, 0, 0)
 		var err error
 		if out, err = appendActions(out, apply); err != nil {
 			return nil, err
 		}
-		binary.BigEndian.PutUint16(out[2:], uint16(len(out)))
+		binary.BigEndian.PutUint16(out[start+2:], uint16(len(out)-start))
 	}
-	if gotoTable != nil {
+	if hasGoto {
 		out = append(out, 0, instrGotoTable, 0, 8, byte(gotoTable.Table), 0, 0, 0)
 	}
 	return out, nil

@@ -332,8 +332,13 @@ func renderPolicy(p *PolicyState, prio func(chunk int) (uint16, error), ids *idA
 		order = append(order, cf)
 		return cf, true
 	}
+	conjSlab := make([]Conjunction, 0, bound)
 	join := func(cf *clauseFlow, c Conjunction) {
-		if !slices.Contains(cf.conj, c) {
+		switch {
+		case cf.conj == nil: // most clause flows serve one conjunction: take it from the slab
+			conjSlab = append(conjSlab, c)
+			cf.conj = conjSlab[len(conjSlab)-1 : len(conjSlab) : len(conjSlab)] // cap 1: a second one copies out
+		case !slices.Contains(cf.conj, c):
 			cf.conj = append(cf.conj, c)
 		}
 	}
@@ -361,7 +366,7 @@ func renderPolicy(p *PolicyState, prio func(chunk int) (uint16, error), ids *idA
 			for _, port := range sub.pods {
 				cf, fresh := clause(clauseKey{table: dir.table, pod: port})
 				if fresh {
-					cf.match = M(append(IP, dir.pod(port))...)
+					cf.match = ipMatch(dir.pod(port))
 				}
 				join(cf, Conjunction{ID: id, Clause: 1, NClauses: n})
 			}
@@ -386,7 +391,7 @@ func renderPolicy(p *PolicyState, prio func(chunk int) (uint16, error), ids *idA
 				}
 				cf, fresh := clause(k)
 				if fresh {
-					cf.match = M(append(IP, dir.peer(peer))...)
+					cf.match = ipMatch(dir.peer(peer))
 				}
 				join(cf, Conjunction{ID: id, Clause: 3, NClauses: n})
 			}
@@ -403,6 +408,12 @@ func renderPolicy(p *PolicyState, prio func(chunk int) (uint16, error), ids *idA
 		out = append(out, F(cf.table, cf.prio, cf.match, acts...))
 	}
 	return reconcile.OwnerState{Flows: append(out, allows...)}, nil
+}
+
+// ipMatch is ip plus one field, built without the temporary slice append(IP, f) costs.
+func ipMatch(f MatchField) Match {
+	fields := [2]MatchField{IP[0], f}
+	return M(fields[:]...)
 }
 
 // directionConjunctions lists the conjunctions of a policy's rules in one direction, each keyed for
@@ -556,8 +567,12 @@ func peerPrefixes(rule PolicyRule) []netip.Prefix {
 	if rule.AllPeers {
 		return nil
 	}
-	out := []netip.Prefix{}
+	out := make([]netip.Prefix, 0, len(rule.Peers))
 	for _, peer := range rule.Peers {
+		if len(peer.Except) == 0 && peer.Net.IsValid() { // a pod's address, most of the time
+			out = append(out, peer.Net.Masked())
+			continue
+		}
 		out = append(out, cidrMinus(peer.Net.Masked(), peer.Except)...)
 	}
 	return sortedPrefixes(out)

@@ -348,8 +348,9 @@ func (r *Reconciler) compileAll(changes map[Owner]*OwnerState) map[Owner]*compil
 // compileOwner compiles an owner's flows with its cookie for the round, rejecting duplicates.
 func compileOwner(o Owner, round uint16, flows []openflow.Flow, groups []openflow.GroupEntry) (map[openflow.FlowKey]*flowEntry, map[uint32]*groupEntry, error) {
 	out := make(map[openflow.FlowKey]*flowEntry, len(flows))
+	entries := make([]flowEntry, len(flows)) // one allocation for the owner's entries, not one each
 	cookie := uint64(MakeCookie(round, o))
-	for _, f := range flows {
+	for i, f := range flows {
 		f.Cookie = cookie
 		c, err := openflow.Compile(f)
 		if err != nil {
@@ -358,7 +359,8 @@ func compileOwner(o Owner, round uint16, flows []openflow.Flow, groups []openflo
 		if prev, dup := out[c.Key]; dup {
 			return nil, nil, fmt.Errorf("owner %s: two flows with one table, priority and match: %s and %s", o, prev.c.Flow(), f)
 		}
-		out[c.Key] = &flowEntry{c: c}
+		entries[i].c = c
+		out[c.Key] = &entries[i]
 	}
 	gout := make(map[uint32]*groupEntry, len(groups))
 	for _, g := range groups {
