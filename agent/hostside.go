@@ -267,6 +267,7 @@ func (h *hostSync) run(ctx context.Context) {
 	retry := time.NewTimer(time.Hour)
 	defer retry.Stop()
 	verify := time.NewTimer(time.Hour)
+	verify.Stop() // armed by a flush
 	defer verify.Stop()
 	for {
 		verifying := false
@@ -309,15 +310,18 @@ func (h *hostSync) run(ctx context.Context) {
 			stale = append(stale, held...)
 		}
 		if h.heldStale != nil && h.heldDone {
-			// A flush now restarts the checks; each check that still found some (or could not read
-			// conntrack) uses one up.
-			if !verifying && len(stale) > 0 {
+			// A flush (re)starts the checks; each check that still found some (or could not read
+			// conntrack) uses one up and arms the next, later one. Nothing else moves the timer: states
+			// posted without a flush must not put a pending check off.
+			switch {
+			case !verifying && len(stale) > 0:
 				h.verifyLeft = h.verifyChecks
-			} else if verifying && h.verifyLeft > 0 {
+				verify.Reset(h.verifyAfter)
+			case verifying && h.verifyLeft > 0:
 				h.verifyLeft--
-			}
-			if h.verifyLeft > 0 {
-				verify.Reset(h.verifyAfter << (h.verifyChecks - h.verifyLeft))
+				if h.verifyLeft > 0 {
+					verify.Reset(h.verifyAfter << (h.verifyChecks - h.verifyLeft))
+				}
 			}
 		}
 		if recheck && len(stale) == 0 {

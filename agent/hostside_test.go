@@ -167,3 +167,36 @@ func TestHostSyncVerifiesAFlush(t *testing.T) {
 		t.Errorf("conntrack read %d times, want %d (start, a failed check, one that found the entry, one that did not)", asked, len(script))
 	}
 }
+
+// States posted without a flush (pods coming and going on a busy node) must not put a pending check
+// off: the check runs on its schedule however often states arrive.
+func TestHostSyncChecksUnderAStreamOfStates(t *testing.T) {
+	h := newHostSync(klog.Background(), func(context.Context, pipeline.NodeState, []openflow.ConntrackFlush) error { return nil })
+	h.verifyAfter = 20 * time.Millisecond
+	old := openflow.ConntrackFlush{Protocol: openflow.IPProtoUDP, Dst: netip.MustParseAddr("172.30.0.53"), DstPort: 53, ReplySrc: netip.MustParseAddr("10.128.0.9")}
+	var mu sync.Mutex
+	asked := 0
+	h.heldStale = func(context.Context, pipeline.NodeState) ([]openflow.ConntrackFlush, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		asked++
+		if asked == 1 {
+			return []openflow.ConntrackFlush{old}, nil // at start: one entry to flush, which arms the check
+		}
+		return nil, nil
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go h.run(ctx)
+	st := pipeline.NodeState{LocalSubnet: netip.MustParsePrefix("10.128.0.0/23")}
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		h.post(st) // every 5 ms, a quarter of the check's delay
+		mu.Lock()
+		n := asked
+		mu.Unlock()
+		if n >= 2 {
+			return
+		}
+	}
+	t.Fatalf("conntrack read %d times in 5 s of states every 5 ms: the check 20 ms after the flush never ran", asked)
+}
