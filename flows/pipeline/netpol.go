@@ -385,11 +385,7 @@ func renderPolicy(p *PolicyState, prio func(chunk int) (uint16, error), ids *idA
 				join(cf, Conjunction{ID: id, Clause: 2, NClauses: n})
 			}
 			for _, peer := range sub.peers {
-				k := clauseKey{table: dir.table, peer: peer}
-				if peer.Bits() == 0 {
-					k = clauseKey{table: dir.table, ports: "ip"} // 0.0.0.0/0 matches as plain ip, like every port
-				}
-				cf, fresh := clause(k)
+				cf, fresh := clause(clauseKey{table: dir.table, peer: peer})
 				if fresh {
 					cf.match = ipMatch(dir.peer(peer))
 				}
@@ -562,7 +558,8 @@ func resolveNamed(ports []NamedPort, want PolicyPort) (uint16, bool) {
 	return 0, false
 }
 
-// peerPrefixes lists a rule's peers as prefixes, ipBlock excepts cut out; nil when every peer matches.
+// peerPrefixes lists a rule's peers as prefixes, ipBlock excepts cut out; nil when every peer matches
+// (no peers named, or an ipBlock 0.0.0.0/0 without excepts: every address the IPv4 tables see).
 func peerPrefixes(rule PolicyRule) []netip.Prefix {
 	if rule.AllPeers {
 		return nil
@@ -574,6 +571,9 @@ func peerPrefixes(rule PolicyRule) []netip.Prefix {
 			continue
 		}
 		out = append(out, cidrMinus(peer.Net.Masked(), peer.Except)...)
+	}
+	if slices.ContainsFunc(out, func(p netip.Prefix) bool { return p.Bits() == 0 }) {
+		return nil
 	}
 	return sortedPrefixes(out)
 }

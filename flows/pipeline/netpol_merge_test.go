@@ -55,7 +55,7 @@ func TestMergedRulesAllowWhatTheRulesAllow(t *testing.T) {
 	}
 	prefix := func(r *rand.Rand) netip.Prefix {
 		if r.IntN(20) == 0 {
-			return netip.MustParsePrefix("0.0.0.0/0") // matches as plain ip, as the every-port clause does
+			return netip.MustParsePrefix("0.0.0.0/0") // everyone, as no peers is
 		}
 		bits := 28 + r.IntN(5)
 		return netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 0, 0, byte(r.IntN(16))}), bits).Masked()
