@@ -15,6 +15,7 @@ import (
 
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
 	"github.com/ofsdn/ofsdn/e2e/cluster"
+	"github.com/ofsdn/ofsdn/flows/pipeline"
 )
 
 var cookieRE = regexp.MustCompile(`cookie=0x([0-9a-f]+)`)
@@ -112,6 +113,18 @@ func TestAgentRestartInEncapsulationNone(t *testing.T) {
 		t.Fatal(err)
 	}
 	nodes := lc.Nodes[:2]
+	// Each node sends to the other's subnet out of the uplink port, not through VXLAN; every round
+	// then checks the flows are what they were before the restart.
+	uplink := fmt.Sprintf("output:%d", pipeline.PortUplink)
+	for i, n := range nodes {
+		peer, err := lc.Subnet(ctx, nodes[1-i].Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if flows, err := n.Ofctl(ctx, "dump-flows", "br0", "table=90"); err != nil || !directTo(flows, peer.String(), uplink) {
+			t.Fatalf("%s does not send to %s out of the uplink port (%v):\n%s", n.Name, peer, err, flows)
+		}
+	}
 	pairs := restartPairs(t, ctx, "rn", "e2e-restart-none", nodes)
 	for i := range 4 {
 		restartRound(t, ctx, nodes[i%2], pairs, i >= 2, 1, false) // each node once of each kind
