@@ -33,6 +33,7 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 )
@@ -120,20 +121,26 @@ func (s *Sim) register(ctx context.Context) error {
 	return s.updateStatus(ctx)
 }
 
+// updateStatus writes the node's status as kubelet does, reading the node again when another writer
+// (the controller, the agent) changed it in between, as kubelet's own status updates do.
 func (s *Sim) updateStatus(ctx context.Context) error {
-	node, err := s.cfg.Client.CoreV1().Nodes().Get(ctx, s.cfg.NodeName, metav1.GetOptions{})
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		node, err := s.cfg.Client.CoreV1().Nodes().Get(ctx, s.cfg.NodeName, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		now := metav1.Now()
+		node.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: s.cfg.NodeIP.String()},
+			{Type: corev1.NodeHostName, Address: s.cfg.NodeName}}
+		node.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady",
+			Message: "ofsdn lab node simulator", LastHeartbeatTime: now, LastTransitionTime: now}}
+		node.Status.Capacity = corev1.ResourceList{corev1.ResourcePods: mustQuantity("250"), corev1.ResourceCPU: mustQuantity("8"), corev1.ResourceMemory: mustQuantity("16Gi")}
+		node.Status.Allocatable = node.Status.Capacity
+		_, err = s.cfg.Client.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{})
+		return err
+	})
 	if err != nil {
-		return fmt.Errorf("nodesim: %w", err)
-	}
-	now := metav1.Now()
-	node.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: s.cfg.NodeIP.String()},
-		{Type: corev1.NodeHostName, Address: s.cfg.NodeName}}
-	node.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady",
-		Message: "ofsdn lab node simulator", LastHeartbeatTime: now, LastTransitionTime: now}}
-	node.Status.Capacity = corev1.ResourceList{corev1.ResourcePods: mustQuantity("250"), corev1.ResourceCPU: mustQuantity("8"), corev1.ResourceMemory: mustQuantity("16Gi")}
-	node.Status.Allocatable = node.Status.Capacity
-	if _, err := s.cfg.Client.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{}); err != nil {
-		return fmt.Errorf("nodesim: node status: %w", err)
+		return fmt.Errorf("nodesim: node status of %s: %w", s.cfg.NodeName, err)
 	}
 	return nil
 }
