@@ -416,6 +416,7 @@ func (a *Agent) setUpNode(ctx context.Context) error {
 	if _, err := db.EnsureVXLANPort(ctx, a.cfg.Bridge, "vxlan0", vxlanPort, int(pipeline.PortVXLAN)); err != nil {
 		return err
 	}
+	a.view.update(func(v *nodeView) { v.vxlan0Port = uint16(vxlanPort) })
 	a.view.mu.Lock()
 	nc := nodenet.Config{HostNetNS: a.cfg.HostNetNS, Tun0: "tun0", LocalSubnet: a.view.localSubnet, Logger: a.cfg.Logger.WithName("nodenet"),
 		ClusterNetworks: append([]netip.Prefix(nil), a.view.clusterNets...), NodeIP: a.view.nodeIP}

@@ -78,11 +78,16 @@ func (w *watchNetwork) clusterNetwork(obj any, deleted bool) {
 		w.log.Error(fmt.Errorf("unknown encapsulation %q", cn.Spec.Encapsulation), "using vxlan")
 		encap = pipeline.EncapVXLAN
 	}
+	tunnelPort := uint16(cn.Spec.VXLANPort)
+	if cn.Spec.VXLANPort <= 0 || cn.Spec.VXLANPort > 65535 {
+		tunnelPort = uint16(networkv1.DefaultVXLANPort)
+	}
 	var was pipeline.Mode
 	var wasEncap pipeline.Encapsulation
 	w.view.update(func(v *nodeView) {
 		was, v.mode, v.clusterNets = v.mode, mode, nets
 		wasEncap, v.encap = v.encap, encap
+		v.tunnelPort = tunnelPort
 	})
 	if was != mode {
 		w.log.Info("pluginMode", "mode", mode, "networkPolicyEnforced", mode == pipeline.ModeNetworkPolicy)

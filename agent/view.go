@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"sort"
 	"sync"
 
@@ -52,10 +53,13 @@ type nodeView struct {
 	policyProblems map[string][]policyProblem
 	// Encapsulation (uplink.go): the ClusterNetwork's; the uplink bridge br0 is patched into ("" none);
 	// the peers (by node name) on its segment; tun0's MAC.
-	encap      pipeline.Encapsulation
-	uplink     string
-	onSegment  map[string]bool
-	gatewayMAC net.HardwareAddr
+	encap  pipeline.Encapsulation
+	uplink string
+	// tunnelPort is the ClusterNetwork's vxlanPort; vxlan0Port the one vxlan0 was made with (0 until
+	// then). Both are guarded against pods (flows/pipeline/guard.go).
+	tunnelPort, vxlan0Port uint16
+	onSegment              map[string]bool
+	gatewayMAC             net.HardwareAddr
 	// remotePods are the other nodes' pods (pod informer), whose addresses give the source VNID of
 	// traffic that arrives unencapsulated in multitenant mode.
 	remotePods map[string]remotePod
@@ -163,6 +167,11 @@ func (v *nodeView) snapshot() (st pipeline.NodeState, pending []string, generati
 	st = pipeline.NodeState{Mode: v.mode, NodeName: v.nodeName, NodeIP: v.nodeIP, LocalSubnet: v.localSubnet,
 		ClusterNetworks: append([]netip.Prefix(nil), v.clusterNets...),
 		Encapsulation:   v.encap, Uplink: v.uplink != "", GatewayMAC: v.gatewayMAC}
+	for _, p := range []uint16{v.tunnelPort, v.vxlan0Port} {
+		if p != 0 && !slices.Contains(st.TunnelPorts, p) {
+			st.TunnelPorts = append(st.TunnelPorts, p)
+		}
+	}
 	for _, p := range v.pods {
 		vnid, ok := v.vnids[p.Namespace]
 		if !ok {

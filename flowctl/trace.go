@@ -906,7 +906,9 @@ func dropVerdict(n *traceNode, path *trace.Path, proto string) Verdict {
 			}
 		}
 	case last.Table == pipeline.TableTunnelIngress:
-		v.Text = fmt.Sprintf("%s: tunnel source %s is no node this node knows", where, f.TunSrc)
+		v.Text = fmt.Sprintf("%s: tunnel source %s is no node this node knows, or the inner source %s is neither in that node's subnet nor its own address", where, f.TunSrc, f.IPSrc)
+	case owner == pipeline.TunnelGuardOwner.String():
+		v.Text = fmt.Sprintf("%s by the tunnel guard: no pod may send to the tunnel port %s of %s, which is not a pod (it would inject into the overlay)", where, l4(), f.IPDst)
 	case last.Table == pipeline.TableRouting:
 		v.Text = fmt.Sprintf("%s: no node hosts %s", where, f.IPDst)
 	case last.Table == pipeline.TableServices && strings.HasPrefix(owner, "svc/"):

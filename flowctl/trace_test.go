@@ -174,6 +174,8 @@ func TestTraceOffline(t *testing.T) {
 			[]string{"blue/c via node n2"}, 3},
 		{"to-outside", multi, TraceOptions{Src: "blue/a", Dst: "192.0.2.7", Port: 443}, VerdictLeftCluster,
 			[]string{"SNATs it from 10.128.0.3 to 198.51.100.11"}, 1},
+		{"tunnel-guard", multi, TraceOptions{Src: "blue/a", Dst: "198.51.100.12", Proto: "udp", Port: 4789}, VerdictDropped,
+			[]string{"table 60 routing by the tunnel guard", "udp/4789 of 198.51.100.12"}, 1},
 		{"policy-allow", np, TraceOptions{Src: "blue/c", Dst: "blue/a", Port: 80}, VerdictDelivered,
 			[]string{"blue/a via node n1", "allowed by NetworkPolicy blue/web-80"}, 2},
 		{"policy-deny", np, TraceOptions{Src: "blue/c", Dst: "blue/a", Port: 81}, VerdictDropped,

@@ -47,6 +47,10 @@ type NodeState struct {
 	// GatewayMAC is tun0's MAC when known: packets routed to the gateway address get it as eth_dst, so
 	// the host takes them whatever MAC the sender had for its gateway.
 	GatewayMAC net.HardwareAddr
+	// TunnelPorts are the overlay's UDP ports, which no pod may send to outside the pod network
+	// (guard.go): ClusterNetwork.vxlanPort and, while a change of it has not reached this node's
+	// vxlan0 yet, the port vxlan0 was made with. Empty: DefaultTunnelPort.
+	TunnelPorts []uint16
 }
 
 // PodState is one local pod's network identity.
@@ -150,8 +154,9 @@ func (r *Renderer) Render(s NodeState) (owners map[reconcile.Owner]reconcile.Own
 		return nil, nil, fmt.Errorf("render: node %q has no subnet or node IP yet", s.NodeName)
 	}
 	out := map[reconcile.Owner]reconcile.OwnerState{
-		PipelineOwner: {Flows: renderPipeline(s)},
-		LocalOwner:    {Flows: renderLocal(s)},
+		PipelineOwner:    {Flows: renderPipeline(s)},
+		LocalOwner:       {Flows: renderLocal(s)},
+		TunnelGuardOwner: {Flows: renderTunnelGuard(s)},
 	}
 	failed = map[reconcile.Owner]error{}
 	vnids := map[uint32]bool{}
@@ -270,7 +275,9 @@ func RenderTenant(vnid uint32) []Flow {
 }
 
 // RenderRemoteNode renders another node: accept its tunnel traffic (tun_id carries the source VNID)
-// and, with an uplink port, its unencapsulated traffic (the source address gives the VNID); send IP and
+// from its subnet and its own address only (a node sends nothing else into the overlay, so a forgery
+// that got past the tunnel guard of guard.go cannot claim another node's pods) and, with an uplink
+// port, its unencapsulated traffic (the source address gives the VNID); send IP and
 // ARP for its subnet through the tunnel to it, or IP through the uplink port when it is direct
 // (uplink.go). In networkpolicy mode a connection routed there is committed to conntrack first: its
 // egress was allowed by then, and its replies must pass the policy tables.
@@ -284,8 +291,9 @@ func RenderRemoteNode(s NodeState, n RemoteNode) []Flow {
 	}
 	fromTunnel := Move{Src: Bits(FieldTunID, 0, 31), Dst: Whole(RegSrcVNID)}
 	out := []Flow{
-		F(TableTunnelIngress, 100, M(append(IP, TunSrc(n.NodeIP))...), fromTunnel, Goto{Table: TableConntrack}),
-		F(TableTunnelIngress, 100, M(append(ARP, TunSrc(n.NodeIP))...), fromTunnel, Goto{Table: TableARP}),
+		F(TableTunnelIngress, 100, M(append(IP, TunSrc(n.NodeIP), IPSrcNet(n.Subnet))...), fromTunnel, Goto{Table: TableConntrack}),
+		F(TableTunnelIngress, 100, M(append(IP, TunSrc(n.NodeIP), IPSrc(n.NodeIP))...), fromTunnel, Goto{Table: TableConntrack}),
+		F(TableTunnelIngress, 100, M(append(ARP, TunSrc(n.NodeIP), ARPSPANet(n.Subnet))...), fromTunnel, Goto{Table: TableARP}),
 		F(TableRouting, 100, M(append(IP, IPDstNet(n.Subnet))...), route...),
 		F(TableARP, 100, M(append(ARP, ARPTPANet(n.Subnet))...), Goto{Table: TableTunnelEgress}),
 		F(TableTunnelEgress, 100, M(append(IP, IPDstNet(n.Subnet))...), toTunnel()...),

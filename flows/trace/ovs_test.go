@@ -214,6 +214,21 @@ func TestOfflineAgreesWithOFProtoTrace(t *testing.T) {
 			pipeline.ModeNetworkPolicy: {dropAt: pipeline.TableIngressIsolation}}},
 		{"unknown tunnel peer", func() Packet { p := remoteIn(0, ipA, 80); p.TunSrc = outside; return p }(), netip.Addr{}, map[pipeline.Mode]want{
 			pipeline.ModeMultitenant: {dropAt: pipeline.TableTunnelIngress}}},
+		// The tunnel guard (pipeline/guard.go): no pod datagram to a tunnel port outside the pod network;
+		// a known peer's tunnel carries only its subnet's and its own addresses.
+		{"pod to a node's tunnel port", fromPod(4, ipB, peerIP, "udp", 4789), netip.Addr{}, map[pipeline.Mode]want{
+			pipeline.ModeMultitenant: {dropAt: pipeline.TableRouting}, pipeline.ModeSubnet: {dropAt: pipeline.TableRouting},
+			pipeline.ModeNetworkPolicy: {dropAt: pipeline.TableRouting}}},
+		{"pod to a remote gateway's tunnel port", fromPod(4, ipB, pipeline.Gateway(netip.MustParsePrefix("10.128.2.0/23")), "udp", 4789), netip.Addr{},
+			map[pipeline.Mode]want{pipeline.ModeMultitenant: {dropAt: pipeline.TableRouting}, pipeline.ModeNetworkPolicy: {dropAt: pipeline.TableRouting}}},
+		{"pod to a node's other port", fromPod(4, ipB, peerIP, "udp", 4790), netip.Addr{}, map[pipeline.Mode]want{
+			pipeline.ModeMultitenant: {out: 2, ipDst: peerIP, dstPort: 4790}, pipeline.ModeNetworkPolicy: {out: 2, ipDst: peerIP, dstPort: 4790}}},
+		{"tunnel from the peer with a third node's source", func() Packet {
+			p := remoteIn(0, ipG, 80)
+			p.IPSrc = netip.MustParseAddr("10.128.4.3")
+			return p
+		}(), netip.Addr{}, map[pipeline.Mode]want{pipeline.ModeMultitenant: {dropAt: pipeline.TableTunnelIngress},
+			pipeline.ModeNetworkPolicy: {dropAt: pipeline.TableTunnelIngress}}},
 	}
 	for _, mode := range []pipeline.Mode{pipeline.ModeMultitenant, pipeline.ModeSubnet, pipeline.ModeNetworkPolicy} {
 		t.Run(string(mode), func(t *testing.T) {
