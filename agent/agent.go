@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ofsdn/ofsdn/agent/k8sobj"
 	"github.com/ofsdn/ofsdn/agent/nodenet"
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
 	networkclient "github.com/ofsdn/ofsdn/client/clientset/versioned"
@@ -199,8 +200,8 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 		pendingDeletes: cni.PendingDeletesDirFor(cfg.CNISocket), absentGrace: cfg.AbsentPodGrace, bridgeUp: func() bool { return a.sess != nil && a.sess.Connected() }}
 
 	a.netInformers = networkinformers.NewSharedInformerFactory(deps.Net, 0)
-	// Every pod of the cluster (NetworkPolicy peers), trimmed to what the agent reads (trimForAgent).
-	a.kubeInformers = kubeinformers.NewSharedInformerFactoryWithOptions(deps.Kube, 0, kubeinformers.WithTransform(trimForAgent))
+	// Every pod of the cluster (NetworkPolicy peers), trimmed to what the agent reads (k8sobj.Trim).
+	a.kubeInformers = kubeinformers.NewSharedInformerFactoryWithOptions(deps.Kube, 0, kubeinformers.WithTransform(k8sobj.Trim))
 	// Restore asks it whether a restored attachment's pod still exists.
 	a.pods.apiPods = apiPods{cache: a.kubeInformers.Core().V1().Pods().Informer().GetStore(), client: deps.Kube.CoreV1(), nodeName: cfg.NodeName}
 	w := &watchNetwork{view: a.view, sync: a.fs, log: log}

@@ -13,6 +13,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/ofsdn/ofsdn/agent/ipam"
+	"github.com/ofsdn/ofsdn/agent/k8sobj"
 	"github.com/ofsdn/ofsdn/agent/podnet"
 	"github.com/ofsdn/ofsdn/cni"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
@@ -161,7 +162,7 @@ func (p *podNetwork) Add(ctx context.Context, req *cni.Request) (*current.Result
 	hostVeth := podnet.HostVethName(req.ContainerID, req.IfName)
 	defer func() {
 		if !ok {
-			if err := p.undo(context.WithoutCancel(ctx), attachment{req.ContainerID, req.IfName}, podKey(req.PodNamespace(), req.PodName())); err != nil {
+			if err := p.undo(context.WithoutCancel(ctx), attachment{req.ContainerID, req.IfName}, k8sobj.PodKey(req.PodNamespace(), req.PodName())); err != nil {
 				p.log.Error(err, "undoing a failed ADD", "containerID", req.ContainerID, "ifName", req.IfName)
 			}
 		}
@@ -191,7 +192,7 @@ func (p *podNetwork) Add(ctx context.Context, req *cni.Request) (*current.Result
 	}
 	attached := time.Now()
 	gen := p.view.update(func(v *nodeView) {
-		v.pods[podKey(req.PodNamespace(), req.PodName())] = localPod{Namespace: req.PodNamespace(), Name: req.PodName(),
+		v.pods[k8sobj.PodKey(req.PodNamespace(), req.PodName())] = localPod{Namespace: req.PodNamespace(), Name: req.PodName(),
 			SandboxID: req.ContainerID, IfName: req.IfName, NetNS: req.Netns, IP: ip, MAC: mac, OFPort: uint32(ofport), HostVeth: hostVeth}
 	})
 	if _, err := p.sync.syncThrough(ctx, gen, pipeline.PodOwner(req.PodNamespace(), req.PodName())); err != nil {
@@ -199,7 +200,7 @@ func (p *podNetwork) Add(ctx context.Context, req *cni.Request) (*current.Result
 	}
 	ok = true
 	// Where an ADD's time went, for whoever chases CNI latency.
-	p.log.V(2).Info("pod attached", "pod", podKey(req.PodNamespace(), req.PodName()), "ip", ip, "ofport", ofport,
+	p.log.V(2).Info("pod attached", "pod", k8sobj.PodKey(req.PodNamespace(), req.PodName()), "ip", ip, "ofport", ofport,
 		"total", time.Since(start), "ipam", allocated.Sub(start), "veth", wired.Sub(allocated), "ovsdb", attached.Sub(wired), "flows", time.Since(attached))
 	return p.result(req, hostVeth, mac, ip, subnet, gw, clusterNets, mtu), nil
 }
@@ -212,14 +213,14 @@ func (p *podNetwork) Add(ctx context.Context, req *cni.Request) (*current.Result
 func (p *podNetwork) repeatedAdd(ctx context.Context, req *cni.Request, store *ipam.Store, subnet netip.Prefix, gw netip.Addr,
 	clusterNets []netip.Prefix, mtu int) (*current.Result, bool, error) {
 	p.view.mu.Lock()
-	pod, inView := p.view.pods[podKey(req.PodNamespace(), req.PodName())]
+	pod, inView := p.view.pods[k8sobj.PodKey(req.PodNamespace(), req.PodName())]
 	p.view.mu.Unlock()
 	if !inView || pod.SandboxID != req.ContainerID {
 		return nil, false, nil
 	}
 	if pod.IfName != "" && pod.IfName != req.IfName {
 		return nil, true, cni.Errorf(cni.ErrInvalidEnv, "CNI_IFNAME=%s: sandbox %s of %s already has %s attached, and ofsdn attaches one interface per sandbox",
-			req.IfName, req.ContainerID, podKey(pod.Namespace, pod.Name), pod.IfName)
+			req.IfName, req.ContainerID, k8sobj.PodKey(pod.Namespace, pod.Name), pod.IfName)
 	}
 	if pod.NetNS != "" && pod.NetNS != req.Netns {
 		return nil, true, cni.Errorf(cni.ErrInvalidEnv, "CNI_NETNS=%s: sandbox %s's %s is attached in %s; DEL it before adding it elsewhere",
@@ -233,11 +234,11 @@ func (p *podNetwork) repeatedAdd(ctx context.Context, req *cni.Request, store *i
 		if ctx.Err() != nil {
 			return nil, true, cni.Errorf(cni.ErrTryAgainLater, "ADD %s: %v", req.ContainerID, ctx.Err())
 		}
-		p.log.Info("repeated ADD finds the attachment broken: rebuilding it", "containerID", req.ContainerID, "pod", podKey(pod.Namespace, pod.Name), "problem", err)
+		p.log.Info("repeated ADD finds the attachment broken: rebuilding it", "containerID", req.ContainerID, "pod", k8sobj.PodKey(pod.Namespace, pod.Name), "problem", err)
 		return nil, false, nil
 	}
 	p.log.Info("repeated ADD of an attached sandbox: answering with its result, unchanged", "containerID", req.ContainerID,
-		"pod", podKey(pod.Namespace, pod.Name), "ip", pod.IP)
+		"pod", k8sobj.PodKey(pod.Namespace, pod.Name), "ip", pod.IP)
 	return p.result(req, pod.HostVeth, pod.MAC, pod.IP, subnet, gw, clusterNets, mtu), true, nil
 }
 
@@ -365,10 +366,10 @@ func (p *podNetwork) release(ctx context.Context, a attachment) error {
 func (p *podNetwork) podKeyOf(a attachment, namespace, name string) string {
 	if store := p.currentStore(); store != nil {
 		if alloc, ok := store.Lookup(a.ContainerID, a.IfName); ok {
-			return podKey(alloc.PodNamespace, alloc.PodName)
+			return k8sobj.PodKey(alloc.PodNamespace, alloc.PodName)
 		}
 	}
-	return podKey(namespace, name)
+	return k8sobj.PodKey(namespace, name)
 }
 
 // Del implements cni.Handler: idempotent, and it succeeds when the netns is gone or the pod was never
@@ -462,8 +463,8 @@ func (p *podNetwork) GC(ctx context.Context, valid []cni.Attachment) error {
 		if keep[cni.Attachment{ContainerID: a.ContainerID, IfName: a.IfName}] {
 			continue
 		}
-		p.log.Info("GC: releasing a stale attachment", "containerID", a.ContainerID, "pod", podKey(a.PodNamespace, a.PodName), "ip", a.IP)
-		if err := p.undo(ctx, attachment{a.ContainerID, a.IfName}, podKey(a.PodNamespace, a.PodName)); err != nil {
+		p.log.Info("GC: releasing a stale attachment", "containerID", a.ContainerID, "pod", k8sobj.PodKey(a.PodNamespace, a.PodName), "ip", a.IP)
+		if err := p.undo(ctx, attachment{a.ContainerID, a.IfName}, k8sobj.PodKey(a.PodNamespace, a.PodName)); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/ofsdn/ofsdn/agent/ipam"
+	"github.com/ofsdn/ofsdn/agent/k8sobj"
 	"github.com/ofsdn/ofsdn/agent/podnet"
 	"github.com/ofsdn/ofsdn/cni"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
@@ -340,14 +341,14 @@ type fakePods struct {
 func (f *fakePods) Cached(namespace, name string) (string, string, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	uid, ok := f.cached[podKey(namespace, name)]
+	uid, ok := f.cached[k8sobj.PodKey(namespace, name)]
 	return uid, "", ok
 }
 
 func (f *fakePods) Get(_ context.Context, namespace, name string) podPresence {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if p, ok := f.api[podKey(namespace, name)]; ok {
+	if p, ok := f.api[k8sobj.PodKey(namespace, name)]; ok {
 		return p
 	}
 	return podPresence{}

@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/ofsdn/ofsdn/agent/k8sobj"
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
 	"github.com/ofsdn/ofsdn/debugapi"
 	"github.com/ofsdn/ofsdn/flows/openflow"
@@ -225,7 +226,7 @@ func (d debugBackend) Node(ctx context.Context) (*debugapi.NodeInfo, error) {
 		for _, p := range ports {
 			port := debugapi.Port{Name: p.Name, Type: p.Type, OFPort: p.OFPort, MAC: p.MAC, Error: p.Error}
 			if ns, name := p.ExternalIDs[extPodNamespace], p.ExternalIDs[extPodName]; ns != "" && name != "" {
-				port.Pod = podKey(ns, name)
+				port.Pod = k8sobj.PodKey(ns, name)
 			}
 			if ip, err := netip.ParseAddr(p.ExternalIDs[extIP]); err == nil {
 				port.IP = ip

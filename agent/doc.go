@@ -18,7 +18,7 @@
 //     pipeline.PolicyState for the policies that select a local pod, and the pods' isolation
 //     (networkpolicy mode); incremental, so one pod's change resolves only the policies it can affect.
 //     netpol_watch.go: their informers (pods cluster-wide, kept as compact agentPods by the informers'
-//     transform trimForAgent) and the Warning Events of policies enforced only in part.
+//     transform k8sobj.Trim) and the Warning Events of policies enforced only in part.
 //   - hostside.go: the node's own side through nodenet — routes, tun0, nf_tables SNAT, NodePort and
 //     hostPort forwards (of this node's pods, from the cluster-wide pod informer), HostPortConflict Events — and hostSync, the loop that carries synced states there
 //     (and flushes stale UDP conntrack, at start those conntrack holds against the first state, then

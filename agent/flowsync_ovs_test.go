@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ofsdn/ofsdn/agent/k8sobj"
 	"github.com/ofsdn/ofsdn/flows/openflow"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
 	"github.com/ofsdn/ofsdn/flows/reconcile"
@@ -47,7 +48,7 @@ func TestRefusedOwnerDoesNotStopTheNode(t *testing.T) {
 		p := b.Inst.AddPod(ofbridge.Name, fmt.Sprint("p", i), netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 128, 0, host}), 23), mac, 20+i)
 		pods = append(pods, p)
 		gen := v.update(func(v *nodeView) {
-			v.pods[podKey("a", p.Name)] = localPod{Namespace: "a", Name: p.Name, IP: p.IP.Addr(), MAC: mac, OFPort: uint32(p.OFPort)}
+			v.pods[k8sobj.PodKey("a", p.Name)] = localPod{Namespace: "a", Name: p.Name, IP: p.IP.Addr(), MAC: mac, OFPort: uint32(p.OFPort)}
 		})
 		if _, err := fs.syncThrough(ctx, gen, pipeline.PodOwner("a", p.Name)); err != nil {
 			t.Fatalf("pod %s: %v", p.Name, err)

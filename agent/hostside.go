@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ofsdn/ofsdn/agent/k8sobj"
 	"github.com/ofsdn/ofsdn/agent/nodenet"
 	"github.com/ofsdn/ofsdn/flows/openflow"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
@@ -98,11 +99,11 @@ type watchHostPorts struct {
 }
 
 func (w *watchHostPorts) pod(obj any, deleted bool) {
-	pod, ok := obj.(*agentPod)
+	pod, ok := obj.(*k8sobj.Pod)
 	if !ok {
 		return
 	}
-	key := podKey(pod.Namespace, pod.Name)
+	key := k8sobj.PodKey(pod.Namespace, pod.Name)
 	var ports []corev1.ContainerPort
 	// The informer holds every pod of the cluster: only this node's publish hostPorts here.
 	if !deleted && pod.NodeName == w.view.nodeName && pod.Phase != corev1.PodSucceeded && pod.Phase != corev1.PodFailed && !pod.HostNetwork {
@@ -160,7 +161,7 @@ func hostPortsOf(pods map[string]localPod, hp map[string]hostPortPod) ([]nodenet
 			continue
 		}
 		for _, p := range hp[key].ports {
-			proto, ok := protocolNumber(p.Protocol)
+			proto, ok := k8sobj.ProtocolNumber(p.Protocol)
 			if !ok || p.HostPort <= 0 || p.HostPort > 65535 || p.ContainerPort <= 0 || p.ContainerPort > 65535 {
 				continue
 			}

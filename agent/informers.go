@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 
+	"github.com/ofsdn/ofsdn/agent/k8sobj"
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
 	corev1 "k8s.io/api/core/v1"
@@ -156,11 +157,11 @@ type watchRemotePods struct {
 }
 
 func (w *watchRemotePods) pod(obj any, deleted bool) {
-	pod, ok := obj.(*agentPod)
+	pod, ok := obj.(*k8sobj.Pod)
 	if !ok {
 		return
 	}
-	key := podKey(pod.Namespace, pod.Name)
+	key := k8sobj.PodKey(pod.Namespace, pod.Name)
 	var rp remotePod
 	keep := !deleted && pod.NodeName != "" && pod.NodeName != w.view.nodeName && !pod.HostNetwork &&
 		pod.Phase != corev1.PodSucceeded && pod.Phase != corev1.PodFailed && len(pod.IPs) > 0

@@ -20,6 +20,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
+	"github.com/ofsdn/ofsdn/agent/k8sobj"
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
 	networkfake "github.com/ofsdn/ofsdn/client/clientset/versioned/fake"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
@@ -320,7 +321,7 @@ func TestHostSubnetHandler(t *testing.T) {
 // generation with it.
 func attach(a *Agent, namespace, name, ip string, ofport uint32) uint64 {
 	return a.view.update(func(v *nodeView) {
-		v.pods[podKey(namespace, name)] = localPod{Namespace: namespace, Name: name, IP: netip.MustParseAddr(ip),
+		v.pods[k8sobj.PodKey(namespace, name)] = localPod{Namespace: namespace, Name: name, IP: netip.MustParseAddr(ip),
 			MAC: net.HardwareAddr{0x0a, 0x58, 10, 128, 0, byte(ofport)}, OFPort: ofport}
 	})
 }

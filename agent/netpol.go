@@ -43,6 +43,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/ofsdn/ofsdn/agent/k8sobj"
 	"github.com/ofsdn/ofsdn/flows/openflow"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
 	corev1 "k8s.io/api/core/v1"
@@ -64,7 +65,7 @@ type policyPod struct {
 	NamedPorts  []pipeline.NamedPort // its containers' named ports, sorted
 }
 
-func (p *policyPod) key() string { return podKey(p.Namespace, p.Name) }
+func (p *policyPod) key() string { return k8sobj.PodKey(p.Namespace, p.Name) }
 
 func (p *policyPod) equal(q *policyPod) bool {
 	return p.Namespace == q.Namespace && p.Name == q.Name && p.Node == q.Node && p.HostNetwork == q.HostNetwork &&
@@ -81,7 +82,7 @@ func (p *policyPod) hasNamed(k namedPortKey) bool {
 }
 
 // policyPodOf converts a pod as the informer keeps it.
-func policyPodOf(pod *agentPod) *policyPod {
+func policyPodOf(pod *k8sobj.Pod) *policyPod {
 	p := &policyPod{Namespace: pod.Namespace, Name: pod.Name, Labels: pod.Labels, Node: pod.NodeName,
 		HostNetwork: pod.HostNetwork, Terminal: pod.Phase == corev1.PodSucceeded || pod.Phase == corev1.PodFailed}
 	for _, ip := range pod.IPs {
@@ -90,7 +91,7 @@ func policyPodOf(pod *agentPod) *policyPod {
 		}
 	}
 	for _, cp := range pod.Ports {
-		proto, ok := protocolNumber(cp.Protocol)
+		proto, ok := k8sobj.ProtocolNumber(cp.Protocol)
 		if cp.Name == "" || !ok || cp.ContainerPort <= 0 || cp.ContainerPort > 65535 {
 			continue
 		}
@@ -303,7 +304,7 @@ func (p *parsedPolicy) parsePort(field string, port networkingv1.NetworkPolicyPo
 	if port.Protocol != nil && *port.Protocol != "" {
 		proto = *port.Protocol
 	}
-	num, ok := protocolNumber(proto)
+	num, ok := k8sobj.ProtocolNumber(proto)
 	if !ok {
 		p.problem(ReasonPolicyNotFullyEnforced, "%s: protocol %q is not TCP, UDP or SCTP: the port is left out", field, proto)
 		return pipeline.PolicyPort{}, false

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ofsdn/ofsdn/agent/k8sobj"
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
 	"github.com/ofsdn/ofsdn/flows/openflow"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
@@ -287,17 +288,17 @@ func TestTrimForAgent(t *testing.T) {
 		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.128.0.10", PodIPs: []corev1.PodIP{{IP: "10.128.0.10"}},
 			Conditions: []corev1.PodCondition{{Type: corev1.PodReady}}, ContainerStatuses: []corev1.ContainerStatus{{Name: "c"}}},
 	}
-	want := &agentPod{
+	want := &k8sobj.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "x", Name: "a", UID: "u1", ResourceVersion: "7", Labels: lbl("app", "a"), CreationTimestamp: metav1.Unix(100, 0)},
 		NodeName:   "n1", HostNetwork: true, Phase: corev1.PodRunning, IPs: []string{"10.128.0.10"},
 		Ports: []corev1.ContainerPort{{Name: "http", Protocol: corev1.ProtocolTCP, ContainerPort: 80, HostPort: 8080, HostIP: "192.0.2.11"}},
 	}
-	got, err := trimForAgent(pod)
+	got, err := k8sobj.Trim(pod)
 	if err != nil {
 		t.Fatal(err)
 	}
-	again, _ := trimForAgent(got)
-	for _, g := range []any{got, again, got.(*agentPod).DeepCopyObject()} {
+	again, _ := k8sobj.Trim(got)
+	for _, g := range []any{got, again, got.(*k8sobj.Pod).DeepCopyObject()} {
 		if !equalObjects(g, want) {
 			t.Errorf("trimmed pod\n%+v\nwant\n%+v", g, want)
 		}
@@ -305,7 +306,7 @@ func TestTrimForAgent(t *testing.T) {
 	np := policy("x", "p", nil, nil)
 	np.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "kubectl"}}
 	np.Annotations = map[string]string{corev1.LastAppliedConfigAnnotation: "{...}", "keep": "1"}
-	out, _ := trimForAgent(np)
+	out, _ := k8sobj.Trim(np)
 	if p := out.(*networkingv1.NetworkPolicy); p.ManagedFields != nil || len(p.Annotations) != 1 {
 		t.Errorf("policy keeps managedFields %v and annotations %v", p.ManagedFields, p.Annotations)
 	}
@@ -318,7 +319,7 @@ func equalObjects(a, b any) bool { return fmt.Sprintf("%#v", a) == fmt.Sprintf("
 // elsewhere, or unknown, is left to the API server.
 func TestRestoreLooksUpPodsInTheAgentPodCache(t *testing.T) {
 	here := apiPod("x", "here", "n1", "10.128.0.10", nil)
-	here.UID, here.Annotations = "uid-here", map[string]string{mirrorAnnotation: "uid-static"}
+	here.UID, here.Annotations = "uid-here", map[string]string{k8sobj.MirrorAnnotation: "uid-static"}
 	there := apiPod("x", "there", "n2", "10.128.2.10", nil)
 	pa := newPolicyAgent(t, networkv1.PluginModeSubnet, apiNamespace("x", nil), here, there)
 	if uid, mirror, ok := pa.pods.apiPods.Cached("x", "here"); !ok || uid != "uid-here" || mirror != "uid-static" {

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ofsdn/ofsdn/agent/k8sobj"
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
 	"github.com/ofsdn/ofsdn/internal/ofbridge"
 	corev1 "k8s.io/api/core/v1"
@@ -93,7 +94,7 @@ func BenchmarkPolicyPodRelabel(b *testing.B) {
 						next.Labels = lbl("app", "a3", "role", pod.Labels["role"])
 					}
 					t0 := time.Now()
-					handler(agentPodOf(next), false)
+					handler(k8sobj.PodOf(next), false)
 					st, err := pa.fs.syncThrough(ctx, pa.view.update(func(*nodeView) {}))
 					if err != nil {
 						b.Fatal(err)

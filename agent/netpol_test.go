@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ofsdn/ofsdn/agent/k8sobj"
 	. "github.com/ofsdn/ofsdn/flows/openflow"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
 	corev1 "k8s.io/api/core/v1"
@@ -104,9 +105,9 @@ func newTestIndex(pods []tpod, policies ...*networkingv1.NetworkPolicy) *policyI
 	}
 	local := map[string]localPod{}
 	for _, p := range pods {
-		x.setPod(podKey(p.ns, p.name), policyPodOf(agentPodOf(p.api())))
+		x.setPod(k8sobj.PodKey(p.ns, p.name), policyPodOf(k8sobj.PodOf(p.api())))
 		if att, ok := p.attachment(); ok {
-			local[podKey(p.ns, p.name)] = att
+			local[k8sobj.PodKey(p.ns, p.name)] = att
 		}
 	}
 	for _, np := range policies {
@@ -361,7 +362,7 @@ func (w *world) fromScratch() ([]pipeline.PolicyState, map[string][]policyProble
 		x.setNamespace(ns, l, false)
 	}
 	for k, p := range w.pods {
-		x.setPod(k, policyPodOf(agentPodOf(p.api())))
+		x.setPod(k, policyPodOf(k8sobj.PodOf(p.api())))
 	}
 	for k, np := range w.policies {
 		x.setPolicy(k, np)
@@ -441,7 +442,7 @@ func TestIncrementalResolutionMatchesFromScratch(t *testing.T) {
 			ns := namespaces[r.IntN(3)]
 			n := r.IntN(12)
 			name := fmt.Sprint("p", n)
-			key := podKey(ns, name)
+			key := k8sobj.PodKey(ns, name)
 			if _, ok := w.pods[key]; ok && r.IntN(5) == 0 {
 				delete(w.pods, key)
 				x.setPod(key, nil)
@@ -470,7 +471,7 @@ func TestIncrementalResolutionMatchesFromScratch(t *testing.T) {
 				p.ports = []corev1.ContainerPort{named(pick("http", "metrics"), corev1.ProtocolTCP, int32(8000+r.IntN(3)))}
 			}
 			w.pods[key] = p
-			x.setPod(key, policyPodOf(agentPodOf(p.api())))
+			x.setPod(key, policyPodOf(k8sobj.PodOf(p.api())))
 			what = fmt.Sprintf("set pod %+v", p)
 		case op < 6: // a policy comes, changes or goes
 			ns := namespaces[r.IntN(3)]
@@ -517,8 +518,8 @@ func TestIncrementalResolutionMatchesFromScratch(t *testing.T) {
 					p.localIP = "10.128.0.250"
 				}
 			}
-			w.pods[podKey(p.ns, p.name)] = p
-			what = fmt.Sprintf("attachment of %s: ofport %d", podKey(p.ns, p.name), p.ofport)
+			w.pods[k8sobj.PodKey(p.ns, p.name)] = p
+			what = fmt.Sprintf("attachment of %s: ofport %d", k8sobj.PodKey(p.ns, p.name), p.ofport)
 		default: // n2's address changes (its hostNetwork pods are its addresses)
 			w.nodeAddrs = map[string][]netip.Addr{"n1": w.nodeAddrs["n1"],
 				"n2": {netip.AddrFrom4([4]byte{192, 0, 2, byte(12 + r.IntN(3))}), netip.MustParseAddr("10.128.2.1")}}
@@ -582,7 +583,7 @@ func TestPodChangeMarksOnlyPoliciesItAlters(t *testing.T) {
 		{"into another", tpod{ns: c.ns, name: c.name, node: c.node, ip: c.ip, labels: lbl("app", "z", "role", "db"), ports: c.ports}, []string{"x/from-db"}},
 		{"a new address", tpod{ns: c.ns, name: c.name, node: c.node, ip: "10.128.2.99", labels: lbl("app", "z", "role", "db"), ports: c.ports}, []string{"x/from-db", "y/from-team-a"}},
 	} {
-		x.setPod(podKey(c.ns, c.name), policyPodOf(agentPodOf(step.pod.api())))
+		x.setPod(k8sobj.PodKey(c.ns, c.name), policyPodOf(k8sobj.PodOf(step.pod.api())))
 		if got := dirty(); !slices.Equal(got, step.want) {
 			t.Errorf("%s: marked %v, want %v", step.what, got, step.want)
 		}

@@ -4,11 +4,10 @@ import (
 	"cmp"
 	"slices"
 
+	"github.com/ofsdn/ofsdn/agent/k8sobj"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
@@ -34,7 +33,7 @@ func (w *watchPolicies) changed(f func(v *nodeView) bool) {
 }
 
 func (w *watchPolicies) pod(obj any, deleted bool) {
-	pod, ok := obj.(*agentPod)
+	pod, ok := obj.(*k8sobj.Pod)
 	if !ok {
 		return
 	}
@@ -42,7 +41,7 @@ func (w *watchPolicies) pod(obj any, deleted bool) {
 	if !deleted {
 		p = policyPodOf(pod)
 	}
-	w.changed(func(v *nodeView) bool { return v.netpol.setPod(podKey(pod.Namespace, pod.Name), p) })
+	w.changed(func(v *nodeView) bool { return v.netpol.setPod(k8sobj.PodKey(pod.Namespace, pod.Name), p) })
 }
 
 func (w *watchPolicies) namespace(obj any, deleted bool) {
@@ -66,75 +65,6 @@ func (w *watchPolicies) networkPolicy(obj any, deleted bool) {
 		v.netpol.setPolicy(key, np)
 		return true
 	})
-}
-
-// trimForAgent is the transform of the agent's Kubernetes informers: their caches keep only what the
-// agent reads, so that every pod of the cluster fits in its memory budget. Pods become agentPods
-// (identity, labels, node, hostNetwork, container ports, phase and addresses); namespaces keep their
-// labels; every other object loses its managedFields and kubectl's last-applied copy of itself.
-// Idempotent, as client-go asks.
-func trimForAgent(obj any) (any, error) {
-	switch o := obj.(type) {
-	case *corev1.Pod:
-		return agentPodOf(o), nil
-	case *corev1.Namespace:
-		return &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: o.Name, UID: o.UID, ResourceVersion: o.ResourceVersion,
-			Labels: o.Labels, CreationTimestamp: o.CreationTimestamp, DeletionTimestamp: o.DeletionTimestamp}}, nil
-	case metav1.Object:
-		o.SetManagedFields(nil)
-		if a := o.GetAnnotations(); a[corev1.LastAppliedConfigAnnotation] != "" {
-			delete(a, corev1.LastAppliedConfigAnnotation)
-		}
-	}
-	return obj, nil
-}
-
-// agentPod is what the agent's pod informer keeps of a Pod: about a third of a corev1.Pod's memory
-// (whose structs alone take 1.5 KB), for every pod of the cluster.
-type agentPod struct {
-	metav1.TypeMeta
-	// Name, namespace, UID, resourceVersion, labels, creation and deletion timestamps.
-	metav1.ObjectMeta
-	NodeName    string
-	HostNetwork bool
-	Phase       corev1.PodPhase
-	IPs         []string // status.podIPs (status.podIP when the list is empty)
-	// Ports are its containers' ports: name, protocol, containerPort, hostPort, hostIP.
-	Ports []corev1.ContainerPort
-}
-
-// DeepCopyObject makes agentPod a runtime.Object, as an informer's cache wants.
-func (p *agentPod) DeepCopyObject() runtime.Object {
-	c := *p
-	p.ObjectMeta.DeepCopyInto(&c.ObjectMeta)
-	c.IPs = slices.Clone(p.IPs)
-	c.Ports = slices.Clone(p.Ports)
-	return &c
-}
-
-// agentPodOf keeps of a pod what hostPorts and NetworkPolicy need.
-func agentPodOf(p *corev1.Pod) *agentPod {
-	out := &agentPod{
-		ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, UID: p.UID, ResourceVersion: p.ResourceVersion,
-			Labels: p.Labels, CreationTimestamp: p.CreationTimestamp, DeletionTimestamp: p.DeletionTimestamp},
-		NodeName: p.Spec.NodeName, HostNetwork: p.Spec.HostNetwork, Phase: p.Status.Phase,
-	}
-	for _, ip := range p.Status.PodIPs {
-		out.IPs = append(out.IPs, ip.IP)
-	}
-	if len(out.IPs) == 0 && p.Status.PodIP != "" {
-		out.IPs = []string{p.Status.PodIP}
-	}
-	for _, c := range p.Spec.Containers {
-		for _, cp := range c.Ports {
-			out.Ports = append(out.Ports, corev1.ContainerPort{Name: cp.Name, Protocol: cp.Protocol, ContainerPort: cp.ContainerPort,
-				HostPort: cp.HostPort, HostIP: cp.HostIP})
-		}
-	}
-	if m := p.Annotations[mirrorAnnotation]; m != "" {
-		out.Annotations = map[string]string{mirrorAnnotation: m} // restore asks whether a static pod's mirror is its pod
-	}
-	return out
 }
 
 // policyProblemReporter tells each problem of a policy once: a log line and a Warning Event on the

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ofsdn/ofsdn/agent/ipam"
+	"github.com/ofsdn/ofsdn/agent/k8sobj"
 	"github.com/ofsdn/ofsdn/agent/podnet"
 	"github.com/ofsdn/ofsdn/cni"
 	"github.com/ofsdn/ofsdn/ovsdb"
@@ -117,9 +118,6 @@ type podPresence struct {
 	Err      error // no answer: nothing can be concluded
 }
 
-// mirrorAnnotation is kubelet's annotation on a static pod's mirror: the static pod's UID.
-const mirrorAnnotation = "kubernetes.io/config.mirror"
-
 // DefaultAbsentPodGrace is how long after its ADD a pod may be missing from the API before its
 // attachment is released (Config.AbsentPodGrace): kubelet creates a static pod's mirror only after the
 // pod runs.
@@ -128,7 +126,7 @@ const DefaultAbsentPodGrace = 2 * time.Minute
 // apiDecision judges an attachment the node still holds by its pod in the API; absentGrace is how
 // long after its ADD a pod may be missing.
 func apiDecision(rec recorded, node string, p podPresence, now time.Time, absentGrace time.Duration) decision {
-	key := podKey(rec.Namespace, rec.Name)
+	key := k8sobj.PodKey(rec.Namespace, rec.Name)
 	switch {
 	case p.Err != nil:
 		return decision{undecided, fmt.Sprintf("the API server could not confirm pod %s: %v", key, p.Err)}
@@ -151,7 +149,7 @@ func supersede(facts map[attachment]*restoredFacts, decisions map[attachment]dec
 	for a, d := range decisions {
 		if d.verdict != release {
 			rec := recordedOn(facts[a].Port)
-			byPod[podKey(rec.Namespace, rec.Name)] = append(byPod[podKey(rec.Namespace, rec.Name)], a)
+			byPod[k8sobj.PodKey(rec.Namespace, rec.Name)] = append(byPod[k8sobj.PodKey(rec.Namespace, rec.Name)], a)
 		}
 	}
 	for _, as := range byPod {
@@ -190,12 +188,12 @@ type apiPods struct {
 }
 
 func (a apiPods) Cached(namespace, name string) (string, string, bool) {
-	obj, found, err := a.cache.GetByKey(podKey(namespace, name))
-	pod, ok := obj.(*agentPod)
+	obj, found, err := a.cache.GetByKey(k8sobj.PodKey(namespace, name))
+	pod, ok := obj.(*k8sobj.Pod)
 	if err != nil || !found || !ok || pod.NodeName != a.nodeName {
 		return "", "", false // the informer holds the whole cluster: a pod elsewhere is a question for the API server
 	}
-	return string(pod.UID), pod.Annotations[mirrorAnnotation], true
+	return string(pod.UID), pod.Annotations[k8sobj.MirrorAnnotation], true
 }
 
 func (a apiPods) Get(ctx context.Context, namespace, name string) podPresence {
@@ -208,7 +206,7 @@ func (a apiPods) Get(ctx context.Context, namespace, name string) podPresence {
 	case err != nil:
 		return podPresence{Err: err}
 	}
-	return podPresence{Found: true, UID: string(pod.UID), NodeName: pod.Spec.NodeName, MirrorOf: pod.Annotations[mirrorAnnotation]}
+	return podPresence{Found: true, UID: string(pod.UID), NodeName: pod.Spec.NodeName, MirrorOf: pod.Annotations[k8sobj.MirrorAnnotation]}
 }
 
 // presence asks about a restored attachment's pod: the cache when it agrees, else the API server.
@@ -305,7 +303,7 @@ func (p *podNetwork) restore(ctx context.Context) error {
 			p.setUnsure(a, unsureAttachment{facts: *f, reason: d.reason})
 		}
 		p.view.update(func(v *nodeView) {
-			v.pods[podKey(rec.Namespace, rec.Name)] = localPod{Namespace: rec.Namespace, Name: rec.Name, SandboxID: a.ContainerID,
+			v.pods[k8sobj.PodKey(rec.Namespace, rec.Name)] = localPod{Namespace: rec.Namespace, Name: rec.Name, SandboxID: a.ContainerID,
 				IfName: a.IfName, NetNS: rec.NetNS, IP: f.Alloc.IP, MAC: rec.MAC, OFPort: uint32(f.Port.OFPort), HostVeth: f.Port.Name}
 		})
 	}
@@ -372,7 +370,7 @@ func (p *podNetwork) servePendingDelete(ctx context.Context, a attachment) error
 		return err
 	}
 	p.log.Info("serving a DEL left while the agent was away", "containerID", d.ContainerID, "ifName", d.IfName,
-		"pod", podKey(d.PodNamespace(), d.PodName()), "left", d.Written, "reason", d.Reason)
+		"pod", k8sobj.PodKey(d.PodNamespace(), d.PodName()), "left", d.Written, "reason", d.Reason)
 	if err := p.undo(ctx, a, p.podKeyOf(a, d.PodNamespace(), d.PodName())); err != nil {
 		return err
 	}
@@ -434,7 +432,7 @@ func (p *podNetwork) janitorPass(ctx context.Context) {
 // sandbox since restore settles it too.
 func (p *podNetwork) settle(ctx context.Context, a attachment, u unsureAttachment) bool {
 	rec := recordedOn(u.facts.Port)
-	key := podKey(rec.Namespace, rec.Name)
+	key := k8sobj.PodKey(rec.Namespace, rec.Name)
 	p.view.mu.Lock()
 	pod, inView := p.view.pods[key]
 	p.view.mu.Unlock()

@@ -5,7 +5,7 @@ import (
 	"net/netip"
 	"slices"
 
-	"github.com/ofsdn/ofsdn/flows/openflow"
+	"github.com/ofsdn/ofsdn/agent/k8sobj"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -135,7 +135,7 @@ func serviceState(svc *corev1.Service, endpointSlices []*discoveryv1.EndpointSli
 	st.InternalLocal = svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal
 	vnid := vnids[svc.Namespace]
 	for _, sp := range svc.Spec.Ports {
-		proto, ok := protocolNumber(sp.Protocol)
+		proto, ok := k8sobj.ProtocolNumber(sp.Protocol)
 		if !ok || sp.Port <= 0 || sp.Port > 65535 {
 			continue
 		}
@@ -193,18 +193,6 @@ func slicePort(es *discoveryv1.EndpointSlice, sp corev1.ServicePort) (uint16, bo
 		if name == sp.Name && proto == sp.Protocol && p.Port != nil && *p.Port > 0 && *p.Port <= 65535 {
 			return uint16(*p.Port), true
 		}
-	}
-	return 0, false
-}
-
-func protocolNumber(p corev1.Protocol) (uint8, bool) {
-	switch p {
-	case corev1.ProtocolTCP, "":
-		return openflow.IPProtoTCP, true
-	case corev1.ProtocolUDP:
-		return openflow.IPProtoUDP, true
-	case corev1.ProtocolSCTP:
-		return openflow.IPProtoSCTP, true
 	}
 	return 0, false
 }

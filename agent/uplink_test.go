@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ofsdn/ofsdn/agent/k8sobj"
 	"github.com/ofsdn/ofsdn/agent/nodenet"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
 	corev1 "k8s.io/api/core/v1"
@@ -200,21 +201,21 @@ func TestRemotePodsInSnapshot(t *testing.T) {
 	v.remote["n2"] = pipeline.RemoteNode{Name: "n2", NodeIP: netip.MustParseAddr("192.0.2.12"), Subnet: netip.MustParsePrefix("10.128.2.0/23")}
 	v.vnids = map[string]uint32{"a": 20, "default": 0}
 	w := &watchRemotePods{view: v, sync: newFlowSync(v, nil, klog.Background())}
-	pod := func(ns, name, node, ip string, mod func(*agentPod)) *agentPod {
-		p := &agentPod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, NodeName: node, IPs: []string{ip}, Phase: corev1.PodRunning}
+	pod := func(ns, name, node, ip string, mod func(*k8sobj.Pod)) *k8sobj.Pod {
+		p := &k8sobj.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, NodeName: node, IPs: []string{ip}, Phase: corev1.PodRunning}
 		if mod != nil {
 			mod(p)
 		}
 		return p
 	}
-	for _, p := range []*agentPod{
+	for _, p := range []*k8sobj.Pod{
 		pod("a", "x", "n2", "10.128.2.5", nil),
 		pod("default", "y", "n2", "10.128.2.3", nil),
 		pod("novnid", "z", "n2", "10.128.2.9", nil),
 		pod("a", "local", "n1", "10.128.0.5", nil),
-		pod("a", "host", "n2", "192.0.2.12", func(p *agentPod) { p.HostNetwork = true }),
-		pod("a", "done", "n2", "10.128.2.7", func(p *agentPod) { p.Phase = corev1.PodSucceeded }),
-		pod("a", "pending", "n2", "", func(p *agentPod) { p.IPs = nil }),
+		pod("a", "host", "n2", "192.0.2.12", func(p *k8sobj.Pod) { p.HostNetwork = true }),
+		pod("a", "done", "n2", "10.128.2.7", func(p *k8sobj.Pod) { p.Phase = corev1.PodSucceeded }),
+		pod("a", "pending", "n2", "", func(p *k8sobj.Pod) { p.IPs = nil }),
 	} {
 		w.pod(p, false)
 	}

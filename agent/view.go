@@ -9,6 +9,7 @@ import (
 	"sort"
 	"sync"
 
+	"github.com/ofsdn/ofsdn/agent/k8sobj"
 	"github.com/ofsdn/ofsdn/agent/nodenet"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
 	corev1 "k8s.io/api/core/v1"
@@ -26,8 +27,6 @@ type localPod struct {
 	OFPort          uint32
 	HostVeth        string
 }
-
-func podKey(namespace, name string) string { return namespace + "/" + name }
 
 // nodeView is the agent's picture of everything its flows depend on. Informer handlers and the CNI
 // server write it; flowSync reads consistent snapshots of it.
@@ -175,7 +174,7 @@ func (v *nodeView) snapshot() (st pipeline.NodeState, pending []string, generati
 	for _, p := range v.pods {
 		vnid, ok := v.vnids[p.Namespace]
 		if !ok {
-			pending = append(pending, podKey(p.Namespace, p.Name))
+			pending = append(pending, k8sobj.PodKey(p.Namespace, p.Name))
 			continue
 		}
 		if v.mode != pipeline.ModeMultitenant {
