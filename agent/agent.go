@@ -14,6 +14,7 @@ import (
 
 	"github.com/ofsdn/ofsdn/agent/k8sobj"
 	"github.com/ofsdn/ofsdn/agent/nodenet"
+	"github.com/ofsdn/ofsdn/agent/policy"
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
 	networkclient "github.com/ofsdn/ofsdn/client/clientset/versioned"
 	networkinformers "github.com/ofsdn/ofsdn/client/informers/externalversions"
@@ -218,29 +219,29 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 		w.uplink = a.uplink
 	}
 	ws := &watchServices{view: a.view, sync: a.fs, log: log.WithName("services")}
-	wp := &watchPolicies{view: a.view, sync: a.fs}
+	policyPods, policyNamespaces, policies := (&watchPolicies{view: a.view, sync: a.fs}).handlers()
 	net := a.netInformers.Network().V1()
 	pods := a.kubeInformers.Core().V1().Pods().Informer()
 	for _, h := range []struct {
 		informer cache.SharedIndexInformer
-		handle   func(obj any, deleted bool)
+		handlers cache.ResourceEventHandlerFuncs
 	}{
-		{net.ClusterNetworks().Informer(), w.clusterNetwork},
-		{net.HostSubnets().Informer(), w.hostSubnet},
-		{net.NetNamespaces().Informer(), w.netNamespace},
+		{net.ClusterNetworks().Informer(), handlers(w.clusterNetwork)},
+		{net.HostSubnets().Informer(), handlers(w.hostSubnet)},
+		{net.NetNamespaces().Informer(), handlers(w.netNamespace)},
 		// Services and their endpoints: br0 load-balances them, no kube-proxy needed.
-		{a.kubeInformers.Core().V1().Services().Informer(), ws.service},
-		{a.kubeInformers.Discovery().V1().EndpointSlices().Informer(), ws.endpointSlice},
+		{a.kubeInformers.Core().V1().Services().Informer(), handlers(ws.service)},
+		{a.kubeInformers.Discovery().V1().EndpointSlices().Informer(), handlers(ws.endpointSlice)},
 		// The pods bound to this node: their hostPorts.
-		{pods, (&watchHostPorts{view: a.view, sync: a.fs}).pod},
+		{pods, handlers((&watchHostPorts{view: a.view, sync: a.fs}).pod)},
 		// NetworkPolicies and what their selectors select (every mode; enforced in networkpolicy mode).
-		{pods, wp.pod},
+		{pods, policyPods},
 		// Other nodes' pods: the source VNID of what arrives unencapsulated (encapsulation none).
-		{pods, (&watchRemotePods{view: a.view, sync: a.fs}).pod},
-		{a.kubeInformers.Core().V1().Namespaces().Informer(), wp.namespace},
-		{a.kubeInformers.Networking().V1().NetworkPolicies().Informer(), wp.networkPolicy},
+		{pods, handlers((&watchRemotePods{view: a.view, sync: a.fs}).pod)},
+		{a.kubeInformers.Core().V1().Namespaces().Informer(), policyNamespaces},
+		{a.kubeInformers.Networking().V1().NetworkPolicies().Informer(), policies},
 	} {
-		reg, err := h.informer.AddEventHandler(handlers(h.handle))
+		reg, err := h.informer.AddEventHandler(h.handlers)
 		if err != nil {
 			return nil, fmt.Errorf("agent: %w", err)
 		}
@@ -505,8 +506,8 @@ func (a *Agent) serveCNI(ctx context.Context) error {
 
 // applyHost carries a synced state to the host: conntrack flushes, forwards, hostPort conflicts; and
 // reports the NetworkPolicy problems the sync found.
-func (a *Agent) applyHost(ctx context.Context, st pipeline.NodeState, stale []openflow.ConntrackFlush) error {
-	a.policyProblems.report(a.view.problemsOfPolicies())
+func (a *Agent) applyHost(ctx context.Context, st pipeline.NodeState, problems map[string][]policy.Problem, stale []openflow.ConntrackFlush) error {
+	a.policyProblems.report(problems)
 	// UDP and SCTP entries towards endpoints a service no longer uses would keep their clients on
 	// them: flush them in br0's service zone.
 	if len(stale) > 0 && a.sess != nil {

@@ -176,7 +176,10 @@ func (d debugBackend) Node(ctx context.Context) (*debugapi.NodeInfo, error) {
 	if err := a.view.ready(); err != nil {
 		return nil, fmt.Errorf("%w: %v", debugapi.ErrUnavailable, err)
 	}
-	st, _, _ := a.view.snapshot()
+	st := a.view.snapshot().state
+	if last, ok := a.fs.lastSynced(); ok {
+		st = last.state // what br0 holds, policies resolved
+	}
 	info := &debugapi.NodeInfo{Name: st.NodeName, Bridge: a.cfg.Bridge, NodeIP: st.NodeIP, Subnet: st.LocalSubnet,
 		Gateway: pipeline.Gateway(st.LocalSubnet), Mode: string(st.Mode), ClusterNetworks: st.ClusterNetworks,
 		Round: a.round, PipelineVersion: pipeline.PipelineVersion, NodePortAddress: pipeline.ServiceNodePortIP,

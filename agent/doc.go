@@ -14,11 +14,13 @@
 //   - informers.go: ClusterNetwork, HostSubnets and NetNamespaces into the view.
 //   - services.go: Services and EndpointSlices into pipeline.ServiceState (with a conversion cache, so
 //     one endpoint change converts one service).
-//   - netpol.go: NetworkPolicy resolution — policies, every pod of the cluster and namespaces into
-//     pipeline.PolicyState for the policies that select a local pod, and the pods' isolation
-//     (networkpolicy mode); incremental, so one pod's change resolves only the policies it can affect.
-//     netpol_watch.go: their informers (pods cluster-wide, kept as compact agentPods by the informers'
-//     transform k8sobj.Trim) and the Warning Events of policies enforced only in part.
+//   - policy/ (its own package): NetworkPolicy resolution — policies, every pod of the cluster and
+//     namespaces into pipeline.PolicyState for the policies that select a local pod, and the pods'
+//     isolation; incremental, so one pod's change resolves only the policies it can affect. The flow
+//     loop owns its index and resolves there, outside the view's lock (networkpolicy mode).
+//     netpol_watch.go: their informers (pods cluster-wide, kept as compact k8sobj.Pods by the informers'
+//     transform k8sobj.Trim) filing changes in the view, and the Warning Events of policies enforced
+//     only in part.
 //   - hostside.go: the node's own side through nodenet — routes, tun0, nf_tables SNAT, NodePort and
 //     hostPort forwards (of this node's pods, from the cluster-wide pod informer), HostPortConflict Events — and hostSync, the loop that carries synced states there
 //     (and flushes stale UDP conntrack, at start those conntrack holds against the first state, then

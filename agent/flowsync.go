@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"reflect"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/ofsdn/ofsdn/agent/policy"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
 	"github.com/ofsdn/ofsdn/flows/reconcile"
 	"k8s.io/klog/v2"
@@ -25,7 +27,11 @@ type flowSync struct {
 	view     *nodeView
 	r        *reconcile.Reconciler
 	renderer pipeline.Renderer // remembers each service's render: one endpoint change renders one service
-	log      klog.Logger
+	// policies resolves NetworkPolicy from what the informers saw, here, outside the view's lock.
+	policies *policy.Index
+	// last is the last state synced and the policy problems found with it (the debug API reads it).
+	last atomic.Pointer[syncedState]
+	log  klog.Logger
 	// applied is what the reconciler accepted for each owner: a render equal to it needs nothing.
 	applied map[reconcile.Owner]reconcile.OwnerState
 	// failing are owners whose latest render could not be installed.
@@ -68,8 +74,14 @@ const (
 	ownerRetryMax = 5 * time.Minute
 )
 
+// syncedState is a state the flow loop synced, with its policies' problems.
+type syncedState struct {
+	state    pipeline.NodeState
+	problems map[string][]policy.Problem
+}
+
 func newFlowSync(view *nodeView, r *reconcile.Reconciler, log klog.Logger) *flowSync {
-	return &flowSync{view: view, r: r, log: log.WithName("flowsync"),
+	return &flowSync{view: view, r: r, log: log.WithName("flowsync"), policies: policy.NewIndex(view.nodeName),
 		applied: map[reconcile.Owner]reconcile.OwnerState{}, failing: map[reconcile.Owner]*ownerFailure{},
 		kick: make(chan struct{}, 1), resyncWanted: make(chan resyncRequest, 1), ping: make(chan chan struct{}, 1), clock: time.Now}
 }
@@ -116,7 +128,9 @@ func (f *flowSync) syncLocked(ctx context.Context) (reconcile.SyncStats, error) 
 		return reconcile.SyncStats{}, err
 	}
 	start := f.clock()
-	st, pending, gen := f.view.snapshot()
+	snap := f.view.takeSnapshot()
+	st, gen := snap.state, snap.generation
+	problems := f.resolvePolicies(&st, snap.policies)
 	owners, renderFailed, err := f.renderer.Render(st)
 	if err != nil {
 		return reconcile.SyncStats{}, err
@@ -178,11 +192,12 @@ func (f *flowSync) syncLocked(ctx context.Context) (reconcile.SyncStats, error) 
 	if f.metrics != nil {
 		f.metrics.FailingOwners.Set(float64(len(f.failing)))
 	}
+	f.last.Store(&syncedState{state: st, problems: problems})
 	if f.host != nil {
-		f.host.post(st)
+		f.host.post(st, problems)
 	}
-	if len(pending) > 0 {
-		f.log.V(2).Info("pods wait for their namespace's VNID", "pods", pending)
+	if len(snap.waiting) > 0 {
+		f.log.V(2).Info("pods wait for their namespace's VNID", "pods", snap.waiting)
 	}
 	for _, o := range res.Collisions {
 		f.log.Info("owner hash collision: dumps name both owners; diffs stay exact", "owner", o.String())
@@ -199,6 +214,34 @@ func (f *flowSync) syncLocked(ctx context.Context) (reconcile.SyncStats, error) 
 		f.metrics.observeSync("apply", res.Stats, f.clock().Sub(start))
 	}
 	return res.Stats, nil
+}
+
+// resolvePolicies brings the policy index up to date with the snapshot's changes and, in networkpolicy
+// mode, resolves the policies into st with each local pod's isolation; it returns the policies'
+// problems (none outside networkpolicy mode, where nothing is enforced).
+func (f *flowSync) resolvePolicies(st *pipeline.NodeState, in policyInput) map[string][]policy.Problem {
+	f.policies.Apply(in.changes)
+	if st.Mode != pipeline.ModeNetworkPolicy {
+		return nil
+	}
+	f.policies.SetLocal(in.local)
+	f.policies.SetNodes(in.nodeAddrs, st.ClusterNetworks)
+	st.Policies = f.policies.Resolve()
+	iso := policy.Isolation(st.Policies)
+	for i := range st.Pods {
+		p := &st.Pods[i]
+		p.IngressIsolated, p.EgressIsolated = iso[p.OFPort][0], iso[p.OFPort][1]
+	}
+	return f.policies.Problems()
+}
+
+// lastSynced returns the last state synced (false before the first sync).
+func (f *flowSync) lastSynced() (syncedState, bool) {
+	s := f.last.Load()
+	if s == nil {
+		return syncedState{}, false
+	}
+	return *s, true
 }
 
 // fail records an owner's failure and schedules its retry.

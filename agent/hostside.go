@@ -12,6 +12,7 @@ import (
 
 	"github.com/ofsdn/ofsdn/agent/k8sobj"
 	"github.com/ofsdn/ofsdn/agent/nodenet"
+	"github.com/ofsdn/ofsdn/agent/policy"
 	"github.com/ofsdn/ofsdn/flows/openflow"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
 	corev1 "k8s.io/api/core/v1"
@@ -225,10 +226,12 @@ type hostSync struct {
 	mu      sync.Mutex
 	last    *pipeline.NodeState // the last posted state, to find what the next one makes stale
 	pending *pipeline.NodeState
-	stale   []openflow.ConntrackFlush
-	kick    chan struct{}
+	// problems are the NetworkPolicy problems of the last posted state, for the apply to report.
+	problems map[string][]policy.Problem
+	stale    []openflow.ConntrackFlush
+	kick     chan struct{}
 	// apply does the work; an error makes the loop try the latest state again after a pause.
-	apply func(ctx context.Context, st pipeline.NodeState, stale []openflow.ConntrackFlush) error
+	apply func(ctx context.Context, st pipeline.NodeState, problems map[string][]policy.Problem, stale []openflow.ConntrackFlush) error
 	// heldStale, when set, finds the stale entries of the first state from what conntrack holds: at
 	// start there is no previous state, and endpoints removed while no agent ran would keep their UDP
 	// clients forever. Until it succeeds it is asked again with each state.
@@ -244,18 +247,18 @@ type hostSync struct {
 	log          klog.Logger
 }
 
-func newHostSync(log klog.Logger, apply func(context.Context, pipeline.NodeState, []openflow.ConntrackFlush) error) *hostSync {
+func newHostSync(log klog.Logger, apply func(context.Context, pipeline.NodeState, map[string][]policy.Problem, []openflow.ConntrackFlush) error) *hostSync {
 	return &hostSync{kick: make(chan struct{}, 1), apply: apply, log: log.WithName("hostsync"),
 		verifyAfter: time.Second, verifyChecks: 4}
 }
 
-// post hands over a synced state; it never blocks.
-func (h *hostSync) post(st pipeline.NodeState) {
+// post hands over a synced state and its policy problems; it never blocks.
+func (h *hostSync) post(st pipeline.NodeState, problems map[string][]policy.Problem) {
 	h.mu.Lock()
 	if h.last != nil {
 		h.stale = append(h.stale, pipeline.StaleConntrack(*h.last, st)...)
 	}
-	h.last, h.pending = &st, &st
+	h.last, h.pending, h.problems = &st, &st, problems
 	h.mu.Unlock()
 	select {
 	case h.kick <- struct{}{}:
@@ -281,7 +284,7 @@ func (h *hostSync) run(ctx context.Context) {
 			verifying = true
 		}
 		h.mu.Lock()
-		st, stale := h.pending, h.stale
+		st, stale, problems := h.pending, h.stale, h.problems
 		h.pending, h.stale = nil, nil
 		recheck := st == nil && verifying // only the check: nothing new to apply unless it finds some
 		if recheck {
@@ -328,7 +331,7 @@ func (h *hostSync) run(ctx context.Context) {
 		if recheck && len(stale) == 0 {
 			continue
 		}
-		if err := h.apply(ctx, *st, stale); err != nil {
+		if err := h.apply(ctx, *st, problems, stale); err != nil {
 			h.log.Error(err, "host side of a synced state; retrying")
 			h.mu.Lock()
 			if h.pending == nil {

@@ -152,7 +152,8 @@ func waitSnapshot(t *testing.T, a *Agent, what string, ok func(st pipeline.NodeS
 	var st pipeline.NodeState
 	var pending []string
 	if err := proc.Until(context.Background(), waitTimeout, func() bool {
-		st, pending, _ = a.view.snapshot()
+		snap := a.view.snapshot()
+		st, pending = snap.state, snap.waiting
 		return ok(st, pending)
 	}); err != nil {
 		t.Fatalf("waiting for %s: %v; the view has %+v (pending %v)", what, err, st, pending)
@@ -201,7 +202,7 @@ func TestClusterNetworkHandler(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			a, api := startAgent(t, tc.cn)
 			// syncInformers returned: the handlers have seen every object the API held.
-			if st, _, _ := a.view.snapshot(); st.Mode != tc.wantMode || !reflect.DeepEqual(st.ClusterNetworks, tc.wantNets) {
+			if st := a.view.snapshot().state; st.Mode != tc.wantMode || !reflect.DeepEqual(st.ClusterNetworks, tc.wantNets) {
 				t.Errorf("mode %s networks %v, want %s %v", st.Mode, st.ClusterNetworks, tc.wantMode, tc.wantNets)
 			}
 			if tc.wantLog != "" && api.logs.count(tc.wantLog) != 1 {
@@ -216,13 +217,13 @@ func TestClusterNetworkHandler(t *testing.T) {
 			t.Fatal(err)
 		}
 		proc.Eventually(t, waitTimeout, "the deletion handled", func() bool { return api.logs.count("ClusterNetwork deleted") == 1 })
-		if st, _, _ := a.view.snapshot(); st.Mode != pipeline.ModeMultitenant || !reflect.DeepEqual(st.ClusterNetworks, prefixes("10.128.0.0/14")) {
+		if st := a.view.snapshot().state; st.Mode != pipeline.ModeMultitenant || !reflect.DeepEqual(st.ClusterNetworks, prefixes("10.128.0.0/14")) {
 			t.Errorf("after the deletion: mode %s networks %v", st.Mode, st.ClusterNetworks)
 		}
 	})
 	t.Run("another ClusterNetwork than default is ignored", func(t *testing.T) {
 		a, _ := startAgent(t, clusterNetwork("other", networkv1.PluginModeMultitenant, "10.0.0.0/8"))
-		if st, _, _ := a.view.snapshot(); st.Mode != pipeline.ModeSubnet || len(st.ClusterNetworks) != 0 {
+		if st := a.view.snapshot().state; st.Mode != pipeline.ModeSubnet || len(st.ClusterNetworks) != 0 {
 			t.Errorf("ClusterNetwork other configured the node: mode %s networks %v", st.Mode, st.ClusterNetworks)
 		}
 	})
@@ -260,7 +261,7 @@ func TestHostSubnetHandler(t *testing.T) {
 	remote := func(name, ip, subnet string) pipeline.RemoteNode {
 		return pipeline.RemoteNode{Name: name, NodeIP: netip.MustParseAddr(ip), Subnet: netip.MustParsePrefix(subnet)}
 	}
-	st, _, _ := a.view.snapshot()
+	st := a.view.snapshot().state
 	if n := api.logs.count("malformed HostSubnet ignored"); n != 2 {
 		t.Errorf("%d malformed HostSubnets reported, want 2 (bad, badip)", n)
 	}

@@ -10,7 +10,10 @@ import (
 	"testing"
 	"time"
 
+	pt "github.com/ofsdn/ofsdn/agent/policy/policytest"
+
 	"github.com/ofsdn/ofsdn/agent/k8sobj"
+	"github.com/ofsdn/ofsdn/agent/policy"
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
 	"github.com/ofsdn/ofsdn/flows/openflow"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
@@ -142,11 +145,11 @@ func anyContains(lines []string, s string) bool {
 }
 
 func apiPod(ns, name, node, ip string, labels map[string]string, ports ...corev1.ContainerPort) *corev1.Pod {
-	return tpod{ns: ns, name: name, node: node, ip: ip, labels: labels, ports: ports}.api()
+	return pt.Pod(ns, name, node, ip, labels, ports...)
 }
 
 func apiNamespace(name string, labels map[string]string) *corev1.Namespace {
-	l := lbl("kubernetes.io/metadata.name", name)
+	l := pt.Labels("kubernetes.io/metadata.name", name)
 	for k, v := range labels {
 		l[k] = v
 	}
@@ -159,13 +162,13 @@ func apiNamespace(name string, labels map[string]string) *corev1.Namespace {
 // back removes and restores them, isolation included.
 func TestAgentEnforcesPoliciesLive(t *testing.T) {
 	ctx := context.Background()
-	web := apiPod("x", "web", "n1", "10.128.0.10", lbl("app", "web"), named("http", corev1.ProtocolTCP, 8080))
-	client := apiPod("x", "client", "n2", "10.128.2.20", lbl("app", "client"))
-	other := apiPod("y", "other", "n2", "10.128.2.30", lbl("app", "client"))
-	np := policy("x", "web", lbl("app", "web"), func(s *networkingv1.NetworkPolicySpec) {
+	web := apiPod("x", "web", "n1", "10.128.0.10", pt.Labels("app", "web"), pt.Named("http", corev1.ProtocolTCP, 8080))
+	client := apiPod("x", "client", "n2", "10.128.2.20", pt.Labels("app", "client"))
+	other := apiPod("y", "other", "n2", "10.128.2.30", pt.Labels("app", "client"))
+	np := pt.Policy("x", "web", pt.Labels("app", "web"), func(s *networkingv1.NetworkPolicySpec) {
 		s.Ingress = []networkingv1.NetworkPolicyIngressRule{{
-			From:  []networkingv1.NetworkPolicyPeer{podPeer(lbl("app", "client")), nsPeer(lbl("team", "blue"))},
-			Ports: []networkingv1.NetworkPolicyPort{namedPort(corev1.ProtocolTCP, "http")},
+			From:  []networkingv1.NetworkPolicyPeer{pt.PodPeer(pt.Labels("app", "client")), pt.NsPeer(pt.Labels("team", "blue"))},
+			Ports: []networkingv1.NetworkPolicyPort{pt.NamedPort(corev1.ProtocolTCP, "http")},
 		}}
 	})
 	pa := newPolicyAgent(t, networkv1.PluginModeNetworkPolicy, apiNamespace("x", nil), apiNamespace("y", nil), web, client, other, np)
@@ -180,12 +183,12 @@ func TestAgentEnforcesPoliciesLive(t *testing.T) {
 	})
 
 	// y/other comes in when namespace y is labelled team=blue; goes again when unlabelled.
-	if _, err := pa.api.kube.CoreV1().Namespaces().Update(ctx, apiNamespace("y", lbl("team", "blue")), metav1.UpdateOptions{}); err != nil {
+	if _, err := pa.api.kube.CoreV1().Namespaces().Update(ctx, apiNamespace("y", pt.Labels("team", "blue")), metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	pa.eventually(t, "namespace relabelled in", func() bool { return anyContains(pa.flowsOf(owner), "nw_src=10.128.2.30") })
 	// x/client is relabelled out of the podSelector peer.
-	client.Labels = lbl("app", "gone")
+	client.Labels = pt.Labels("app", "gone")
 	if _, err := pa.api.kube.CoreV1().Pods("x").Update(ctx, client, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -202,7 +205,7 @@ func TestAgentEnforcesPoliciesLive(t *testing.T) {
 	pa.eventually(t, "networkpolicy mode restores them", func() bool { return anyContains(pa.flowsOf(owner), "nw_src=10.128.2.30") && isolated() })
 
 	// The policy changes to an ipBlock, then goes: web is no longer isolated.
-	np.Spec.Ingress[0].From = []networkingv1.NetworkPolicyPeer{blockPeer("198.51.100.0/24")}
+	np.Spec.Ingress[0].From = []networkingv1.NetworkPolicyPeer{pt.BlockPeer("198.51.100.0/24")}
 	if _, err := pa.api.kube.NetworkingV1().NetworkPolicies("x").Update(ctx, np, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -222,14 +225,14 @@ func TestAgentEnforcesPoliciesLive(t *testing.T) {
 // while another policy and the pods keep syncing.
 func TestAgentReportsPolicyProblems(t *testing.T) {
 	ctx := context.Background()
-	partial := policy("x", "partial", nil, func(s *networkingv1.NetworkPolicySpec) {
-		s.Ingress = []networkingv1.NetworkPolicyIngressRule{{Ports: []networkingv1.NetworkPolicyPort{namedPort(corev1.ProtocolTCP, "nope"), tcpPort(80)}}}
+	partial := pt.Policy("x", "partial", nil, func(s *networkingv1.NetworkPolicySpec) {
+		s.Ingress = []networkingv1.NetworkPolicyIngressRule{{Ports: []networkingv1.NetworkPolicyPort{pt.NamedPort(corev1.ProtocolTCP, "nope"), pt.TCPPort(80)}}}
 	})
-	refused := policy("x", "refused", nil, func(s *networkingv1.NetworkPolicySpec) {
-		s.Ingress = []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{blockPeer("203.0.113.0/24")}}}
+	refused := pt.Policy("x", "refused", nil, func(s *networkingv1.NetworkPolicySpec) {
+		s.Ingress = []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{pt.BlockPeer("203.0.113.0/24")}}}
 	})
 	pa := newPolicyAgent(t, networkv1.PluginModeNetworkPolicy, apiNamespace("x", nil),
-		apiPod("x", "a", "n1", "10.128.0.10", lbl("app", "a")), partial, refused)
+		apiPod("x", "a", "n1", "10.128.0.10", pt.Labels("app", "a")), partial, refused)
 	pa.sw.Refuse = func(f openflow.Flow) error {
 		if strings.Contains(f.String(), "203.0.113.0/24") {
 			return errors.New("fake: refused")
@@ -249,14 +252,14 @@ func TestAgentReportsPolicyProblems(t *testing.T) {
 		}
 	}
 	deadline := time.Now().Add(10 * time.Second)
-	for len(pa.events.with(ReasonPolicyNotFullyEnforced)) == 0 || len(pa.events.with("FlowsNotInstalled")) == 0 {
+	for len(pa.events.with(policy.ReasonNotFullyEnforced)) == 0 || len(pa.events.with("FlowsNotInstalled")) == 0 {
 		if time.Now().After(deadline) {
 			t.Fatalf("events: %+v", pa.events.events)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
 	time.Sleep(100 * time.Millisecond) // let further (wrong) Events arrive
-	got := pa.events.with(ReasonPolicyNotFullyEnforced)
+	got := pa.events.with(policy.ReasonNotFullyEnforced)
 	if len(got) != 1 || got[0].Kind != "NetworkPolicy" || got[0].Namespace != "x" || got[0].Name != "partial" || got[0].Type != corev1.EventTypeWarning ||
 		!strings.Contains(got[0].Message, `container port named "nope"`) {
 		t.Errorf("problem Events %+v; want one Warning on x/partial naming the port", got)
@@ -277,7 +280,7 @@ func TestAgentReportsPolicyProblems(t *testing.T) {
 // idempotent.
 func TestTrimForAgent(t *testing.T) {
 	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "x", Name: "a", UID: "u1", ResourceVersion: "7", Labels: lbl("app", "a"),
+		ObjectMeta: metav1.ObjectMeta{Namespace: "x", Name: "a", UID: "u1", ResourceVersion: "7", Labels: pt.Labels("app", "a"),
 			Annotations:   map[string]string{"big": strings.Repeat("x", 1000)},
 			ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubectl"}}, CreationTimestamp: metav1.Unix(100, 0)},
 		Spec: corev1.PodSpec{NodeName: "n1", HostNetwork: true, Volumes: []corev1.Volume{{Name: "v"}},
@@ -289,7 +292,7 @@ func TestTrimForAgent(t *testing.T) {
 			Conditions: []corev1.PodCondition{{Type: corev1.PodReady}}, ContainerStatuses: []corev1.ContainerStatus{{Name: "c"}}},
 	}
 	want := &k8sobj.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "x", Name: "a", UID: "u1", ResourceVersion: "7", Labels: lbl("app", "a"), CreationTimestamp: metav1.Unix(100, 0)},
+		ObjectMeta: metav1.ObjectMeta{Namespace: "x", Name: "a", UID: "u1", ResourceVersion: "7", Labels: pt.Labels("app", "a"), CreationTimestamp: metav1.Unix(100, 0)},
 		NodeName:   "n1", HostNetwork: true, Phase: corev1.PodRunning, IPs: []string{"10.128.0.10"},
 		Ports: []corev1.ContainerPort{{Name: "http", Protocol: corev1.ProtocolTCP, ContainerPort: 80, HostPort: 8080, HostIP: "192.0.2.11"}},
 	}
@@ -303,7 +306,7 @@ func TestTrimForAgent(t *testing.T) {
 			t.Errorf("trimmed pod\n%+v\nwant\n%+v", g, want)
 		}
 	}
-	np := policy("x", "p", nil, nil)
+	np := pt.Policy("x", "p", nil, nil)
 	np.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "kubectl"}}
 	np.Annotations = map[string]string{corev1.LastAppliedConfigAnnotation: "{...}", "keep": "1"}
 	out, _ := k8sobj.Trim(np)

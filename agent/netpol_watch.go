@@ -2,9 +2,11 @@ package agent
 
 import (
 	"cmp"
+	"maps"
 	"slices"
 
 	"github.com/ofsdn/ofsdn/agent/k8sobj"
+	"github.com/ofsdn/ofsdn/agent/policy"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -13,23 +15,47 @@ import (
 	"k8s.io/klog/v2"
 )
 
-// watchPolicies feeds NetworkPolicies, the cluster's pods and namespaces into the view's policy index.
-// The informers run in every mode, so a switch to networkpolicy mode has everything at hand; a sync is
-// asked for only when a change could alter a policy and policies are enforced.
+// watchPolicies files NetworkPolicies, the cluster's pods and namespaces as policy changes in the view,
+// for the flow loop's policy index (agent/policy). The informers run in every mode, so a switch to
+// networkpolicy mode has everything at hand; a sync is asked for only when policies are enforced and
+// the change is one resolution reads (a pod's status heartbeat is not).
 type watchPolicies struct {
 	view *nodeView
 	sync *flowSync
 }
 
-func (w *watchPolicies) changed(f func(v *nodeView) bool) {
-	var marked, enforced bool
+func (w *watchPolicies) record(f func(c *policy.Changes)) {
+	var enforced bool
 	w.view.update(func(v *nodeView) {
-		marked = f(v)
+		v.recordPolicyChange(f)
 		enforced = v.mode == pipeline.ModeNetworkPolicy
 	})
-	if marked && enforced {
+	if enforced {
 		w.sync.trigger()
 	}
+}
+
+// handlers are the informer handlers: updates that change nothing resolution reads are dropped here.
+func (w *watchPolicies) handlers() (pods, namespaces, policies cache.ResourceEventHandlerFuncs) {
+	pods = handlers(w.pod)
+	pods.UpdateFunc = func(old, obj any) {
+		o, ok1 := old.(*k8sobj.Pod)
+		n, ok2 := obj.(*k8sobj.Pod)
+		if ok1 && ok2 && policy.PodOf(o).Equal(policy.PodOf(n)) {
+			return
+		}
+		w.pod(obj, false)
+	}
+	namespaces = handlers(w.namespace)
+	namespaces.UpdateFunc = func(old, obj any) {
+		o, ok1 := old.(*corev1.Namespace)
+		n, ok2 := obj.(*corev1.Namespace)
+		if ok1 && ok2 && maps.Equal(o.Labels, n.Labels) {
+			return
+		}
+		w.namespace(obj, false)
+	}
+	return pods, namespaces, handlers(w.networkPolicy)
 }
 
 func (w *watchPolicies) pod(obj any, deleted bool) {
@@ -37,11 +63,11 @@ func (w *watchPolicies) pod(obj any, deleted bool) {
 	if !ok {
 		return
 	}
-	var p *policyPod
+	var p *policy.Pod
 	if !deleted {
-		p = policyPodOf(pod)
+		p = policy.PodOf(pod)
 	}
-	w.changed(func(v *nodeView) bool { return v.netpol.setPod(k8sobj.PodKey(pod.Namespace, pod.Name), p) })
+	w.record(func(c *policy.Changes) { c.Pods[k8sobj.PodKey(pod.Namespace, pod.Name)] = p })
 }
 
 func (w *watchPolicies) namespace(obj any, deleted bool) {
@@ -49,7 +75,9 @@ func (w *watchPolicies) namespace(obj any, deleted bool) {
 	if !ok {
 		return
 	}
-	w.changed(func(v *nodeView) bool { return v.netpol.setNamespace(ns.Name, ns.Labels, deleted) })
+	w.record(func(c *policy.Changes) {
+		c.Namespaces[ns.Name] = policy.NamespaceChange{Labels: ns.Labels, Deleted: deleted}
+	})
 }
 
 func (w *watchPolicies) networkPolicy(obj any, deleted bool) {
@@ -61,10 +89,7 @@ func (w *watchPolicies) networkPolicy(obj any, deleted bool) {
 	if deleted {
 		np = nil
 	}
-	w.changed(func(v *nodeView) bool {
-		v.netpol.setPolicy(key, np)
-		return true
-	})
+	w.record(func(c *policy.Changes) { c.Policies[key] = np })
 }
 
 // policyProblemReporter tells each problem of a policy once: a log line and a Warning Event on the
@@ -72,11 +97,11 @@ func (w *watchPolicies) networkPolicy(obj any, deleted bool) {
 type policyProblemReporter struct {
 	recorder record.EventRecorder
 	log      klog.Logger
-	told     map[string]map[policyProblem]bool
+	told     map[string]map[policy.Problem]bool
 }
 
-func (r *policyProblemReporter) report(problems map[string][]policyProblem) {
-	now := make(map[string]map[policyProblem]bool, len(problems))
+func (r *policyProblemReporter) report(problems map[string][]policy.Problem) {
+	now := make(map[string]map[policy.Problem]bool, len(problems))
 	keys := make([]string, 0, len(problems))
 	for k := range problems {
 		keys = append(keys, k)
@@ -84,10 +109,10 @@ func (r *policyProblemReporter) report(problems map[string][]policyProblem) {
 	slices.Sort(keys)
 	for _, key := range keys {
 		ps := slices.Clone(problems[key])
-		slices.SortFunc(ps, func(a, b policyProblem) int {
+		slices.SortFunc(ps, func(a, b policy.Problem) int {
 			return cmp.Or(cmp.Compare(a.Reason, b.Reason), cmp.Compare(a.Message, b.Message))
 		})
-		now[key] = map[policyProblem]bool{}
+		now[key] = map[policy.Problem]bool{}
 		for _, p := range ps {
 			if now[key][p] {
 				continue

@@ -217,7 +217,7 @@ func TestServiceInformers(t *testing.T) {
 		waitSnapshot(t, a, what, func(st pipeline.NodeState, _ []string) bool { return reflect.DeepEqual(st.Services, want) })
 	}
 	// Sorted by namespace/name.
-	st, _, _ := a.view.snapshot()
+	st := a.view.snapshot().state
 	if want := []pipeline.ServiceState{lb, multi, np, web}; !reflect.DeepEqual(st.Services, want) {
 		for i := range max(len(st.Services), len(want)) {
 			var g, w pipeline.ServiceState

@@ -118,7 +118,7 @@ func TestUplinkSync(t *testing.T) {
 	if !v.onSegment["n2"] || v.onSegment["n3"] {
 		t.Errorf("on the segment: %v, want n2 only (n3's next hop is a router)", v.onSegment)
 	}
-	st, _, _ := v.snapshot()
+	st := v.snapshot().state
 	if !st.Uplink || st.Encapsulation != pipeline.EncapNone || !st.RemoteNodes[0].OnSegment || st.RemoteNodes[1].OnSegment {
 		t.Errorf("snapshot: %+v", st)
 	}
@@ -219,17 +219,17 @@ func TestRemotePodsInSnapshot(t *testing.T) {
 	} {
 		w.pod(p, false)
 	}
-	st, _, _ := v.snapshot()
+	st := v.snapshot().state
 	want := []pipeline.RemotePod{{IP: netip.MustParseAddr("10.128.2.3"), VNID: 0}, {IP: netip.MustParseAddr("10.128.2.5"), VNID: 20}}
 	if got := st.RemoteNodes[0].Pods; len(got) != len(want) || got[0] != want[0] || got[1] != want[1] {
 		t.Errorf("n2's pods %v, want %v", got, want)
 	}
 	w.pod(pod("a", "x", "n2", "10.128.2.5", nil), true)
-	if st, _, _ = v.snapshot(); len(st.RemoteNodes[0].Pods) != 1 {
+	if st = v.snapshot().state; len(st.RemoteNodes[0].Pods) != 1 {
 		t.Errorf("a deleted pod stays: %v", st.RemoteNodes[0].Pods)
 	}
 	v.mode = pipeline.ModeSubnet
-	if st, _, _ = v.snapshot(); st.RemoteNodes[0].Pods != nil {
+	if st = v.snapshot().state; st.RemoteNodes[0].Pods != nil {
 		t.Errorf("subnet mode carries pods: %v", st.RemoteNodes[0].Pods)
 	}
 }

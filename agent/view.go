@@ -11,9 +11,11 @@ import (
 
 	"github.com/ofsdn/ofsdn/agent/k8sobj"
 	"github.com/ofsdn/ofsdn/agent/nodenet"
+	"github.com/ofsdn/ofsdn/agent/policy"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 )
 
 // localPod is a pod attached to this node's bridge.
@@ -46,10 +48,10 @@ type nodeView struct {
 	converted serviceCache // the last conversion of each service, reused while its objects stay
 	// hostPorts of the pods bound to this node, by namespace/name (pod informer).
 	hostPorts map[string]hostPortPod
-	// netpol holds the cluster's NetworkPolicies, pods and namespaces and resolves the policies
-	// (networkpolicy mode; netpol.go); policyProblems are its problems as of the last snapshot.
-	netpol         *policyIndex
-	policyProblems map[string][]policyProblem
+	// policyChanges are the NetworkPolicies, pods and namespaces the informers changed since the last
+	// snapshot, which hands them to the flow loop's policy index (agent/policy): resolution happens
+	// there, not under this lock.
+	policyChanges policy.Changes
 	// Encapsulation (uplink.go): the ClusterNetwork's; the uplink bridge br0 is patched into ("" none);
 	// the peers (by node name) on its segment; tun0's MAC.
 	encap  pipeline.Encapsulation
@@ -76,7 +78,7 @@ func newNodeView(nodeName string) *nodeView {
 	return &nodeView{nodeName: nodeName, mode: pipeline.ModeSubnet, remote: map[string]pipeline.RemoteNode{},
 		vnids: map[string]uint32{}, pods: map[string]localPod{}, services: map[string]*corev1.Service{},
 		slices: map[string]*discoveryv1.EndpointSlice{}, hostPorts: map[string]hostPortPod{}, converted: serviceCache{},
-		netpol: newPolicyIndex(nodeName), encap: pipeline.EncapVXLAN, remotePods: map[string]remotePod{}}
+		encap: pipeline.EncapVXLAN, remotePods: map[string]remotePod{}}
 }
 
 // update applies f and returns the view's new generation: a sync of that generation or later includes f.
@@ -144,13 +146,6 @@ func (v *nodeView) nodeAddresses() map[string][]netip.Addr {
 	return out
 }
 
-// problemsOfPolicies returns the policy problems of the last snapshot, by namespace/name.
-func (v *nodeView) problemsOfPolicies() map[string][]policyProblem {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	return v.policyProblems
-}
-
 // resolvedHostPorts returns the hostPorts to publish and the conflicts to report.
 func (v *nodeView) resolvedHostPorts() ([]nodenet.HostPort, []hostPortConflict) {
 	v.mu.Lock()
@@ -158,12 +153,55 @@ func (v *nodeView) resolvedHostPorts() ([]nodenet.HostPort, []hostPortConflict) 
 	return hostPortsOf(v.pods, v.hostPorts)
 }
 
-// snapshot returns the state to render. Pods whose namespace has no VNID yet are left out (they get
-// no connectivity rather than the wrong tenant's) and listed in pending.
-func (v *nodeView) snapshot() (st pipeline.NodeState, pending []string, generation uint64) {
+// viewSnapshot is a copy of what the flow loop renders: nothing in it is shared with the view.
+type viewSnapshot struct {
+	// state lacks its Policies and the pods' isolation: the flow loop resolves them from policies.
+	state pipeline.NodeState
+	// waiting are the pods left out because their namespace has no VNID yet.
+	waiting    []string
+	generation uint64
+	policies   policyInput
+}
+
+// policyInput is what policy resolution takes from the view: the informers' changes since the last
+// snapshot, the attached pods and every node's addresses (its hostNetwork pods' addresses as peers).
+type policyInput struct {
+	changes   policy.Changes
+	local     map[string]policy.Attachment
+	nodeAddrs map[string][]netip.Addr
+}
+
+// recordPolicyChange files an informer's change for the next snapshot (latest per object wins).
+func (v *nodeView) recordPolicyChange(f func(c *policy.Changes)) {
+	c := &v.policyChanges
+	if c.Pods == nil {
+		c.Pods, c.Namespaces, c.Policies = map[string]*policy.Pod{}, map[string]policy.NamespaceChange{}, map[string]*networkingv1.NetworkPolicy{}
+	}
+	f(c)
+}
+
+// snapshot copies the state to render. Pods whose namespace has no VNID yet are left out (they get no
+// connectivity rather than the wrong tenant's) and listed as waiting. It leaves the policy changes in
+// the view; takeSnapshot, the flow loop's, moves them into the snapshot.
+func (v *nodeView) snapshot() viewSnapshot {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	st = pipeline.NodeState{Mode: v.mode, NodeName: v.nodeName, NodeIP: v.nodeIP, LocalSubnet: v.localSubnet,
+	return v.snapshotLocked()
+}
+
+// takeSnapshot is snapshot for the flow loop: the policy changes move into it, so that each reaches
+// the loop's policy index exactly once, with the generation it belongs to.
+func (v *nodeView) takeSnapshot() viewSnapshot {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	s := v.snapshotLocked()
+	s.policies.changes, v.policyChanges = v.policyChanges, policy.Changes{}
+	return s
+}
+
+func (v *nodeView) snapshotLocked() viewSnapshot {
+	var pending []string
+	st := pipeline.NodeState{Mode: v.mode, NodeName: v.nodeName, NodeIP: v.nodeIP, LocalSubnet: v.localSubnet,
 		ClusterNetworks: append([]netip.Prefix(nil), v.clusterNets...),
 		Encapsulation:   v.encap, Uplink: v.uplink != "", GatewayMAC: v.gatewayMAC}
 	for _, p := range []uint16{v.tunnelPort, v.vxlan0Port} {
@@ -205,20 +243,18 @@ func (v *nodeView) snapshot() (st pipeline.NodeState, pending []string, generati
 	}
 	st.Services = serviceStates(v.services, v.slices, v.nodeName, v.vnids, v.converted)
 	st.NodePortAddresses = []netip.Addr{pipeline.ServiceNodePortIP}
-	v.policyProblems = nil
+	var in policyInput
 	if v.mode == pipeline.ModeNetworkPolicy {
-		v.netpol.setLocal(v.pods)
-		v.netpol.setNodes(v.nodeAddresses(), v.clusterNets)
-		st.Policies = v.netpol.resolve()
-		v.policyProblems = v.netpol.problems()
-		iso := isolation(st.Policies)
-		for i := range st.Pods {
-			p := &st.Pods[i]
-			p.IngressIsolated, p.EgressIsolated = iso[p.OFPort][0], iso[p.OFPort][1]
+		in.local = make(map[string]policy.Attachment, len(v.pods))
+		for key, p := range v.pods {
+			if p.OFPort != 0 {
+				in.local[key] = policy.Attachment{OFPort: p.OFPort, IP: p.IP}
+			}
 		}
+		in.nodeAddrs = v.nodeAddresses()
 	}
 	sort.Slice(st.Pods, func(i, j int) bool { return st.Pods[i].OFPort < st.Pods[j].OFPort })
 	sort.Slice(st.RemoteNodes, func(i, j int) bool { return st.RemoteNodes[i].Name < st.RemoteNodes[j].Name })
 	sort.Strings(pending)
-	return st, pending, v.generation
+	return viewSnapshot{state: st, waiting: pending, generation: v.generation, policies: in}
 }

@@ -1,4 +1,4 @@
-package agent
+package policy
 
 import (
 	"fmt"
@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	pt "github.com/ofsdn/ofsdn/agent/policy/policytest"
 
 	"github.com/ofsdn/ofsdn/agent/k8sobj"
 	. "github.com/ofsdn/ofsdn/flows/openflow"
@@ -53,42 +55,30 @@ func (p tpod) api() *corev1.Pod {
 	return pod
 }
 
-func (p tpod) attachment() (localPod, bool) {
+func (p tpod) attachment() (Attachment, bool) {
 	if p.ofport == 0 {
-		return localPod{}, false
+		return Attachment{}, false
 	}
 	ip := p.localIP
 	if ip == "" {
 		ip = p.ip
 	}
-	return localPod{Namespace: p.ns, Name: p.name, IP: netip.MustParseAddr(ip), OFPort: p.ofport}, true
-}
-
-func named(name string, proto corev1.Protocol, port int32) corev1.ContainerPort {
-	return corev1.ContainerPort{Name: name, Protocol: proto, ContainerPort: port}
-}
-
-func lbl(kv ...string) map[string]string {
-	m := map[string]string{}
-	for i := 0; i+1 < len(kv); i += 2 {
-		m[kv[i]] = kv[i+1]
-	}
-	return m
+	return Attachment{IP: netip.MustParseAddr(ip), OFPort: p.ofport}, true
 }
 
 var testPods = []tpod{
-	{ns: "x", name: "a", node: "n1", ip: "10.128.0.10", labels: lbl("app", "a"), ofport: 10,
-		ports: []corev1.ContainerPort{named("http", corev1.ProtocolTCP, 8080), named("dns", corev1.ProtocolUDP, 53), {ContainerPort: 22}}},
-	{ns: "x", name: "b", node: "n1", ip: "10.128.0.11", labels: lbl("app", "b"), ofport: 11, ports: []corev1.ContainerPort{named("http", corev1.ProtocolTCP, 9090)}},
-	{ns: "x", name: "c", node: "n2", ip: "10.128.2.12", labels: lbl("app", "c"), ports: []corev1.ContainerPort{named("http", "", 8081)}},
-	{ns: "y", name: "a", node: "n2", ip: "10.128.2.20", labels: lbl("app", "a")},
-	{ns: "y", name: "b", node: "n1", ip: "10.128.0.12", labels: lbl("app", "b"), ofport: 12},
-	{ns: "z", name: "a", node: "n2", ip: "10.128.2.30", labels: lbl("app", "a"), ports: []corev1.ContainerPort{named("http", corev1.ProtocolTCP, 8082)}},
-	{ns: "x", name: "done", node: "n1", ip: "10.128.0.13", labels: lbl("app", "a"), ofport: 13, phase: corev1.PodSucceeded},
-	{ns: "x", name: "host", node: "n2", ip: "192.0.2.12", labels: lbl("app", "host"), hostNetwork: true},
-	{ns: "x", name: "noip", node: "n2", labels: lbl("app", "a")},
-	{ns: "x", name: "fresh", node: "n1", labels: lbl("app", "fresh"), ofport: 14, localIP: "10.128.0.14"},
-	{ns: "x", name: "remote-a", node: "n2", ip: "10.128.2.40", labels: lbl("app", "a")}, // app=a but not attached here
+	{ns: "x", name: "a", node: "n1", ip: "10.128.0.10", labels: pt.Labels("app", "a"), ofport: 10,
+		ports: []corev1.ContainerPort{pt.Named("http", corev1.ProtocolTCP, 8080), pt.Named("dns", corev1.ProtocolUDP, 53), {ContainerPort: 22}}},
+	{ns: "x", name: "b", node: "n1", ip: "10.128.0.11", labels: pt.Labels("app", "b"), ofport: 11, ports: []corev1.ContainerPort{pt.Named("http", corev1.ProtocolTCP, 9090)}},
+	{ns: "x", name: "c", node: "n2", ip: "10.128.2.12", labels: pt.Labels("app", "c"), ports: []corev1.ContainerPort{pt.Named("http", "", 8081)}},
+	{ns: "y", name: "a", node: "n2", ip: "10.128.2.20", labels: pt.Labels("app", "a")},
+	{ns: "y", name: "b", node: "n1", ip: "10.128.0.12", labels: pt.Labels("app", "b"), ofport: 12},
+	{ns: "z", name: "a", node: "n2", ip: "10.128.2.30", labels: pt.Labels("app", "a"), ports: []corev1.ContainerPort{pt.Named("http", corev1.ProtocolTCP, 8082)}},
+	{ns: "x", name: "done", node: "n1", ip: "10.128.0.13", labels: pt.Labels("app", "a"), ofport: 13, phase: corev1.PodSucceeded},
+	{ns: "x", name: "host", node: "n2", ip: "192.0.2.12", labels: pt.Labels("app", "host"), hostNetwork: true},
+	{ns: "x", name: "noip", node: "n2", labels: pt.Labels("app", "a")},
+	{ns: "x", name: "fresh", node: "n1", labels: pt.Labels("app", "fresh"), ofport: 14, localIP: "10.128.0.14"},
+	{ns: "x", name: "remote-a", node: "n2", ip: "10.128.2.40", labels: pt.Labels("app", "a")}, // app=a but not attached here
 }
 
 var testNamespaces = map[string]map[string]string{
@@ -98,53 +88,24 @@ var testNamespaces = map[string]map[string]string{
 }
 
 // newTestIndex builds an index of the test cluster and the given policies.
-func newTestIndex(pods []tpod, policies ...*networkingv1.NetworkPolicy) *policyIndex {
-	x := newPolicyIndex("n1")
+func newTestIndex(pods []tpod, policies ...*networkingv1.NetworkPolicy) *Index {
+	x := NewIndex("n1")
 	for ns, l := range testNamespaces {
-		x.setNamespace(ns, l, false)
+		x.SetNamespace(ns, l, false)
 	}
-	local := map[string]localPod{}
+	local := map[string]Attachment{}
 	for _, p := range pods {
-		x.setPod(k8sobj.PodKey(p.ns, p.name), policyPodOf(k8sobj.PodOf(p.api())))
+		x.SetPod(k8sobj.PodKey(p.ns, p.name), PodOf(k8sobj.PodOf(p.api())))
 		if att, ok := p.attachment(); ok {
 			local[k8sobj.PodKey(p.ns, p.name)] = att
 		}
 	}
 	for _, np := range policies {
-		x.setPolicy(np.Namespace+"/"+np.Name, np)
+		x.SetPolicy(np.Namespace+"/"+np.Name, np)
 	}
-	x.setLocal(local)
-	x.setNodes(testNodeAddrs, testClusterNets)
+	x.SetLocal(local)
+	x.SetNodes(testNodeAddrs, testClusterNets)
 	return x
-}
-
-func policy(ns, name string, sel map[string]string, mutate func(s *networkingv1.NetworkPolicySpec)) *networkingv1.NetworkPolicy {
-	np := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-		Spec: networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{MatchLabels: sel}}}
-	if mutate != nil {
-		mutate(&np.Spec)
-	}
-	return np
-}
-
-func podPeer(sel map[string]string) networkingv1.NetworkPolicyPeer {
-	return networkingv1.NetworkPolicyPeer{PodSelector: &metav1.LabelSelector{MatchLabels: sel}}
-}
-
-func nsPeer(sel map[string]string) networkingv1.NetworkPolicyPeer {
-	return networkingv1.NetworkPolicyPeer{NamespaceSelector: &metav1.LabelSelector{MatchLabels: sel}}
-}
-
-func blockPeer(cidr string, except ...string) networkingv1.NetworkPolicyPeer {
-	return networkingv1.NetworkPolicyPeer{IPBlock: &networkingv1.IPBlock{CIDR: cidr, Except: except}}
-}
-
-func tcpPort(p int) networkingv1.NetworkPolicyPort {
-	return networkingv1.NetworkPolicyPort{Port: ptr.To(intstr.FromInt32(int32(p)))}
-}
-
-func namedPort(proto corev1.Protocol, name string) networkingv1.NetworkPolicyPort {
-	return networkingv1.NetworkPolicyPort{Protocol: &proto, Port: ptr.To(intstr.FromString(name))}
 }
 
 func host(ip string, named ...pipeline.NamedPort) pipeline.PolicyPeer {
@@ -170,31 +131,31 @@ func TestResolvePolicies(t *testing.T) {
 		problems []string               // substrings, one per expected problem
 	}{{
 		name:   "deny all ingress: policyTypes default to Ingress; terminal, remote and unattached pods are not selected",
-		policy: policy("x", "deny", lbl("app", "a"), nil),
+		policy: pt.Policy("x", "deny", pt.Labels("app", "a"), nil),
 		want:   []pipeline.PolicyState{{Namespace: "x", Name: "deny", Ingress: true, Pods: []pipeline.PolicyPod{{OFPort: 10}}}},
 	}, {
 		name: "egress rules make Egress default; an empty podSelector selects the namespace's local pods",
-		policy: policy("x", "both", nil, func(s *networkingv1.NetworkPolicySpec) {
+		policy: pt.Policy("x", "both", nil, func(s *networkingv1.NetworkPolicySpec) {
 			s.Egress = []networkingv1.NetworkPolicyEgressRule{{}}
 		}),
 		want: []pipeline.PolicyState{{Namespace: "x", Name: "both", Ingress: true, Egress: true,
 			Pods: []pipeline.PolicyPod{{OFPort: 10}, {OFPort: 11}, {OFPort: 14}}, EgressRules: []pipeline.PolicyRule{{AllPeers: true}}}},
 	}, {
 		name: "policyTypes Egress alone ignores ingress rules",
-		policy: policy("x", "eg", lbl("app", "b"), func(s *networkingv1.NetworkPolicySpec) {
+		policy: pt.Policy("x", "eg", pt.Labels("app", "b"), func(s *networkingv1.NetworkPolicySpec) {
 			s.PolicyTypes = []networkingv1.PolicyType{networkingv1.PolicyTypeEgress}
 			s.Ingress = []networkingv1.NetworkPolicyIngressRule{{}}
 		}),
 		want: []pipeline.PolicyState{{Namespace: "x", Name: "eg", Egress: true, Pods: []pipeline.PolicyPod{{OFPort: 11}}}},
 	}, {
 		name: "podSelector peer: the policy's namespace only; a pod without address is no peer; a local pod attached before its status counts",
-		policy: policy("x", "p", lbl("app", "b"), func(s *networkingv1.NetworkPolicySpec) {
+		policy: pt.Policy("x", "p", pt.Labels("app", "b"), func(s *networkingv1.NetworkPolicySpec) {
 			s.Ingress = []networkingv1.NetworkPolicyIngressRule{{
 				From: []networkingv1.NetworkPolicyPeer{
 					{PodSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
 						{Key: "app", Operator: metav1.LabelSelectorOpIn, Values: []string{"a", "c", "fresh"}}}}},
 				},
-				Ports: []networkingv1.NetworkPolicyPort{tcpPort(80)},
+				Ports: []networkingv1.NetworkPolicyPort{pt.TCPPort(80)},
 			}}
 		}),
 		want: []pipeline.PolicyState{{Namespace: "x", Name: "p", Ingress: true, Pods: []pipeline.PolicyPod{{OFPort: 11}},
@@ -202,8 +163,8 @@ func TestResolvePolicies(t *testing.T) {
 				Ports: []pipeline.PolicyPort{tcp80}}}}},
 	}, {
 		name: "namespaceSelector alone: every pod of the matching namespaces; a hostNetwork pod is its node's addresses",
-		policy: policy("y", "ns", nil, func(s *networkingv1.NetworkPolicySpec) {
-			s.Ingress = []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{nsPeer(lbl("team", "a"))}}}
+		policy: pt.Policy("y", "ns", nil, func(s *networkingv1.NetworkPolicySpec) {
+			s.Ingress = []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{pt.NsPeer(pt.Labels("team", "a"))}}}
 		}),
 		want: []pipeline.PolicyState{{Namespace: "y", Name: "ns", Ingress: true, Pods: []pipeline.PolicyPod{{OFPort: 12}},
 			IngressRules: []pipeline.PolicyRule{{Peers: []pipeline.PolicyPeer{
@@ -212,13 +173,13 @@ func TestResolvePolicies(t *testing.T) {
 		// x/done (terminal) and x/noip (no address) are no peers.
 	}, {
 		name: "pod and namespace selector in one peer: matching pods in matching namespaces; two peers: the union",
-		policy: policy("y", "and-or", lbl("app", "b"), func(s *networkingv1.NetworkPolicySpec) {
-			both := networkingv1.NetworkPolicyPeer{PodSelector: &metav1.LabelSelector{MatchLabels: lbl("app", "a")},
+		policy: pt.Policy("y", "and-or", pt.Labels("app", "b"), func(s *networkingv1.NetworkPolicySpec) {
+			both := networkingv1.NetworkPolicyPeer{PodSelector: &metav1.LabelSelector{MatchLabels: pt.Labels("app", "a")},
 				NamespaceSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
 					{Key: "team", Operator: metav1.LabelSelectorOpDoesNotExist}}}}
 			s.Ingress = []networkingv1.NetworkPolicyIngressRule{
 				{From: []networkingv1.NetworkPolicyPeer{both}},
-				{From: []networkingv1.NetworkPolicyPeer{podPeer(lbl("app", "a")), nsPeer(lbl("kubernetes.io/metadata.name", "z"))}},
+				{From: []networkingv1.NetworkPolicyPeer{pt.PodPeer(pt.Labels("app", "a")), pt.NsPeer(pt.Labels("kubernetes.io/metadata.name", "z"))}},
 			}
 		}),
 		want: []pipeline.PolicyState{{Namespace: "y", Name: "and-or", Ingress: true, Pods: []pipeline.PolicyPod{{OFPort: 12}},
@@ -227,11 +188,11 @@ func TestResolvePolicies(t *testing.T) {
 				{Peers: []pipeline.PolicyPeer{host("10.128.2.20"), host("10.128.2.30")}}}}}, // y/a, and all of z
 	}, {
 		name: "ipBlock with except; an IPv6 block allows nothing here; ports default to TCP, endPort ranges, every port of UDP",
-		policy: policy("x", "block", lbl("app", "a"), func(s *networkingv1.NetworkPolicySpec) {
+		policy: pt.Policy("x", "block", pt.Labels("app", "a"), func(s *networkingv1.NetworkPolicySpec) {
 			udp := corev1.ProtocolUDP
 			s.Ingress = []networkingv1.NetworkPolicyIngressRule{{
-				From: []networkingv1.NetworkPolicyPeer{blockPeer("198.51.100.0/24", "198.51.100.128/25"), blockPeer("2001:db8::/64")},
-				Ports: []networkingv1.NetworkPolicyPort{tcpPort(80), {Port: ptr.To(intstr.FromInt32(9000)), EndPort: ptr.To[int32](9100)},
+				From: []networkingv1.NetworkPolicyPeer{pt.BlockPeer("198.51.100.0/24", "198.51.100.128/25"), pt.BlockPeer("2001:db8::/64")},
+				Ports: []networkingv1.NetworkPolicyPort{pt.TCPPort(80), {Port: ptr.To(intstr.FromInt32(9000)), EndPort: ptr.To[int32](9100)},
 					{Protocol: &udp}},
 			}}
 		}),
@@ -241,26 +202,26 @@ func TestResolvePolicies(t *testing.T) {
 				Ports: []pipeline.PolicyPort{tcp80, {Protocol: IPProtoTCP, Port: 9000, EndPort: 9100}, {Protocol: IPProtoUDP}}}}}},
 	}, {
 		name: "present but empty ingress list: isolation without allows; empty from: everyone",
-		policy: policy("x", "empty", nil, func(s *networkingv1.NetworkPolicySpec) {
+		policy: pt.Policy("x", "empty", nil, func(s *networkingv1.NetworkPolicySpec) {
 			s.PolicyTypes = []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress}
 			s.Ingress = []networkingv1.NetworkPolicyIngressRule{}
-			s.Egress = []networkingv1.NetworkPolicyEgressRule{{Ports: []networkingv1.NetworkPolicyPort{tcpPort(80)}}}
+			s.Egress = []networkingv1.NetworkPolicyEgressRule{{Ports: []networkingv1.NetworkPolicyPort{pt.TCPPort(80)}}}
 		}),
 		want: []pipeline.PolicyState{{Namespace: "x", Name: "empty", Ingress: true, Egress: true,
 			Pods:        []pipeline.PolicyPod{{OFPort: 10}, {OFPort: 11}, {OFPort: 14}},
 			EgressRules: []pipeline.PolicyRule{{AllPeers: true, Ports: []pipeline.PolicyPort{tcp80}}}}},
 	}, {
 		name: "named port, ingress: the selected pods carry the names they have that the rules use",
-		policy: policy("x", "named-in", nil, func(s *networkingv1.NetworkPolicySpec) {
-			s.Ingress = []networkingv1.NetworkPolicyIngressRule{{Ports: []networkingv1.NetworkPolicyPort{namedPort(corev1.ProtocolTCP, "http")}}}
+		policy: pt.Policy("x", "named-in", nil, func(s *networkingv1.NetworkPolicySpec) {
+			s.Ingress = []networkingv1.NetworkPolicyIngressRule{{Ports: []networkingv1.NetworkPolicyPort{pt.NamedPort(corev1.ProtocolTCP, "http")}}}
 		}),
 		want: []pipeline.PolicyState{{Namespace: "x", Name: "named-in", Ingress: true,
 			Pods:         []pipeline.PolicyPod{{OFPort: 10, NamedPorts: []pipeline.NamedPort{httpA}}, {OFPort: 11, NamedPorts: []pipeline.NamedPort{httpB}}, {OFPort: 14}},
 			IngressRules: []pipeline.PolicyRule{{AllPeers: true, Ports: []pipeline.PolicyPort{{Protocol: IPProtoTCP, Name: "http"}}}}}},
 	}, {
 		name: "named port, egress to every peer: the cluster's pods with that port are the peers it resolves against",
-		policy: policy("y", "named-out", nil, func(s *networkingv1.NetworkPolicySpec) {
-			s.Egress = []networkingv1.NetworkPolicyEgressRule{{Ports: []networkingv1.NetworkPolicyPort{namedPort(corev1.ProtocolTCP, "http"), tcpPort(80)}}}
+		policy: pt.Policy("y", "named-out", nil, func(s *networkingv1.NetworkPolicySpec) {
+			s.Egress = []networkingv1.NetworkPolicyEgressRule{{Ports: []networkingv1.NetworkPolicyPort{pt.NamedPort(corev1.ProtocolTCP, "http"), pt.TCPPort(80)}}}
 		}),
 		want: []pipeline.PolicyState{{Namespace: "y", Name: "named-out", Ingress: true, Egress: true, Pods: []pipeline.PolicyPod{{OFPort: 12}},
 			EgressRules: []pipeline.PolicyRule{{AllPeers: true,
@@ -269,10 +230,10 @@ func TestResolvePolicies(t *testing.T) {
 				Ports: []pipeline.PolicyPort{{Protocol: IPProtoTCP, Name: "http"}, tcp80}}}}},
 	}, {
 		name: "named port, egress to an ipBlock: the pods inside it that have the port; selector peers carry theirs",
-		policy: policy("y", "named-block", nil, func(s *networkingv1.NetworkPolicySpec) {
+		policy: pt.Policy("y", "named-block", nil, func(s *networkingv1.NetworkPolicySpec) {
 			s.Egress = []networkingv1.NetworkPolicyEgressRule{{
-				To:    []networkingv1.NetworkPolicyPeer{blockPeer("10.128.0.0/23", "10.128.0.11/32"), nsPeer(lbl("kubernetes.io/metadata.name", "z"))},
-				Ports: []networkingv1.NetworkPolicyPort{namedPort(corev1.ProtocolTCP, "http")}}}
+				To:    []networkingv1.NetworkPolicyPeer{pt.BlockPeer("10.128.0.0/23", "10.128.0.11/32"), pt.NsPeer(pt.Labels("kubernetes.io/metadata.name", "z"))},
+				Ports: []networkingv1.NetworkPolicyPort{pt.NamedPort(corev1.ProtocolTCP, "http")}}}
 		}),
 		want: []pipeline.PolicyState{{Namespace: "y", Name: "named-block", Ingress: true, Egress: true, Pods: []pipeline.PolicyPod{{OFPort: 12}},
 			EgressRules: []pipeline.PolicyRule{{
@@ -281,12 +242,12 @@ func TestResolvePolicies(t *testing.T) {
 				Ports: []pipeline.PolicyPort{{Protocol: IPProtoTCP, Name: "http"}}}}}},
 	}, {
 		name: "bad input narrows: an unparsable peer selector matches nothing, a named port nobody has allows nothing, an ipBlock covering the cluster network is told",
-		policy: policy("x", "bad", lbl("app", "a"), func(s *networkingv1.NetworkPolicySpec) {
+		policy: pt.Policy("x", "bad", pt.Labels("app", "a"), func(s *networkingv1.NetworkPolicySpec) {
 			s.Ingress = []networkingv1.NetworkPolicyIngressRule{
 				{From: []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
 					{Key: "app", Operator: "Near", Values: []string{"a"}}}}}}},
-				{Ports: []networkingv1.NetworkPolicyPort{namedPort(corev1.ProtocolSCTP, "nope")}},
-				{From: []networkingv1.NetworkPolicyPeer{blockPeer("0.0.0.0/0")}},
+				{Ports: []networkingv1.NetworkPolicyPort{pt.NamedPort(corev1.ProtocolSCTP, "nope")}},
+				{From: []networkingv1.NetworkPolicyPeer{pt.BlockPeer("0.0.0.0/0")}},
 				{Ports: []networkingv1.NetworkPolicyPort{{Port: ptr.To(intstr.FromInt32(70000))}}},
 			}
 		}),
@@ -304,17 +265,17 @@ func TestResolvePolicies(t *testing.T) {
 		},
 	}, {
 		name: "an unparsable podSelector selects nothing, and says so",
-		policy: policy("x", "badsel", nil, func(s *networkingv1.NetworkPolicySpec) {
+		policy: pt.Policy("x", "badsel", nil, func(s *networkingv1.NetworkPolicySpec) {
 			s.PodSelector = metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "app", Operator: metav1.LabelSelectorOpIn}}}
 		}),
 		problems: []string{"spec.podSelector cannot be parsed"},
 	}, {
 		name:   "a policy of a namespace without local pods renders nothing here",
-		policy: policy("z", "far", nil, nil),
+		policy: pt.Policy("z", "far", nil, nil),
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			x := newTestIndex(testPods, tc.policy)
-			got := x.resolve()
+			got := x.Resolve()
 			if len(got) == 0 {
 				got = nil
 			}
@@ -322,7 +283,7 @@ func TestResolvePolicies(t *testing.T) {
 				t.Errorf("states:\n got %+v\nwant %+v", got, tc.want)
 			}
 			var msgs []string
-			for _, p := range x.problems()[tc.policy.Namespace+"/"+tc.policy.Name] {
+			for _, p := range x.Problems()[tc.policy.Namespace+"/"+tc.policy.Name] {
 				msgs = append(msgs, p.Message)
 			}
 			if len(msgs) != len(tc.problems) {
@@ -345,8 +306,8 @@ type world struct {
 	nodeAddrs  map[string][]netip.Addr
 }
 
-func (w *world) local() map[string]localPod {
-	out := map[string]localPod{}
+func (w *world) local() map[string]Attachment {
+	out := map[string]Attachment{}
 	for k, p := range w.pods {
 		if att, ok := p.attachment(); ok {
 			out[k] = att
@@ -356,20 +317,20 @@ func (w *world) local() map[string]localPod {
 }
 
 // fromScratch resolves the world with a new index.
-func (w *world) fromScratch() ([]pipeline.PolicyState, map[string][]policyProblem) {
-	x := newPolicyIndex("n1")
+func (w *world) fromScratch() ([]pipeline.PolicyState, map[string][]Problem) {
+	x := NewIndex("n1")
 	for ns, l := range w.namespaces {
-		x.setNamespace(ns, l, false)
+		x.SetNamespace(ns, l, false)
 	}
 	for k, p := range w.pods {
-		x.setPod(k, policyPodOf(k8sobj.PodOf(p.api())))
+		x.SetPod(k, PodOf(k8sobj.PodOf(p.api())))
 	}
 	for k, np := range w.policies {
-		x.setPolicy(k, np)
+		x.SetPolicy(k, np)
 	}
-	x.setLocal(w.local())
-	x.setNodes(w.nodeAddrs, testClusterNets)
-	return x.resolve(), x.problems()
+	x.SetLocal(w.local())
+	x.SetNodes(w.nodeAddrs, testClusterNets)
+	return x.Resolve(), x.Problems()
 }
 
 // randomPolicy builds a policy from the shapes the API allows.
@@ -383,7 +344,7 @@ func randomPolicy(r *rand.Rand, ns, name string) *networkingv1.NetworkPolicy {
 			return &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
 				{Key: "app", Operator: metav1.LabelSelectorOpNotIn, Values: []string{pick("a", "b", "c")}}}}
 		}
-		return &metav1.LabelSelector{MatchLabels: lbl(pick("app", "role"), pick("a", "b", "c", "r1", "r2"))}
+		return &metav1.LabelSelector{MatchLabels: pt.Labels(pick("app", "role"), pick("a", "b", "c", "r1", "r2"))}
 	}
 	peers := func() []networkingv1.NetworkPolicyPeer {
 		var out []networkingv1.NetworkPolicyPeer
@@ -392,11 +353,11 @@ func randomPolicy(r *rand.Rand, ns, name string) *networkingv1.NetworkPolicy {
 			case 0:
 				out = append(out, networkingv1.NetworkPolicyPeer{PodSelector: sel()})
 			case 1:
-				out = append(out, networkingv1.NetworkPolicyPeer{NamespaceSelector: &metav1.LabelSelector{MatchLabels: lbl("team", pick("a", "b"))}})
+				out = append(out, networkingv1.NetworkPolicyPeer{NamespaceSelector: &metav1.LabelSelector{MatchLabels: pt.Labels("team", pick("a", "b"))}})
 			case 2:
-				out = append(out, networkingv1.NetworkPolicyPeer{PodSelector: sel(), NamespaceSelector: &metav1.LabelSelector{MatchLabels: lbl("team", pick("a", "b"))}})
+				out = append(out, networkingv1.NetworkPolicyPeer{PodSelector: sel(), NamespaceSelector: &metav1.LabelSelector{MatchLabels: pt.Labels("team", pick("a", "b"))}})
 			default:
-				out = append(out, blockPeer(pick("10.128.0.0/23", "10.128.2.0/24", "0.0.0.0/0"), pick("10.128.0.16/28", "10.128.2.0/30")))
+				out = append(out, pt.BlockPeer(pick("10.128.0.0/23", "10.128.2.0/24", "0.0.0.0/0"), pick("10.128.0.16/28", "10.128.2.0/30")))
 			}
 		}
 		return out
@@ -405,14 +366,14 @@ func randomPolicy(r *rand.Rand, ns, name string) *networkingv1.NetworkPolicy {
 		var out []networkingv1.NetworkPolicyPort
 		for range r.IntN(3) {
 			if r.IntN(2) == 0 {
-				out = append(out, namedPort(corev1.ProtocolTCP, pick("http", "metrics")))
+				out = append(out, pt.NamedPort(corev1.ProtocolTCP, pick("http", "metrics")))
 			} else {
-				out = append(out, tcpPort(80+r.IntN(3)))
+				out = append(out, pt.TCPPort(80+r.IntN(3)))
 			}
 		}
 		return out
 	}
-	return policy(ns, name, sel().MatchLabels, func(s *networkingv1.NetworkPolicySpec) {
+	return pt.Policy(ns, name, sel().MatchLabels, func(s *networkingv1.NetworkPolicySpec) {
 		for range r.IntN(3) {
 			s.Ingress = append(s.Ingress, networkingv1.NetworkPolicyIngressRule{From: peers(), Ports: ports()})
 		}
@@ -431,7 +392,7 @@ func TestIncrementalResolutionMatchesFromScratch(t *testing.T) {
 	r := rand.New(rand.NewPCG(7, 11))
 	w := &world{pods: map[string]tpod{}, namespaces: map[string]map[string]string{}, policies: map[string]*networkingv1.NetworkPolicy{},
 		nodeAddrs: map[string][]netip.Addr{"n1": testNodeAddrs["n1"], "n2": testNodeAddrs["n2"]}}
-	x := newPolicyIndex("n1")
+	x := NewIndex("n1")
 	namespaces := []string{"x", "y", "z"}
 	pick := func(s ...string) string { return s[r.IntN(len(s))] }
 	computed := 0
@@ -445,13 +406,13 @@ func TestIncrementalResolutionMatchesFromScratch(t *testing.T) {
 			key := k8sobj.PodKey(ns, name)
 			if _, ok := w.pods[key]; ok && r.IntN(5) == 0 {
 				delete(w.pods, key)
-				x.setPod(key, nil)
+				x.SetPod(key, nil)
 				what = "delete pod " + key
 				break
 			}
 			i := int(ns[0]-'x')*16 + n // unique per pod, as addresses and ports are
 			p := tpod{ns: ns, name: name, node: pick("n1", "n2"), ip: fmt.Sprintf("10.128.%d.%d", 2*r.IntN(2), 16+i),
-				labels: lbl("app", pick("a", "b", "c"), "role", pick("r1", "r2"))}
+				labels: pt.Labels("app", pick("a", "b", "c"), "role", pick("r1", "r2"))}
 			if p.node == "n1" && r.IntN(4) > 0 {
 				p.ofport = uint32(100 + i)
 			}
@@ -468,35 +429,35 @@ func TestIncrementalResolutionMatchesFromScratch(t *testing.T) {
 				p.ip = w.nodeAddrs[p.node][0].String()
 			}
 			if r.IntN(2) == 0 {
-				p.ports = []corev1.ContainerPort{named(pick("http", "metrics"), corev1.ProtocolTCP, int32(8000+r.IntN(3)))}
+				p.ports = []corev1.ContainerPort{pt.Named(pick("http", "metrics"), corev1.ProtocolTCP, int32(8000+r.IntN(3)))}
 			}
 			w.pods[key] = p
-			x.setPod(key, policyPodOf(k8sobj.PodOf(p.api())))
+			x.SetPod(key, PodOf(k8sobj.PodOf(p.api())))
 			what = fmt.Sprintf("set pod %+v", p)
 		case op < 6: // a policy comes, changes or goes
 			ns := namespaces[r.IntN(3)]
 			key := ns + "/" + fmt.Sprint("np", r.IntN(6))
 			if _, ok := w.policies[key]; ok && r.IntN(4) == 0 {
 				delete(w.policies, key)
-				x.setPolicy(key, nil)
+				x.SetPolicy(key, nil)
 				what = "delete policy " + key
 				break
 			}
 			np := randomPolicy(r, ns, strings.TrimPrefix(key, ns+"/"))
 			w.policies[key] = np
-			x.setPolicy(key, np)
+			x.SetPolicy(key, np)
 			what = "set policy " + key
 		case op < 8: // a namespace is relabelled, created or deleted
 			ns := namespaces[r.IntN(3)]
 			if r.IntN(6) == 0 {
 				delete(w.namespaces, ns)
-				x.setNamespace(ns, nil, true)
+				x.SetNamespace(ns, nil, true)
 				what = "delete namespace " + ns
 				break
 			}
-			l := lbl("kubernetes.io/metadata.name", ns, "team", pick("a", "b", "c"))
+			l := pt.Labels("kubernetes.io/metadata.name", ns, "team", pick("a", "b", "c"))
 			w.namespaces[ns] = l
-			x.setNamespace(ns, l, false)
+			x.SetNamespace(ns, l, false)
 			what = fmt.Sprintf("namespace %s labels %v", ns, l)
 		case op < 9: // a pod is attached or detached here without any API change (CNI)
 			keys := slices.Sorted(func(yield func(string) bool) {
@@ -532,9 +493,9 @@ func TestIncrementalResolutionMatchesFromScratch(t *testing.T) {
 			}
 		}
 		computed += before
-		x.setLocal(w.local())
-		x.setNodes(w.nodeAddrs, testClusterNets)
-		got, gotProblems := x.resolve(), x.problems()
+		x.SetLocal(w.local())
+		x.SetNodes(w.nodeAddrs, testClusterNets)
+		got, gotProblems := x.Resolve(), x.Problems()
 		want, wantProblems := w.fromScratch()
 		if !reflect.DeepEqual(got, want) || !reflect.DeepEqual(gotProblems, wantProblems) {
 			t.Fatalf("step %d (%s): incremental\n%+v\n%v\nfrom scratch\n%+v\n%v", step, what, got, gotProblems, want, wantProblems)
@@ -557,10 +518,10 @@ func TestPodChangeMarksOnlyPoliciesItAlters(t *testing.T) {
 		}
 	}
 	x := newTestIndex(testPods,
-		policy("x", "from-c", lbl("app", "a"), from(podPeer(lbl("app", "c")))),
-		policy("x", "from-db", lbl("app", "b"), from(podPeer(lbl("role", "db")))),
-		policy("y", "from-team-a", nil, from(nsPeer(lbl("team", "a")))))
-	x.resolve()
+		pt.Policy("x", "from-c", pt.Labels("app", "a"), from(pt.PodPeer(pt.Labels("app", "c")))),
+		pt.Policy("x", "from-db", pt.Labels("app", "b"), from(pt.PodPeer(pt.Labels("role", "db")))),
+		pt.Policy("y", "from-team-a", nil, from(pt.NsPeer(pt.Labels("team", "a")))))
+	x.Resolve()
 	dirty := func() []string {
 		var out []string
 		for k, e := range x.policies {
@@ -569,7 +530,7 @@ func TestPodChangeMarksOnlyPoliciesItAlters(t *testing.T) {
 			}
 		}
 		slices.Sort(out)
-		x.resolve()
+		x.Resolve()
 		return out
 	}
 	c := testPods[2] // x/c on n2, app=c: a peer of x/from-c and y/from-team-a
@@ -578,12 +539,12 @@ func TestPodChangeMarksOnlyPoliciesItAlters(t *testing.T) {
 		pod  tpod
 		want []string
 	}{
-		{"a label nobody selects on", tpod{ns: c.ns, name: c.name, node: c.node, ip: c.ip, labels: lbl("app", "c", "version", "2"), ports: c.ports}, nil},
-		{"out of one peer", tpod{ns: c.ns, name: c.name, node: c.node, ip: c.ip, labels: lbl("app", "z"), ports: c.ports}, []string{"x/from-c"}},
-		{"into another", tpod{ns: c.ns, name: c.name, node: c.node, ip: c.ip, labels: lbl("app", "z", "role", "db"), ports: c.ports}, []string{"x/from-db"}},
-		{"a new address", tpod{ns: c.ns, name: c.name, node: c.node, ip: "10.128.2.99", labels: lbl("app", "z", "role", "db"), ports: c.ports}, []string{"x/from-db", "y/from-team-a"}},
+		{"a label nobody selects on", tpod{ns: c.ns, name: c.name, node: c.node, ip: c.ip, labels: pt.Labels("app", "c", "version", "2"), ports: c.ports}, nil},
+		{"out of one peer", tpod{ns: c.ns, name: c.name, node: c.node, ip: c.ip, labels: pt.Labels("app", "z"), ports: c.ports}, []string{"x/from-c"}},
+		{"into another", tpod{ns: c.ns, name: c.name, node: c.node, ip: c.ip, labels: pt.Labels("app", "z", "role", "db"), ports: c.ports}, []string{"x/from-db"}},
+		{"a new address", tpod{ns: c.ns, name: c.name, node: c.node, ip: "10.128.2.99", labels: pt.Labels("app", "z", "role", "db"), ports: c.ports}, []string{"x/from-db", "y/from-team-a"}},
 	} {
-		x.setPod(k8sobj.PodKey(c.ns, c.name), policyPodOf(k8sobj.PodOf(step.pod.api())))
+		x.SetPod(k8sobj.PodKey(c.ns, c.name), PodOf(k8sobj.PodOf(step.pod.api())))
 		if got := dirty(); !slices.Equal(got, step.want) {
 			t.Errorf("%s: marked %v, want %v", step.what, got, step.want)
 		}
