@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ofsdn/ofsdn/agent/attach"
 	"github.com/ofsdn/ofsdn/agent/k8sobj"
 	"github.com/ofsdn/ofsdn/agent/nodenet"
 	"github.com/ofsdn/ofsdn/agent/policy"
@@ -54,7 +55,7 @@ type Config struct {
 	// ResyncPeriod is how often the agent compares the bridge with what it wants and repairs drift.
 	ResyncPeriod time.Duration
 	// AbsentPodGrace is how long after its ADD an attached pod may be missing from the API before the
-	// agent releases its attachment (DefaultAbsentPodGrace).
+	// agent releases its attachment (attach.DefaultAbsentPodGrace).
 	AbsentPodGrace time.Duration
 	// UplinkLinger is how long br0's uplink port outlives a change from encapsulation none back to vxlan
 	// (DefaultUplinkLinger), for peers that still send unencapsulated until they follow.
@@ -101,7 +102,7 @@ func (c *Config) defaults() error {
 		c.UplinkLinger = DefaultUplinkLinger
 	}
 	if c.AbsentPodGrace == 0 {
-		c.AbsentPodGrace = DefaultAbsentPodGrace
+		c.AbsentPodGrace = attach.DefaultAbsentPodGrace
 	}
 	if c.DebugSocket == "" {
 		c.DebugSocket = DefaultDebugSocket(c.OVSRunDir, c.Bridge)
@@ -128,7 +129,7 @@ type Deps struct {
 }
 
 // Agent is one node's agent: informers and CNI requests feed its nodeView; flowSync renders it onto
-// br0; hostSync carries it to the host (routes, nf_tables); podNetwork serves the CNI plugin.
+// br0; hostSync carries it to the host (routes, nf_tables); attach.Handler serves the CNI plugin.
 type Agent struct {
 	cfg     Config
 	deps    Deps
@@ -137,7 +138,7 @@ type Agent struct {
 	fs      *flowSync
 	host    *hostSide
 	hostFwd *hostSync
-	pods    *podNetwork
+	pods    *attach.Handler
 	metrics *Metrics
 	events  record.EventRecorder
 	// conflicts tells each hostPort conflict once; policyProblems each NetworkPolicy problem.
@@ -192,19 +193,20 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	a.fs.host = a.hostFwd
 	a.fs.onIndexChanged = a.saveOwnerIndex
 	a.health = newHealth()
-	a.health.viewReady, a.health.flowLoop, a.fs.health = a.view.ready, a.fs.ping, a.health
+	a.health.viewReady, a.health.flowLoop, a.fs.health = a.view.Ready, a.fs.ping, a.health
 	if err := deps.Metrics.Registry.Register(newStateCollector(a.counts)); err != nil {
 		return nil, fmt.Errorf("agent: metrics: %w", err)
 	}
-	a.pods = &podNetwork{view: a.view, sync: a.fs, db: deps.DB, bridge: cfg.Bridge, hostNetNS: cfg.HostNetNS,
-		netdev: cfg.DatapathType == "netdev", stateDir: filepath.Join(cfg.StateDir, "ipam"), log: log.WithName("cni"),
-		pendingDeletes: cni.PendingDeletesDirFor(cfg.CNISocket), absentGrace: cfg.AbsentPodGrace, bridgeUp: func() bool { return a.sess != nil && a.sess.Connected() }}
-
 	a.netInformers = networkinformers.NewSharedInformerFactory(deps.Net, 0)
 	// Every pod of the cluster (NetworkPolicy peers), trimmed to what the agent reads (k8sobj.Trim).
 	a.kubeInformers = kubeinformers.NewSharedInformerFactoryWithOptions(deps.Kube, 0, kubeinformers.WithTransform(k8sobj.Trim))
-	// Restore asks it whether a restored attachment's pod still exists.
-	a.pods.apiPods = apiPods{cache: a.kubeInformers.Core().V1().Pods().Informer().GetStore(), client: deps.Kube.CoreV1(), nodeName: cfg.NodeName}
+	a.pods = attach.New(attach.Config{Bridge: cfg.Bridge, HostNetNS: cfg.HostNetNS, Netdev: cfg.DatapathType == "netdev",
+		StateDir: filepath.Join(cfg.StateDir, "ipam"), PendingDeletes: cni.PendingDeletesDirFor(cfg.CNISocket),
+		AbsentGrace: cfg.AbsentPodGrace, Logger: log.WithName("cni")},
+		attach.Deps{Node: a.view, Flows: a.fs, DB: deps.DB, Readiness: a.health.Ready,
+			BridgeUp: func() bool { return a.sess != nil && a.sess.Connected() },
+			// Restore asks the pod informer (then the API server) whether a restored attachment's pod exists.
+			Pods: attach.APIPods{Cache: a.kubeInformers.Core().V1().Pods().Informer().GetStore(), Client: deps.Kube.CoreV1(), NodeName: cfg.NodeName}})
 	w := &watchNetwork{view: a.view, sync: a.fs, log: log}
 	if cfg.DatapathType == "netdev" {
 		a.neighbors = newTunnelNeighbors(cfg.HostNetNS, cfg.OVSRunDir, a.view.peers, log)
@@ -307,7 +309,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		{"sync informers", a.syncInformers},
 		{"wait for the node's subnet", a.waitForNode},
 		{"set up the node", a.setUpNode},
-		{"restore pods", a.pods.restore},
+		{"restore pods", a.pods.Restore},
 		{"install this round", a.installRound},
 		{"serve CNI", a.serveCNI},
 	}
@@ -393,8 +395,8 @@ func (a *Agent) syncInformers(ctx context.Context) error {
 
 // waitForNode waits until this node has a subnet and the cluster network is known.
 func (a *Agent) waitForNode(ctx context.Context) error {
-	for a.view.ready() != nil {
-		a.log.Info("waiting for the node's HostSubnet and the ClusterNetwork", "reason", a.view.ready())
+	for a.view.Ready() != nil {
+		a.log.Info("waiting for the node's HostSubnet and the ClusterNetwork", "reason", a.view.Ready())
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -419,10 +421,9 @@ func (a *Agent) setUpNode(ctx context.Context) error {
 		return err
 	}
 	a.view.update(func(v *nodeView) { v.vxlan0Port = uint16(vxlanPort) })
-	a.view.mu.Lock()
-	nc := nodenet.Config{HostNetNS: a.cfg.HostNetNS, Tun0: "tun0", LocalSubnet: a.view.localSubnet, Logger: a.cfg.Logger.WithName("nodenet"),
-		ClusterNetworks: append([]netip.Prefix(nil), a.view.clusterNets...), NodeIP: a.view.nodeIP}
-	a.view.mu.Unlock()
+	nodeIP, subnet, clusterNets := a.view.addressing()
+	nc := nodenet.Config{HostNetNS: a.cfg.HostNetNS, Tun0: "tun0", LocalSubnet: subnet, Logger: a.cfg.Logger.WithName("nodenet"),
+		ClusterNetworks: clusterNets, NodeIP: nodeIP}
 	if sn, err := netip.ParsePrefix(string(cn.Spec.ServiceNetwork)); err == nil {
 		nc.ServiceNetwork = sn
 	}
@@ -435,7 +436,7 @@ func (a *Agent) setUpNode(ctx context.Context) error {
 		mtu = uplink - 50 // VXLAN overhead
 	}
 	nc.MTU = mtu
-	a.pods.mtu = mtu
+	a.view.update(func(v *nodeView) { v.mtu = mtu })
 	// br0 serves services behind tun0 at link-local addresses of its own (flows/pipeline/services.go).
 	nc.BridgeAddresses = []netip.Addr{pipeline.ServiceHairpinIP, pipeline.ServiceNodePortIP}
 	nc.ServiceNextHop = pipeline.ServiceHairpinIP
@@ -491,12 +492,13 @@ func (a *Agent) serveCNI(ctx context.Context) error {
 	// Listening: connections queue until Serve takes them. Ready before the conflist tells the runtime.
 	a.health.setCNIListening(true)
 	defer a.health.setCNIListening(false)
-	if err := installCNI(a.cfg, a.pods.mtu); err != nil {
+	_, _, mtu := a.view.Subnet()
+	if err := installCNI(a.cfg, mtu); err != nil {
 		return err
 	}
 	go a.fs.run(ctx)
 	go a.hostFwd.run(ctx)
-	go a.pods.runJanitor(ctx) // DELs the plugin left while no agent listened, from now on too
+	go a.pods.RunJanitor(ctx) // DELs the plugin left while no agent listened, from now on too
 	go a.fs.resyncEvery(ctx, a.cfg.ResyncPeriod)
 	go a.health.watch(ctx)
 	a.health.setStep("")

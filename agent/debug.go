@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/ofsdn/ofsdn/agent/attach"
 	"github.com/ofsdn/ofsdn/agent/k8sobj"
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
 	"github.com/ofsdn/ofsdn/debugapi"
@@ -105,14 +106,6 @@ func (h *health) parts() (*ofswitch.Session, *reconcile.Reconciler, *ovsdb.Clien
 	return h.sess, h.recon, h.db
 }
 
-// readiness is the CNI STATUS answer: the agent's readiness where there is an agent, else the view's.
-func (p *podNetwork) readiness() error {
-	if p.sync != nil && p.sync.health != nil {
-		return p.sync.health.Ready()
-	}
-	return p.view.ready()
-}
-
 // counts reads the state gauges.
 func (a *Agent) counts() nodeCounts {
 	n := nodeCounts{Flows: map[reconcile.Category]int{}, Groups: map[reconcile.Category]int{}}
@@ -128,14 +121,7 @@ func (a *Agent) counts() nodeCounts {
 	if db != nil {
 		n.OVSDBUp = db.Connected()
 	}
-	a.view.mu.Lock()
-	n.Pods, n.Services = len(a.view.pods), len(a.view.services)
-	for name := range a.view.remote {
-		if name != a.view.nodeName {
-			n.RemoteNodes++
-		}
-	}
-	a.view.mu.Unlock()
+	n.Pods, n.Services, n.RemoteNodes = a.view.sizes()
 	n.Ready = a.health.Ready() == nil
 	return n
 }
@@ -173,7 +159,7 @@ func (d debugBackend) running() (*ofswitch.Session, *reconcile.Reconciler, error
 
 func (d debugBackend) Node(ctx context.Context) (*debugapi.NodeInfo, error) {
 	a := d.a
-	if err := a.view.ready(); err != nil {
+	if err := a.view.Ready(); err != nil {
 		return nil, fmt.Errorf("%w: %v", debugapi.ErrUnavailable, err)
 	}
 	st := a.view.snapshot().state
@@ -183,17 +169,12 @@ func (d debugBackend) Node(ctx context.Context) (*debugapi.NodeInfo, error) {
 	info := &debugapi.NodeInfo{Name: st.NodeName, Bridge: a.cfg.Bridge, NodeIP: st.NodeIP, Subnet: st.LocalSubnet,
 		Gateway: pipeline.Gateway(st.LocalSubnet), Mode: string(st.Mode), ClusterNetworks: st.ClusterNetworks,
 		Round: a.round, PipelineVersion: pipeline.PipelineVersion, NodePortAddress: pipeline.ServiceNodePortIP,
-		VNIDs: map[string]uint32{}}
+		VNIDs: a.view.namespaceVNIDs()}
 	if cn, err := a.netInformers.Network().V1().ClusterNetworks().Lister().Get(networkv1.ClusterNetworkName); err == nil {
 		if sn, err := netip.ParsePrefix(string(cn.Spec.ServiceNetwork)); err == nil {
 			info.ServiceNetwork = sn
 		}
 	}
-	a.view.mu.Lock()
-	for ns, v := range a.view.vnids {
-		info.VNIDs[ns] = v
-	}
-	a.view.mu.Unlock()
 	for _, p := range st.Pods {
 		info.Pods = append(info.Pods, debugapi.Pod{Namespace: p.Namespace, Name: p.Name, IP: p.IP, MAC: p.MAC.String(), OFPort: p.OFPort, VNID: p.VNID})
 	}
@@ -228,10 +209,10 @@ func (d debugBackend) Node(ctx context.Context) (*debugapi.NodeInfo, error) {
 		}
 		for _, p := range ports {
 			port := debugapi.Port{Name: p.Name, Type: p.Type, OFPort: p.OFPort, MAC: p.MAC, Error: p.Error}
-			if ns, name := p.ExternalIDs[extPodNamespace], p.ExternalIDs[extPodName]; ns != "" && name != "" {
+			if ns, name := p.ExternalIDs[attach.ExtPodNamespace], p.ExternalIDs[attach.ExtPodName]; ns != "" && name != "" {
 				port.Pod = k8sobj.PodKey(ns, name)
 			}
-			if ip, err := netip.ParseAddr(p.ExternalIDs[extIP]); err == nil {
+			if ip, err := netip.ParseAddr(p.ExternalIDs[attach.ExtIP]); err == nil {
 				port.IP = ip
 			}
 			info.Ports = append(info.Ports, port)

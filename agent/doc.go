@@ -25,11 +25,12 @@
 //     hostPort forwards (of this node's pods, from the cluster-wide pod informer), HostPortConflict Events — and hostSync, the loop that carries synced states there
 //     (and flushes stale UDP conntrack, at start those conntrack holds against the first state, then
 //     reads conntrack again to verify each flush) off the flow path.
-//   - cnihandler.go: the CNI verbs (IPAM in ipam/, the veth in podnet/, the OVS port with its external_ids);
-//     a repeated ADD of an intact attachment answers with its result and changes nothing.
-//   - restore.go: after a restart, every attachment's pieces (OVS port, reservation, marked veth, pending
-//     DEL) checked against its netns, the API server and newer sandboxes: the live ones come back, the rest
-//     are released; the janitor serves the DELs the plugin left while no agent could take them.
+//   - attach/ (its own package): the CNI verbs (IPAM in ipam/, the veth in podnet/, the OVS port with
+//     its external_ids); a repeated ADD of an intact attachment answers with its result and changes
+//     nothing; after a restart every attachment's pieces (OVS port, reservation, marked veth, pending
+//     DEL) are checked against its netns, the API server and newer sandboxes: the live ones come back,
+//     the rest are released; the janitor serves the DELs the plugin left while no agent could take
+//     them. It sees the view through attach.Node (view.go) and the flow loop through attach.Flows.
 //   - flowsync.go: render, diff per owner, one Apply; concurrent callers coalesce; failing owners keep
 //     their last good flows and are retried with back-off; resyncs (reconnect, periodic) run in its loop.
 //   - uplink.go: encapsulation none — br0's patch port into the OVS bridge holding the node's address,

@@ -116,6 +116,13 @@ func (f *flowSync) syncThrough(ctx context.Context, gen uint64, owners ...reconc
 	return st, nil
 }
 
+// SyncThrough is syncThrough for attachments (attach.Flows): they wait for their pod's flows, not for
+// the statistics.
+func (f *flowSync) SyncThrough(ctx context.Context, gen uint64, owners ...reconcile.Owner) error {
+	_, err := f.syncThrough(ctx, gen, owners...)
+	return err
+}
+
 // syncNow renders and reconciles the latest view synchronously.
 func (f *flowSync) syncNow(ctx context.Context) (reconcile.SyncStats, error) {
 	f.mu.Lock()
@@ -124,7 +131,7 @@ func (f *flowSync) syncNow(ctx context.Context) (reconcile.SyncStats, error) {
 }
 
 func (f *flowSync) syncLocked(ctx context.Context) (reconcile.SyncStats, error) {
-	if err := f.view.ready(); err != nil {
+	if err := f.view.Ready(); err != nil {
 		return reconcile.SyncStats{}, err
 	}
 	start := f.clock()

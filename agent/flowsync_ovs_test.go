@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ofsdn/ofsdn/agent/attach"
 	"github.com/ofsdn/ofsdn/agent/k8sobj"
 	"github.com/ofsdn/ofsdn/flows/openflow"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
@@ -27,7 +28,7 @@ func TestRefusedOwnerDoesNotStopTheNode(t *testing.T) {
 	b := ofbridge.New(t)
 	ctx := context.Background()
 	v := testView()
-	v.update(func(v *nodeView) { v.pods = map[string]localPod{} })
+	v.update(func(v *nodeView) { v.pods = map[string]attach.Pod{} })
 	fs := newFlowSync(v, reconcile.New(b.Switch, reconcile.Config{Round: 1, PipelineVersion: pipeline.PipelineVersion, VersionOf: pipeline.VersionOf}), klog.Background())
 	fs.metrics = NewMetrics(nil)
 	var reported []string
@@ -48,7 +49,7 @@ func TestRefusedOwnerDoesNotStopTheNode(t *testing.T) {
 		p := b.Inst.AddPod(ofbridge.Name, fmt.Sprint("p", i), netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 128, 0, host}), 23), mac, 20+i)
 		pods = append(pods, p)
 		gen := v.update(func(v *nodeView) {
-			v.pods[k8sobj.PodKey("a", p.Name)] = localPod{Namespace: "a", Name: p.Name, IP: p.IP.Addr(), MAC: mac, OFPort: uint32(p.OFPort)}
+			v.pods[k8sobj.PodKey("a", p.Name)] = attach.Pod{Namespace: "a", Name: p.Name, IP: p.IP.Addr(), MAC: mac, OFPort: uint32(p.OFPort)}
 		})
 		if _, err := fs.syncThrough(ctx, gen, pipeline.PodOwner("a", p.Name)); err != nil {
 			t.Fatalf("pod %s: %v", p.Name, err)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/ofsdn/ofsdn/agent/attach"
 	"github.com/ofsdn/ofsdn/cni"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -49,7 +50,7 @@ func TestHealthChecks(t *testing.T) {
 	set := func(p *bool, v bool) { mu.Lock(); *p = v; mu.Unlock() }
 	viewErr := errors.New("no HostSubnet for node n1 yet")
 	h.viewReady = func() error { mu.Lock(); defer mu.Unlock(); return viewErr }
-	pods := &podNetwork{view: testView(), sync: &flowSync{health: h}}
+	pods := attach.New(attach.Config{}, attach.Deps{Node: testView(), Flows: &flowSync{}, Readiness: h.Ready})
 
 	if err := failed(h.liveness()); err != nil {
 		t.Fatalf("not live during start-up: %v", err)

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ofsdn/ofsdn/agent/attach"
 	"github.com/ofsdn/ofsdn/agent/k8sobj"
 	"github.com/ofsdn/ofsdn/agent/nodenet"
 	"github.com/ofsdn/ofsdn/agent/policy"
@@ -140,7 +141,7 @@ type hostPortConflict struct {
 // hostPortsOf resolves the local pods' hostPorts: oldest pod first, so a port never changes hands while
 // its holder lives; a later pod asking for a held port (same protocol and port, on an overlapping host
 // IP) is reported, not given it. Pods not attached yet (no IP) wait.
-func hostPortsOf(pods map[string]localPod, hp map[string]hostPortPod) ([]nodenet.HostPort, []hostPortConflict) {
+func hostPortsOf(pods map[string]attach.Pod, hp map[string]hostPortPod) ([]nodenet.HostPort, []hostPortConflict) {
 	keys := make([]string, 0, len(hp))
 	for k := range hp {
 		keys = append(keys, k)

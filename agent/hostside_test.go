@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ofsdn/ofsdn/agent/attach"
 	"github.com/ofsdn/ofsdn/agent/nodenet"
 	"github.com/ofsdn/ofsdn/agent/policy"
 	"github.com/ofsdn/ofsdn/flows/openflow"
@@ -19,7 +20,7 @@ import (
 
 func TestHostPortsOf(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	pods := map[string]localPod{
+	pods := map[string]attach.Pod{
 		"a/old": {IP: netip.MustParseAddr("10.128.0.5")},
 		"a/new": {IP: netip.MustParseAddr("10.128.0.6")},
 		"a/ip":  {IP: netip.MustParseAddr("10.128.0.7")},

@@ -20,7 +20,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
-	"github.com/ofsdn/ofsdn/agent/k8sobj"
+	"github.com/ofsdn/ofsdn/agent/attach"
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
 	networkfake "github.com/ofsdn/ofsdn/client/clientset/versioned/fake"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
@@ -265,7 +265,7 @@ func TestHostSubnetHandler(t *testing.T) {
 	if n := api.logs.count("malformed HostSubnet ignored"); n != 2 {
 		t.Errorf("%d malformed HostSubnets reported, want 2 (bad, badip)", n)
 	}
-	if err := a.view.ready(); err != nil {
+	if err := a.view.Ready(); err != nil {
 		t.Errorf("view not ready with a HostSubnet and the ClusterNetwork: %v", err)
 	}
 	if st.LocalSubnet != netip.MustParsePrefix("10.128.0.0/23") || st.NodeIP != netip.MustParseAddr("192.0.2.1") || st.NodeName != testNode {
@@ -318,21 +318,19 @@ func TestHostSubnetHandler(t *testing.T) {
 	}
 }
 
-// attach puts a pod on the node's bridge in the view, as a CNI ADD does, and returns the view's
+// attachPod puts a pod on the node's bridge in the view, as a CNI ADD does, and returns the view's
 // generation with it.
-func attach(a *Agent, namespace, name, ip string, ofport uint32) uint64 {
-	return a.view.update(func(v *nodeView) {
-		v.pods[k8sobj.PodKey(namespace, name)] = localPod{Namespace: namespace, Name: name, IP: netip.MustParseAddr(ip),
-			MAC: net.HardwareAddr{0x0a, 0x58, 10, 128, 0, byte(ofport)}, OFPort: ofport}
-	})
+func attachPod(a *Agent, namespace, name, ip string, ofport uint32) uint64 {
+	return a.view.Attach(attach.Pod{Namespace: namespace, Name: name, IP: netip.MustParseAddr(ip),
+		MAC: net.HardwareAddr{0x0a, 0x58, 10, 128, 0, byte(ofport)}, OFPort: ofport})
 }
 
 func TestNetNamespaceHandler(t *testing.T) {
 	a, api := startAgent(t, clusterNetwork("default", networkv1.PluginModeMultitenant, "10.128.0.0/14"),
 		hostSubnet(testNode, testNode, "192.0.2.1", "10.128.0.0/23"), netNamespace("blue", 12), netNamespace("default", 0))
-	attach(a, "blue", "b1", "10.128.0.5", 5)
-	attach(a, "red", "r1", "10.128.0.6", 6)
-	attach(a, "default", "d1", "10.128.0.7", 7)
+	attachPod(a, "blue", "b1", "10.128.0.5", 5)
+	attachPod(a, "red", "r1", "10.128.0.6", 6)
+	attachPod(a, "default", "d1", "10.128.0.7", 7)
 	vnids := func(st pipeline.NodeState) map[string]uint32 {
 		m := map[string]uint32{}
 		for _, p := range st.Pods {

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ofsdn/ofsdn/agent/attach"
 	pt "github.com/ofsdn/ofsdn/agent/policy/policytest"
 
 	"github.com/ofsdn/ofsdn/agent/k8sobj"
@@ -99,14 +100,14 @@ func newPolicyAgentOn(t testing.TB, sw reconcile.Switch, mode networkv1.PluginMo
 	a.events, a.conflicts.recorder, a.policyProblems.recorder = pa.events, pa.events, pa.events
 	a.recon = reconcile.New(sw, reconcile.Config{Round: 1, PipelineVersion: pipeline.PipelineVersion, VersionOf: pipeline.VersionOf})
 	a.fs.r = a.recon
-	proc.Eventually(t, waitTimeout, "the node's subnet and cluster network", func() bool { return a.view.ready() == nil })
+	proc.Eventually(t, waitTimeout, "the node's subnet and cluster network", func() bool { return a.view.Ready() == nil })
 	go a.hostFwd.run(api.ctx)
 	return pa
 }
 
 // attach puts a pod on the bridge as a CNI ADD does.
 func (pa *policyAgent) attach(ns, name, ip string, ofport uint32) uint64 {
-	return attach(pa.Agent, ns, name, ip, ofport)
+	return attachPod(pa.Agent, ns, name, ip, ofport)
 }
 
 // flowsOf is an owner's flows on the switch, as ovs-ofctl prints them (without cookies).
@@ -318,18 +319,19 @@ func TestTrimForAgent(t *testing.T) {
 func equalObjects(a, b any) bool { return fmt.Sprintf("%#v", a) == fmt.Sprintf("%#v", b) }
 
 // TestRestoreLooksUpPodsInTheAgentPodCache: restore's cache lookup reads the cluster-wide informer's
-// agentPods: a pod of this node is found with its UID and its static pod's UID (mirror); a pod bound
+// k8sobj.Pods: a pod of this node is found with its UID and its static pod's UID (mirror); a pod bound
 // elsewhere, or unknown, is left to the API server.
 func TestRestoreLooksUpPodsInTheAgentPodCache(t *testing.T) {
 	here := apiPod("x", "here", "n1", "10.128.0.10", nil)
 	here.UID, here.Annotations = "uid-here", map[string]string{k8sobj.MirrorAnnotation: "uid-static"}
 	there := apiPod("x", "there", "n2", "10.128.2.10", nil)
 	pa := newPolicyAgent(t, networkv1.PluginModeSubnet, apiNamespace("x", nil), here, there)
-	if uid, mirror, ok := pa.pods.apiPods.Cached("x", "here"); !ok || uid != "uid-here" || mirror != "uid-static" {
+	lookup := attach.APIPods{Cache: pa.kubeInformers.Core().V1().Pods().Informer().GetStore(), NodeName: "n1"}
+	if uid, mirror, ok := lookup.Cached("x", "here"); !ok || uid != "uid-here" || mirror != "uid-static" {
 		t.Errorf("x/here: %q %q %v", uid, mirror, ok)
 	}
 	for _, name := range []string{"there", "absent"} {
-		if _, _, ok := pa.pods.apiPods.Cached("x", name); ok {
+		if _, _, ok := lookup.Cached("x", name); ok {
 			t.Errorf("x/%s found in this node's cache", name)
 		}
 	}

@@ -297,7 +297,7 @@ func TestHostPortWatch(t *testing.T) {
 		pod("done", testNode, 0, func(p *corev1.Pod) { p.Status.Phase = corev1.PodSucceeded }, hp(5050, 50, "")),
 	)
 	for i, name := range []string{"old", "new", "pinned", "hostnet", "done"} {
-		attach(a, "a", name, fmt.Sprintf("10.128.0.%d", 10+i), uint32(10+i))
+		attachPod(a, "a", name, fmt.Sprintf("10.128.0.%d", 10+i), uint32(10+i))
 	}
 	a.view.mu.Lock()
 	var keys []string

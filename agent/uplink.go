@@ -146,15 +146,7 @@ func (u *uplinkSync) run(ctx context.Context) {
 func (u *uplinkSync) ensure(ctx context.Context) error {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	u.view.mu.Lock()
-	encap, nodeIP := u.view.encap, u.view.nodeIP
-	peers := make(map[netip.Addr][]string, len(u.view.remote))
-	for name, n := range u.view.remote {
-		if name != u.view.nodeName && n.NodeIP.IsValid() {
-			peers[n.NodeIP] = append(peers[n.NodeIP], name)
-		}
-	}
-	u.view.mu.Unlock()
+	encap, nodeIP, peers := u.view.peersByAddress()
 
 	var errs []error
 	gwMAC, err := u.host.GatewayMAC()

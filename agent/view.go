@@ -3,12 +3,14 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"slices"
 	"sort"
 	"sync"
 
+	"github.com/ofsdn/ofsdn/agent/attach"
 	"github.com/ofsdn/ofsdn/agent/k8sobj"
 	"github.com/ofsdn/ofsdn/agent/nodenet"
 	"github.com/ofsdn/ofsdn/agent/policy"
@@ -17,18 +19,6 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 )
-
-// localPod is a pod attached to this node's bridge.
-type localPod struct {
-	Namespace, Name string
-	SandboxID       string
-	IfName          string // the interface in the sandbox ("" when restored from a port made before it was recorded)
-	NetNS           string // the sandbox's netns path, as the runtime gave it ("" likewise)
-	IP              netip.Addr
-	MAC             net.HardwareAddr
-	OFPort          uint32
-	HostVeth        string
-}
 
 // nodeView is the agent's picture of everything its flows depend on. Informer handlers and the CNI
 // server write it; flowSync reads consistent snapshots of it.
@@ -39,9 +29,10 @@ type nodeView struct {
 	clusterNets []netip.Prefix
 	nodeIP      netip.Addr
 	localSubnet netip.Prefix
+	mtu         int                            // the pods' MTU, once the node is set up
 	remote      map[string]pipeline.RemoteNode // by node name
 	vnids       map[string]uint32              // namespace → VNID
-	pods        map[string]localPod            // by namespace/name
+	pods        map[string]attach.Pod          // by namespace/name
 	// Services and EndpointSlices by namespace/name, as the informer cache holds them (read-only).
 	services  map[string]*corev1.Service
 	slices    map[string]*discoveryv1.EndpointSlice
@@ -76,9 +67,79 @@ type remotePod struct {
 
 func newNodeView(nodeName string) *nodeView {
 	return &nodeView{nodeName: nodeName, mode: pipeline.ModeSubnet, remote: map[string]pipeline.RemoteNode{},
-		vnids: map[string]uint32{}, pods: map[string]localPod{}, services: map[string]*corev1.Service{},
+		vnids: map[string]uint32{}, pods: map[string]attach.Pod{}, services: map[string]*corev1.Service{},
 		slices: map[string]*discoveryv1.EndpointSlice{}, hostPorts: map[string]hostPortPod{}, converted: serviceCache{},
 		encap: pipeline.EncapVXLAN, remotePods: map[string]remotePod{}}
+}
+
+// The view as attachments see it (attach.Node).
+
+func (v *nodeView) Name() string { return v.nodeName }
+
+func (v *nodeView) Subnet() (netip.Prefix, []netip.Prefix, int) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.localSubnet, slices.Clone(v.clusterNets), v.mtu
+}
+
+func (v *nodeView) Attached(key string) (attach.Pod, bool) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	p, ok := v.pods[key]
+	return p, ok
+}
+
+func (v *nodeView) Attach(p attach.Pod) uint64 {
+	return v.update(func(v *nodeView) { v.pods[k8sobj.PodKey(p.Namespace, p.Name)] = p })
+}
+
+func (v *nodeView) Detach(key, sandbox string) uint64 {
+	return v.update(func(v *nodeView) {
+		if p, ok := v.pods[key]; ok && p.SandboxID == sandbox {
+			delete(v.pods, key)
+		}
+	})
+}
+
+// Reads of the view for the rest of the agent: each takes the lock and copies.
+
+// addressing is the node's address, subnet and cluster networks.
+func (v *nodeView) addressing() (nodeIP netip.Addr, subnet netip.Prefix, clusterNets []netip.Prefix) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.nodeIP, v.localSubnet, slices.Clone(v.clusterNets)
+}
+
+// peersByAddress is the encapsulation, the node's address and the other nodes by address.
+func (v *nodeView) peersByAddress() (pipeline.Encapsulation, netip.Addr, map[netip.Addr][]string) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	peers := make(map[netip.Addr][]string, len(v.remote))
+	for name, n := range v.remote {
+		if name != v.nodeName && n.NodeIP.IsValid() {
+			peers[n.NodeIP] = append(peers[n.NodeIP], name)
+		}
+	}
+	return v.encap, v.nodeIP, peers
+}
+
+// sizes counts the attached pods, the services and the other nodes.
+func (v *nodeView) sizes() (pods, services, remoteNodes int) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for name := range v.remote {
+		if name != v.nodeName {
+			remoteNodes++
+		}
+	}
+	return len(v.pods), len(v.services), remoteNodes
+}
+
+// namespaceVNIDs copies the VNID of every namespace.
+func (v *nodeView) namespaceVNIDs() map[string]uint32 {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return maps.Clone(v.vnids)
 }
 
 // update applies f and returns the view's new generation: a sync of that generation or later includes f.
@@ -107,7 +168,7 @@ func (v *nodeView) peers() []netip.Addr {
 var errNotReady = errors.New("node not ready")
 
 // ready reports whether the node knows enough to render: its subnet, its IP and the cluster network.
-func (v *nodeView) ready() error {
+func (v *nodeView) Ready() error {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	switch {

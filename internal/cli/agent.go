@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ofsdn/ofsdn/agent"
+	"github.com/ofsdn/ofsdn/agent/attach"
 	"github.com/ofsdn/ofsdn/internal/kubeconfig"
 	"github.com/ofsdn/ofsdn/internal/version"
 	"k8s.io/klog/v2"
@@ -35,7 +36,7 @@ func Agent(args []string) int {
 	fs.StringVar(&cfg.CNIConfDir, "cni-conf-dir", "/etc/cni/net.d", "where to install the conflist")
 	fs.StringVar(&cfg.CNIBinDir, "cni-bin-dir", "/opt/cni/bin", "where to install the plugin binary")
 	fs.StringVar(&cfg.PluginBinary, "cni-plugin", defaultPlugin(), "plugin binary to install")
-	fs.DurationVar(&cfg.AbsentPodGrace, "absent-pod-grace", agent.DefaultAbsentPodGrace,
+	fs.DurationVar(&cfg.AbsentPodGrace, "absent-pod-grace", attach.DefaultAbsentPodGrace,
 		"how long after its ADD an attached pod may be missing from the API before its attachment is released (static pods get their mirror late)")
 	fs.DurationVar(&cfg.UplinkLinger, "uplink-linger", agent.DefaultUplinkLinger,
 		"encapsulation none: how long the uplink port stays after a change back to vxlan, for peers that have not followed yet")

@@ -1,4 +1,12 @@
-package agent
+// Package attach is the agent's CNI side: it serves the plugin's requests — an address from the node's
+// subnet (ipam/), the pod's veth (podnet/), its OVS port with ofsdn's external IDs — and puts the pod
+// into the agent's view, returning only once the pod's flows are installed; it undoes all of that on DEL
+// and GC. After a restart it restores the node's attachments from their pieces and releases the stale
+// ones (restore.go); its janitor serves the DELs the plugin left while no agent could take them.
+//
+// It knows the rest of the agent through two small interfaces: Node (the view's readiness, subnet and
+// attached pods) and Flows (install the view's flows up to a generation).
+package attach
 
 import (
 	"context"
@@ -17,6 +25,7 @@ import (
 	"github.com/ofsdn/ofsdn/agent/podnet"
 	"github.com/ofsdn/ofsdn/cni"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
+	"github.com/ofsdn/ofsdn/flows/reconcile"
 	"github.com/ofsdn/ofsdn/ovsdb"
 	"k8s.io/klog/v2"
 )
@@ -24,63 +33,140 @@ import (
 // External IDs ofsdn writes on a pod's OVS port: a restarted agent rebuilds its pods from them and checks
 // each against the sandbox's netns, the API server and the runtime's DELs (restore.go).
 const (
-	extPodNamespace = "ofsdn/pod-namespace"
-	extPodName      = "ofsdn/pod-name"
-	extPodUID       = "ofsdn/pod-uid" // K8S_POD_UID, when the runtime passes it
-	extSandbox      = "ofsdn/sandbox"
-	extIfName       = "ofsdn/ifname"
-	extNetNS        = "ofsdn/netns" // CNI_NETNS
-	extIP           = "ofsdn/ip"
-	extMAC          = "ofsdn/mac"
-	extAttached     = "ofsdn/attached" // when the ADD attached it (RFC 3339): of two sandboxes of a pod, the newer wins
+	ExtPodNamespace = "ofsdn/pod-namespace"
+	ExtPodName      = "ofsdn/pod-name"
+	ExtPodUID       = "ofsdn/pod-uid" // K8S_POD_UID, when the runtime passes it
+	ExtSandbox      = "ofsdn/sandbox"
+	ExtIfName       = "ofsdn/ifname"
+	ExtNetNS        = "ofsdn/netns" // CNI_NETNS
+	ExtIP           = "ofsdn/ip"
+	ExtMAC          = "ofsdn/mac"
+	ExtAttached     = "ofsdn/attached" // when the ADD attached it (RFC 3339): of two sandboxes of a pod, the newer wins
 )
 
-// portDB is what the agent needs from OVSDB (ovsdb.Client provides it).
-type portDB interface {
+// Pod is a pod attached to this node's bridge, as the view keeps it and its flows render it.
+type Pod struct {
+	Namespace, Name string
+	SandboxID       string
+	IfName          string // the interface in the sandbox ("" when restored from a port made before it was recorded)
+	NetNS           string // the sandbox's netns path, as the runtime gave it ("" likewise)
+	IP              netip.Addr
+	MAC             net.HardwareAddr
+	OFPort          uint32
+	HostVeth        string
+}
+
+// Node is the agent's view as attachments use it. Attach and Detach return the view's generation that
+// holds the change, for Flows.SyncThrough.
+type Node interface {
+	// Ready says why the node cannot attach pods yet (no subnet, no cluster network), or nil.
+	Ready() error
+	Name() string
+	// Subnet is the node's pod subnet, the cluster networks pods route to through the gateway, and
+	// the pods' MTU.
+	Subnet() (subnet netip.Prefix, clusterNets []netip.Prefix, mtu int)
+	// Attached returns the pod attached under namespace/name.
+	Attached(key string) (Pod, bool)
+	// Attach files a pod (replacing what was filed under its key).
+	Attach(p Pod) (generation uint64)
+	// Detach forgets the pod under key if sandbox is the one attached there.
+	Detach(key, sandbox string) (generation uint64)
+}
+
+// Flows installs the view's flows: it returns once generation gen is on the bridge, or says why not
+// (one of owners failing counts).
+type Flows interface {
+	SyncThrough(ctx context.Context, gen uint64, owners ...reconcile.Owner) error
+}
+
+// PortDB is what attachments need from OVSDB (ovsdb.Client provides it).
+type PortDB interface {
 	EnsureSystemPort(ctx context.Context, bridge, name string, externalIDs map[string]string) (int, error)
 	DeletePort(ctx context.Context, bridge, name string) error
 	ListPorts(ctx context.Context, bridge string) ([]ovsdb.PortInfo, error)
 }
 
-// podNetwork serves CNI requests: address, veth, OVS port, flows — and undoes them.
+// Config configures the attachments of a node.
+type Config struct {
+	Bridge    string
+	HostNetNS string // the node's network namespace ("" the agent's own)
+	Netdev    bool   // userspace datapath: pods need TX checksum offload off
+	// StateDir holds the address store.
+	StateDir string
+	// PendingDeletes is the directory where the plugin leaves the DELs it could not hand over.
+	PendingDeletes string
+	// AbsentGrace: how long after its ADD a pod may be missing from the API (DefaultAbsentPodGrace).
+	AbsentGrace time.Duration
+	Logger      klog.Logger
+}
+
+// Deps are what attachments talk to.
+type Deps struct {
+	Node  Node
+	Flows Flows
+	DB    PortDB
+	// Pods tells restore whether a restored attachment's pod still exists; nil skips the question.
+	Pods PodLookup
+	// BridgeUp reports whether the agent holds its OpenFlow session to the bridge (nil: assumed so).
+	BridgeUp func() bool
+	// Readiness is the agent's readiness, CNI STATUS's answer (nil: the node's).
+	Readiness func() error
+}
+
+// Handler serves CNI requests: address, veth, OVS port, flows — and undoes them.
 //
 // Requests for different sandboxes run in parallel (a node starting 10 pods at once must not queue
 // them behind each other's veth and OVSDB round trips); only the address store is shared, and flow
-// syncs coalesce in flowSync. GC and restore, which sweep every attachment, run alone.
+// syncs coalesce in the agent's flow loop. GC and restore, which sweep every attachment, run alone.
 //
 // A DEL the agent could not take (it was down, died or froze) reaches it later as a pending delete
 // the plugin left (cni.WritePendingDelete): restore serves those before the server starts, an ADD of
 // the same sandbox interface serves its own first, and the janitor serves the rest every few seconds.
-type podNetwork struct {
+type Handler struct {
 	sweep     sync.RWMutex // ADD/DEL/CHECK and the janitor hold it shared, GC and restore exclusively
 	sandboxes keyedMutex   // one request per sandbox at a time
 	mu        sync.Mutex   // guards store (the pointer: the subnet may change) and unsure
-	view      *nodeView
-	sync      *flowSync
-	db        portDB
+	node      Node
+	flows     Flows
+	db        PortDB
+	pods      PodLookup
+	bridgeUp  func() bool
+	readiness func() error
 	bridge    string
 	hostNetNS string
-	netdev    bool // userspace datapath: pods need TX checksum offload off
-	mtu       int
+	netdev    bool
 	stateDir  string
 	store     *ipam.Store
 	log       klog.Logger
 	// pendingDeletes is the directory where the plugin leaves the DELs it could not hand over.
 	pendingDeletes string
-	// apiPods tells restore whether a restored attachment's pod still exists; nil skips the question.
-	apiPods podLookup
-	// bridgeUp reports whether the agent holds its OpenFlow session to the bridge (nil: assumed so).
-	bridgeUp func() bool
 	// unsure holds restored attachments restore could not settle (the API server did not answer, a pod
 	// is not in the API yet, or a release failed); the janitor settles them.
 	unsure map[attachment]unsureAttachment
-	// absentGrace: how long after its ADD a pod may be missing from the API (Config.AbsentPodGrace).
+	// absentGrace: how long after its ADD a pod may be missing from the API.
 	absentGrace time.Duration
 	// clock is time.Now unless a test moves time on.
 	clock func() time.Time
 }
 
-func (p *podNetwork) now() time.Time {
+// New makes a node's attachment handler.
+func New(cfg Config, deps Deps) *Handler {
+	if cfg.AbsentGrace == 0 {
+		cfg.AbsentGrace = DefaultAbsentPodGrace
+	}
+	if cfg.Logger.GetSink() == nil {
+		cfg.Logger = klog.Background()
+	}
+	readiness := deps.Readiness
+	if readiness == nil {
+		readiness = deps.Node.Ready
+	}
+	return &Handler{node: deps.Node, flows: deps.Flows, db: deps.DB, pods: deps.Pods, bridgeUp: deps.BridgeUp, readiness: readiness,
+		bridge: cfg.Bridge, hostNetNS: cfg.HostNetNS, netdev: cfg.Netdev, stateDir: cfg.StateDir, pendingDeletes: cfg.PendingDeletes,
+		absentGrace: cfg.AbsentGrace, log: cfg.Logger}
+}
+
+func (p *Handler) now() time.Time {
 	if p.clock != nil {
 		return p.clock()
 	}
@@ -88,7 +174,7 @@ func (p *podNetwork) now() time.Time {
 }
 
 // ipamFor opens (or reopens, after the node's subnet changed) the address store.
-func (p *podNetwork) ipamFor(subnet netip.Prefix) (*ipam.Store, error) {
+func (p *Handler) ipamFor(subnet netip.Prefix) (*ipam.Store, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.store != nil && p.store.Subnet() == subnet {
@@ -105,7 +191,7 @@ func (p *podNetwork) ipamFor(subnet netip.Prefix) (*ipam.Store, error) {
 	return s, nil
 }
 
-func (p *podNetwork) netconf(req *cni.Request) (*cni.NetConf, error) {
+func (p *Handler) netconf(req *cni.Request) (*cni.NetConf, error) {
 	conf := &cni.NetConf{}
 	if err := json.Unmarshal(req.Config, conf); err != nil {
 		return nil, cni.Errorf(cni.ErrDecoding, "malformed network configuration: %v", err)
@@ -114,7 +200,7 @@ func (p *podNetwork) netconf(req *cni.Request) (*cni.NetConf, error) {
 }
 
 // Add implements cni.Handler.
-func (p *podNetwork) Add(ctx context.Context, req *cni.Request) (*current.Result, error) {
+func (p *Handler) Add(ctx context.Context, req *cni.Request) (*current.Result, error) {
 	if req.Netns == "" || req.IfName == "" || req.ContainerID == "" {
 		return nil, cni.Errorf(cni.ErrInvalidEnv, "ADD needs CNI_CONTAINERID, CNI_NETNS and CNI_IFNAME")
 	}
@@ -122,7 +208,7 @@ func (p *podNetwork) Add(ctx context.Context, req *cni.Request) (*current.Result
 	if err != nil {
 		return nil, err
 	}
-	if err := p.view.ready(); err != nil {
+	if err := p.node.Ready(); err != nil {
 		return nil, cni.Errorf(cni.ErrTryAgainLater, "ofsdn agent not ready on this node: %v", err)
 	}
 	start := time.Now()
@@ -134,14 +220,11 @@ func (p *podNetwork) Add(ctx context.Context, req *cni.Request) (*current.Result
 	if err := p.servePendingDelete(ctx, attachment{req.ContainerID, req.IfName}); err != nil {
 		return nil, cni.Errorf(cni.ErrTryAgainLater, "an earlier DEL of %s/%s, left while the agent was away, failed: %v", req.ContainerID, req.IfName, err)
 	}
-	p.view.mu.Lock()
-	subnet, clusterNets := p.view.localSubnet, append([]netip.Prefix(nil), p.view.clusterNets...)
-	p.view.mu.Unlock()
+	subnet, clusterNets, mtu := p.node.Subnet()
 	store, err := p.ipamFor(subnet)
 	if err != nil {
 		return nil, cni.Errorf(cni.ErrIO, "ofsdn agent: address store: %v", err)
 	}
-	mtu := p.mtu
 	if conf.MTU > 0 {
 		mtu = conf.MTU
 	}
@@ -185,17 +268,15 @@ func (p *podNetwork) Add(ctx context.Context, req *cni.Request) (*current.Result
 	}
 	wired := time.Now()
 	ofport, err := p.db.EnsureSystemPort(ctx, p.bridge, hostVeth, map[string]string{
-		extPodNamespace: req.PodNamespace(), extPodName: req.PodName(), extPodUID: req.Args["K8S_POD_UID"], extSandbox: req.ContainerID,
-		extIfName: req.IfName, extNetNS: req.Netns, extIP: ip.String(), extMAC: mac.String(), extAttached: time.Now().UTC().Format(time.RFC3339Nano)})
+		ExtPodNamespace: req.PodNamespace(), ExtPodName: req.PodName(), ExtPodUID: req.Args["K8S_POD_UID"], ExtSandbox: req.ContainerID,
+		ExtIfName: req.IfName, ExtNetNS: req.Netns, ExtIP: ip.String(), ExtMAC: mac.String(), ExtAttached: time.Now().UTC().Format(time.RFC3339Nano)})
 	if err != nil {
 		return nil, cni.Errorf(cni.ErrInternal, "attach %s to %s: %v", hostVeth, p.bridge, err)
 	}
 	attached := time.Now()
-	gen := p.view.update(func(v *nodeView) {
-		v.pods[k8sobj.PodKey(req.PodNamespace(), req.PodName())] = localPod{Namespace: req.PodNamespace(), Name: req.PodName(),
-			SandboxID: req.ContainerID, IfName: req.IfName, NetNS: req.Netns, IP: ip, MAC: mac, OFPort: uint32(ofport), HostVeth: hostVeth}
-	})
-	if _, err := p.sync.syncThrough(ctx, gen, pipeline.PodOwner(req.PodNamespace(), req.PodName())); err != nil {
+	gen := p.node.Attach(Pod{Namespace: req.PodNamespace(), Name: req.PodName(),
+		SandboxID: req.ContainerID, IfName: req.IfName, NetNS: req.Netns, IP: ip, MAC: mac, OFPort: uint32(ofport), HostVeth: hostVeth})
+	if err := p.flows.SyncThrough(ctx, gen, pipeline.PodOwner(req.PodNamespace(), req.PodName())); err != nil {
 		return nil, cni.Errorf(cni.ErrTryAgainLater, "install flows for %s/%s: %v", req.PodNamespace(), req.PodName(), err)
 	}
 	ok = true
@@ -210,11 +291,9 @@ func (p *podNetwork) Add(ctx context.Context, req *cni.Request) (*current.Result
 // come out of it unharmed. An intact attachment in the same netns gets its result again, unchanged; one
 // elsewhere, or a second interface of the sandbox, gets an error; done is false when nothing is attached
 // for the sandbox interface yet, or what is there is broken, and the ADD (re)builds it.
-func (p *podNetwork) repeatedAdd(ctx context.Context, req *cni.Request, store *ipam.Store, subnet netip.Prefix, gw netip.Addr,
+func (p *Handler) repeatedAdd(ctx context.Context, req *cni.Request, store *ipam.Store, subnet netip.Prefix, gw netip.Addr,
 	clusterNets []netip.Prefix, mtu int) (*current.Result, bool, error) {
-	p.view.mu.Lock()
-	pod, inView := p.view.pods[k8sobj.PodKey(req.PodNamespace(), req.PodName())]
-	p.view.mu.Unlock()
+	pod, inView := p.node.Attached(k8sobj.PodKey(req.PodNamespace(), req.PodName()))
 	if !inView || pod.SandboxID != req.ContainerID {
 		return nil, false, nil
 	}
@@ -243,7 +322,7 @@ func (p *podNetwork) repeatedAdd(ctx context.Context, req *cni.Request, store *i
 }
 
 // verifyAttached checks that an attached pod's interface and OVS port are as the agent made them.
-func (p *podNetwork) verifyAttached(ctx context.Context, req *cni.Request, pod localPod, subnet netip.Prefix) error {
+func (p *Handler) verifyAttached(ctx context.Context, req *cni.Request, pod Pod, subnet netip.Prefix) error {
 	if err := podnet.Check(podnet.Config{NetNS: req.Netns, HostNetNS: p.hostNetNS, ContainerID: req.ContainerID, IfName: req.IfName,
 		HostVeth: pod.HostVeth, IP: netip.PrefixFrom(pod.IP, subnet.Bits())}); err != nil {
 		return err
@@ -263,7 +342,7 @@ func (p *podNetwork) verifyAttached(ctx context.Context, req *cni.Request, pod l
 	return fmt.Errorf("no OVS port %s", pod.HostVeth)
 }
 
-func (p *podNetwork) currentStore() *ipam.Store {
+func (p *Handler) currentStore() *ipam.Store {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.store
@@ -306,7 +385,7 @@ func (k *keyedMutex) lock(key string) (unlock func()) {
 
 func ipamGateway(subnet netip.Prefix) netip.Addr { return subnet.Masked().Addr().Next() }
 
-func (p *podNetwork) result(req *cni.Request, hostVeth string, mac net.HardwareAddr, ip netip.Addr, subnet netip.Prefix,
+func (p *Handler) result(req *cni.Request, hostVeth string, mac net.HardwareAddr, ip netip.Addr, subnet netip.Prefix,
 	gw netip.Addr, clusterNets []netip.Prefix, mtu int) *current.Result {
 	podIf := 1
 	res := &current.Result{CNIVersion: "1.1.0",
@@ -324,14 +403,10 @@ func (p *podNetwork) result(req *cni.Request, hostVeth string, mac net.HardwareA
 // undo takes an attachment out of the flows, then releases its port, veth and address; each step
 // tolerates what is already gone. The flows go first, so a port number OVS hands out again never
 // receives this pod's traffic.
-func (p *podNetwork) undo(ctx context.Context, a attachment, key string) error {
+func (p *Handler) undo(ctx context.Context, a attachment, key string) error {
 	var errs []error
-	gen := p.view.update(func(v *nodeView) {
-		if pod, ok := v.pods[key]; ok && pod.SandboxID == a.ContainerID {
-			delete(v.pods, key)
-		}
-	})
-	if _, err := p.sync.syncThrough(ctx, gen); err != nil && p.view.ready() == nil {
+	gen := p.node.Detach(key, a.ContainerID)
+	if err := p.flows.SyncThrough(ctx, gen); err != nil && p.node.Ready() == nil {
 		errs = append(errs, fmt.Errorf("remove flows: %w", err))
 	}
 	if err := p.release(ctx, a); err != nil {
@@ -341,7 +416,7 @@ func (p *podNetwork) undo(ctx context.Context, a attachment, key string) error {
 }
 
 // release removes an attachment's OVS port, host veth (only if ofsdn's: podnet.Teardown) and address.
-func (p *podNetwork) release(ctx context.Context, a attachment) error {
+func (p *Handler) release(ctx context.Context, a attachment) error {
 	var errs []error
 	hostVeth := podnet.HostVethName(a.ContainerID, a.IfName)
 	if err := p.db.DeletePort(ctx, p.bridge, hostVeth); err != nil {
@@ -363,7 +438,7 @@ func (p *podNetwork) release(ctx context.Context, a attachment) error {
 }
 
 // podKeyOf finds which pod an attachment belongs to: its reservation says, else the request's args.
-func (p *podNetwork) podKeyOf(a attachment, namespace, name string) string {
+func (p *Handler) podKeyOf(a attachment, namespace, name string) string {
 	if store := p.currentStore(); store != nil {
 		if alloc, ok := store.Lookup(a.ContainerID, a.IfName); ok {
 			return k8sobj.PodKey(alloc.PodNamespace, alloc.PodName)
@@ -374,7 +449,7 @@ func (p *podNetwork) podKeyOf(a attachment, namespace, name string) string {
 
 // Del implements cni.Handler: idempotent, and it succeeds when the netns is gone or the pod was never
 // added.
-func (p *podNetwork) Del(ctx context.Context, req *cni.Request) error {
+func (p *Handler) Del(ctx context.Context, req *cni.Request) error {
 	if req.ContainerID == "" {
 		return cni.Errorf(cni.ErrInvalidEnv, "DEL needs CNI_CONTAINERID")
 	}
@@ -397,7 +472,7 @@ func (p *podNetwork) Del(ctx context.Context, req *cni.Request) error {
 }
 
 // Check implements cni.Handler.
-func (p *podNetwork) Check(ctx context.Context, req *cni.Request) error {
+func (p *Handler) Check(ctx context.Context, req *cni.Request) error {
 	p.sweep.RLock()
 	defer p.sweep.RUnlock()
 	defer p.sandboxes.lock(req.ContainerID)()
@@ -426,11 +501,11 @@ func (p *podNetwork) Check(ctx context.Context, req *cni.Request) error {
 	return cni.Errorf(cni.ErrInternal, "%s is not attached to %s", hostVeth, p.bridge)
 }
 
-// Status implements cni.Handler, from the agent's readiness (health.go, as /readyz): 50 while the
+// Status implements cni.Handler, from the agent's readiness (its /readyz): 50 while the
 // node cannot serve ADDs (not set up, not synced yet, OVSDB down, or no address left), 51 when the
 // agent has lost its bridge (pods already running may have limited connectivity).
-func (p *podNetwork) Status(context.Context) error {
-	if err := p.view.ready(); err != nil {
+func (p *Handler) Status(context.Context) error {
+	if err := p.node.Ready(); err != nil {
 		return cni.Errorf(cni.ErrPluginNotAvailable, "ofsdn agent not ready on this node: %v", err)
 	}
 	if p.bridgeUp != nil && !p.bridgeUp() {
@@ -447,7 +522,7 @@ func (p *podNetwork) Status(context.Context) error {
 }
 
 // GC implements cni.Handler: everything of attachments the runtime no longer lists goes.
-func (p *podNetwork) GC(ctx context.Context, valid []cni.Attachment) error {
+func (p *Handler) GC(ctx context.Context, valid []cni.Attachment) error {
 	p.sweep.Lock()
 	defer p.sweep.Unlock()
 	store := p.currentStore()

@@ -1,4 +1,4 @@
-package agent
+package attach
 
 import (
 	"context"
@@ -62,9 +62,9 @@ type recorded struct {
 
 func recordedOn(port *ovsdb.PortInfo) recorded {
 	ids := port.ExternalIDs
-	r := recorded{Namespace: ids[extPodNamespace], Name: ids[extPodName], UID: ids[extPodUID], NetNS: ids[extNetNS]}
-	r.MAC, _ = net.ParseMAC(ids[extMAC])
-	r.Attached, _ = time.Parse(time.RFC3339Nano, ids[extAttached])
+	r := recorded{Namespace: ids[ExtPodNamespace], Name: ids[ExtPodName], UID: ids[ExtPodUID], NetNS: ids[ExtNetNS]}
+	r.MAC, _ = net.ParseMAC(ids[ExtMAC])
+	r.Attached, _ = time.Parse(time.RFC3339Nano, ids[ExtAttached])
 	return r
 }
 
@@ -108,8 +108,8 @@ func localDecision(f restoredFacts) decision {
 	return decision{keep, "attached"}
 }
 
-// podPresence is what the API server says of an attachment's pod.
-type podPresence struct {
+// PodPresence is what the API server says of an attachment's pod.
+type PodPresence struct {
 	Found         bool
 	UID, NodeName string
 	// MirrorOf is the UID of the static pod a mirror pod stands for (kubelet passes the static pod's
@@ -125,7 +125,7 @@ const DefaultAbsentPodGrace = 2 * time.Minute
 
 // apiDecision judges an attachment the node still holds by its pod in the API; absentGrace is how
 // long after its ADD a pod may be missing.
-func apiDecision(rec recorded, node string, p podPresence, now time.Time, absentGrace time.Duration) decision {
+func apiDecision(rec recorded, node string, p PodPresence, now time.Time, absentGrace time.Duration) decision {
 	key := k8sobj.PodKey(rec.Namespace, rec.Name)
 	switch {
 	case p.Err != nil:
@@ -172,49 +172,49 @@ func supersede(facts map[attachment]*restoredFacts, decisions map[attachment]dec
 	}
 }
 
-// podLookup answers whether a pod exists, from the agent's synced informer cache of this node's pods
+// PodLookup answers whether a pod exists, from the agent's synced informer cache of this node's pods
 // and, to confirm an absence, from the API server itself.
-type podLookup interface {
+type PodLookup interface {
 	// Cached reports the pod's UID, and its static pod's for a mirror, from the informer.
 	Cached(namespace, name string) (uid, mirrorOf string, found bool)
-	Get(ctx context.Context, namespace, name string) podPresence
+	Get(ctx context.Context, namespace, name string) PodPresence
 }
 
-// apiPods is podLookup on the pod informer's cache (agentPods, this node's) and the API server.
-type apiPods struct {
-	cache    cache.Store
-	client   typedcorev1.PodsGetter
-	nodeName string
+// APIPods is PodLookup on the pod informer's cache (k8sobj.Pods, this node's) and the API server.
+type APIPods struct {
+	Cache    cache.Store // the pod informer's
+	Client   typedcorev1.PodsGetter
+	NodeName string
 }
 
-func (a apiPods) Cached(namespace, name string) (string, string, bool) {
-	obj, found, err := a.cache.GetByKey(k8sobj.PodKey(namespace, name))
+func (a APIPods) Cached(namespace, name string) (string, string, bool) {
+	obj, found, err := a.Cache.GetByKey(k8sobj.PodKey(namespace, name))
 	pod, ok := obj.(*k8sobj.Pod)
-	if err != nil || !found || !ok || pod.NodeName != a.nodeName {
+	if err != nil || !found || !ok || pod.NodeName != a.NodeName {
 		return "", "", false // the informer holds the whole cluster: a pod elsewhere is a question for the API server
 	}
 	return string(pod.UID), pod.Annotations[k8sobj.MirrorAnnotation], true
 }
 
-func (a apiPods) Get(ctx context.Context, namespace, name string) podPresence {
+func (a APIPods) Get(ctx context.Context, namespace, name string) PodPresence {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	pod, err := a.client.Pods(namespace).Get(ctx, name, metav1.GetOptions{}) // no resourceVersion: a quorum read
+	pod, err := a.Client.Pods(namespace).Get(ctx, name, metav1.GetOptions{}) // no resourceVersion: a quorum read
 	switch {
 	case apierrors.IsNotFound(err):
-		return podPresence{}
+		return PodPresence{}
 	case err != nil:
-		return podPresence{Err: err}
+		return PodPresence{Err: err}
 	}
-	return podPresence{Found: true, UID: string(pod.UID), NodeName: pod.Spec.NodeName, MirrorOf: pod.Annotations[k8sobj.MirrorAnnotation]}
+	return PodPresence{Found: true, UID: string(pod.UID), NodeName: pod.Spec.NodeName, MirrorOf: pod.Annotations[k8sobj.MirrorAnnotation]}
 }
 
 // presence asks about a restored attachment's pod: the cache when it agrees, else the API server.
-func (p *podNetwork) presence(ctx context.Context, rec recorded) podPresence {
-	if uid, mirrorOf, ok := p.apiPods.Cached(rec.Namespace, rec.Name); ok && (rec.UID == "" || uid == rec.UID || mirrorOf == rec.UID) {
-		return podPresence{Found: true, UID: uid, MirrorOf: mirrorOf, NodeName: p.view.nodeName}
+func (p *Handler) presence(ctx context.Context, rec recorded) PodPresence {
+	if uid, mirrorOf, ok := p.pods.Cached(rec.Namespace, rec.Name); ok && (rec.UID == "" || uid == rec.UID || mirrorOf == rec.UID) {
+		return PodPresence{Found: true, UID: uid, MirrorOf: mirrorOf, NodeName: p.node.Name()}
 	}
-	return p.apiPods.Get(ctx, rec.Namespace, rec.Name)
+	return p.pods.Get(ctx, rec.Namespace, rec.Name)
 }
 
 // unsureAttachment is a restored attachment the janitor has to settle.
@@ -227,12 +227,10 @@ type unsureAttachment struct {
 // restore rebuilds the local pods after a (re)start and releases the stale attachments (see above). It
 // runs before the CNI server accepts requests and before the first flow sync, so it only edits the
 // view; the first sync then installs the kept pods and drops every other pod's flows.
-func (p *podNetwork) restore(ctx context.Context) error {
+func (p *Handler) Restore(ctx context.Context) error {
 	p.sweep.Lock()
 	defer p.sweep.Unlock()
-	p.view.mu.Lock()
-	subnet := p.view.localSubnet
-	p.view.mu.Unlock()
+	subnet, _, _ := p.node.Subnet()
 	store, err := p.ipamFor(subnet)
 	if err != nil {
 		return err
@@ -253,8 +251,8 @@ func (p *podNetwork) restore(ctx context.Context) error {
 		return facts[a]
 	}
 	for _, port := range ports {
-		if sandbox := port.ExternalIDs[extSandbox]; sandbox != "" {
-			of(attachment{sandbox, port.ExternalIDs[extIfName]}).Port = &port
+		if sandbox := port.ExternalIDs[ExtSandbox]; sandbox != "" {
+			of(attachment{sandbox, port.ExternalIDs[ExtIfName]}).Port = &port
 		}
 	}
 	for _, a := range store.List() {
@@ -273,8 +271,8 @@ func (p *podNetwork) restore(ctx context.Context) error {
 			f.Plumbing = p.plumbing(*f)
 		}
 		d := localDecision(*f)
-		if d.verdict == keep && p.apiPods != nil {
-			if api := apiDecision(recordedOn(f.Port), p.view.nodeName, p.presence(ctx, recordedOn(f.Port)), p.now(), p.absentGrace); api.verdict != keep {
+		if d.verdict == keep && p.pods != nil {
+			if api := apiDecision(recordedOn(f.Port), p.node.Name(), p.presence(ctx, recordedOn(f.Port)), p.now(), p.absentGrace); api.verdict != keep {
 				d = api
 			}
 		}
@@ -302,10 +300,8 @@ func (p *podNetwork) restore(ctx context.Context) error {
 			p.log.Info("keeping an attachment until its pod can be confirmed", "containerID", a.ContainerID, "reason", d.reason)
 			p.setUnsure(a, unsureAttachment{facts: *f, reason: d.reason})
 		}
-		p.view.update(func(v *nodeView) {
-			v.pods[k8sobj.PodKey(rec.Namespace, rec.Name)] = localPod{Namespace: rec.Namespace, Name: rec.Name, SandboxID: a.ContainerID,
-				IfName: a.IfName, NetNS: rec.NetNS, IP: f.Alloc.IP, MAC: rec.MAC, OFPort: uint32(f.Port.OFPort), HostVeth: f.Port.Name}
-		})
+		p.node.Attach(Pod{Namespace: rec.Namespace, Name: rec.Name, SandboxID: a.ContainerID,
+			IfName: a.IfName, NetNS: rec.NetNS, IP: f.Alloc.IP, MAC: rec.MAC, OFPort: uint32(f.Port.OFPort), HostVeth: f.Port.Name})
 	}
 	p.log.Info("restored the node's pods", "kept", kept, "released", released)
 	return nil
@@ -313,7 +309,7 @@ func (p *podNetwork) restore(ctx context.Context) error {
 
 // plumbing checks a restored attachment's interface: in full when its netns path is recorded, else
 // (ports made before it was recorded) only that its host end exists.
-func (p *podNetwork) plumbing(f restoredFacts) error {
+func (p *Handler) plumbing(f restoredFacts) error {
 	rec := recordedOn(f.Port)
 	if rec.NetNS == "" {
 		present, err := podnet.HostEndPresent(p.hostNetNS, f.Port.Name)
@@ -326,7 +322,7 @@ func (p *podNetwork) plumbing(f restoredFacts) error {
 		HostVeth: f.Port.Name, IP: netip.PrefixFrom(f.Alloc.IP, p.currentStore().Subnet().Bits())})
 }
 
-func (p *podNetwork) setUnsure(a attachment, u unsureAttachment) {
+func (p *Handler) setUnsure(a attachment, u unsureAttachment) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.unsure == nil {
@@ -336,7 +332,7 @@ func (p *podNetwork) setUnsure(a attachment, u unsureAttachment) {
 }
 
 // readPendingDeletes reads the DELs the plugin left; files that are no DEL are reported and removed.
-func (p *podNetwork) readPendingDeletes() []cni.PendingDelete {
+func (p *Handler) readPendingDeletes() []cni.PendingDelete {
 	if p.pendingDeletes == "" {
 		return nil
 	}
@@ -353,7 +349,7 @@ func (p *podNetwork) readPendingDeletes() []cni.PendingDelete {
 	return ds
 }
 
-func (p *podNetwork) dropPendingDelete(d cni.PendingDelete) {
+func (p *Handler) dropPendingDelete(d cni.PendingDelete) {
 	if err := cni.RemovePendingDelete(p.pendingDeletes, d); err != nil {
 		p.log.Error(err, "removing a served pending delete", "containerID", d.ContainerID)
 	}
@@ -361,7 +357,7 @@ func (p *podNetwork) dropPendingDelete(d cni.PendingDelete) {
 
 // servePendingDelete serves the pending DEL of one attachment, if the plugin left one. The caller holds
 // the sweep lock shared and the sandbox's lock.
-func (p *podNetwork) servePendingDelete(ctx context.Context, a attachment) error {
+func (p *Handler) servePendingDelete(ctx context.Context, a attachment) error {
 	if p.pendingDeletes == "" {
 		return nil
 	}
@@ -384,7 +380,7 @@ const janitorPeriod = 5 * time.Second
 // runJanitor serves the DELs the plugin leaves and settles what restore could not, every janitorPeriod
 // until ctx ends. Its first pass runs at once: DELs left between restore and the server's start wait
 // for nobody else.
-func (p *podNetwork) runJanitor(ctx context.Context) {
+func (p *Handler) RunJanitor(ctx context.Context) {
 	t := time.NewTicker(janitorPeriod)
 	defer t.Stop()
 	for {
@@ -397,7 +393,7 @@ func (p *podNetwork) runJanitor(ctx context.Context) {
 	}
 }
 
-func (p *podNetwork) janitorPass(ctx context.Context) {
+func (p *Handler) janitorPass(ctx context.Context) {
 	for _, d := range p.readPendingDeletes() {
 		a := attachment{d.ContainerID, d.IfName}
 		p.sweep.RLock()
@@ -430,12 +426,10 @@ func (p *podNetwork) janitorPass(ctx context.Context) {
 
 // settle retries an unsure attachment; it reports whether it is settled. A DEL or a new ADD of the
 // sandbox since restore settles it too.
-func (p *podNetwork) settle(ctx context.Context, a attachment, u unsureAttachment) bool {
+func (p *Handler) settle(ctx context.Context, a attachment, u unsureAttachment) bool {
 	rec := recordedOn(u.facts.Port)
 	key := k8sobj.PodKey(rec.Namespace, rec.Name)
-	p.view.mu.Lock()
-	pod, inView := p.view.pods[key]
-	p.view.mu.Unlock()
+	pod, inView := p.node.Attached(key)
 	attached := inView && pod.SandboxID == a.ContainerID
 	if u.release {
 		if attached { // added again since
@@ -450,10 +444,10 @@ func (p *podNetwork) settle(ctx context.Context, a attachment, u unsureAttachmen
 		}
 		return true
 	}
-	if !attached || p.apiPods == nil {
+	if !attached || p.pods == nil {
 		return true
 	}
-	d := apiDecision(rec, p.view.nodeName, p.presence(ctx, rec), p.now(), p.absentGrace)
+	d := apiDecision(rec, p.node.Name(), p.presence(ctx, rec), p.now(), p.absentGrace)
 	switch d.verdict {
 	case undecided:
 		return false

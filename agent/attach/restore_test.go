@@ -1,4 +1,4 @@
-package agent
+package attach
 
 import (
 	"errors"
@@ -13,9 +13,9 @@ import (
 )
 
 func portFor(pod, uid string, ofport int, attached time.Time) *ovsdb.PortInfo {
-	ids := map[string]string{extPodNamespace: "ns", extPodName: pod, extPodUID: uid, extMAC: "0a:58:0a:80:00:05", extNetNS: "/var/run/netns/x"}
+	ids := map[string]string{ExtPodNamespace: "ns", ExtPodName: pod, ExtPodUID: uid, ExtMAC: "0a:58:0a:80:00:05", ExtNetNS: "/var/run/netns/x"}
 	if !attached.IsZero() {
-		ids[extAttached] = attached.Format(time.RFC3339Nano)
+		ids[ExtAttached] = attached.Format(time.RFC3339Nano)
 	}
 	return &ovsdb.PortInfo{Name: "veth0", OFPort: ofport, ExternalIDs: ids}
 }
@@ -24,7 +24,7 @@ func TestLocalDecision(t *testing.T) {
 	alloc := &ipam.Allocation{ContainerID: "c", IfName: "eth0"}
 	port := portFor("web", "u", 5, time.Time{})
 	noMAC := portFor("web", "u", 5, time.Time{})
-	delete(noMAC.ExternalIDs, extMAC)
+	delete(noMAC.ExternalIDs, ExtMAC)
 	for _, tc := range []struct {
 		name string
 		f    restoredFacts
@@ -60,23 +60,23 @@ func TestAPIDecision(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		rec  recorded
-		p    podPresence
+		p    PodPresence
 		want verdict
 	}{
-		{"pod exists", rec, podPresence{Found: true, UID: "u1", NodeName: "n1"}, keep},
-		{"pod gone", rec, podPresence{}, release},
-		{"pod gone, attached before times were recorded", legacy, podPresence{}, release},
-		{"pod created again", rec, podPresence{Found: true, UID: "u2", NodeName: "n1"}, release},
-		{"pod on another node", rec, podPresence{Found: true, UID: "u1", NodeName: "n2"}, release},
-		{"no UID recorded", legacy, podPresence{Found: true, UID: "u2", NodeName: "n1"}, keep},
+		{"pod exists", rec, PodPresence{Found: true, UID: "u1", NodeName: "n1"}, keep},
+		{"pod gone", rec, PodPresence{}, release},
+		{"pod gone, attached before times were recorded", legacy, PodPresence{}, release},
+		{"pod created again", rec, PodPresence{Found: true, UID: "u2", NodeName: "n1"}, release},
+		{"pod on another node", rec, PodPresence{Found: true, UID: "u1", NodeName: "n2"}, release},
+		{"no UID recorded", legacy, PodPresence{Found: true, UID: "u2", NodeName: "n1"}, keep},
 		// A static pod: kubelet gave CNI its UID, the mirror in the API has its own.
-		{"static pod's mirror", rec, podPresence{Found: true, UID: "m9", MirrorOf: "u1", NodeName: "n1"}, keep},
-		{"another static pod's mirror", rec, podPresence{Found: true, UID: "m9", MirrorOf: "u7", NodeName: "n1"}, release},
+		{"static pod's mirror", rec, PodPresence{Found: true, UID: "m9", MirrorOf: "u1", NodeName: "n1"}, keep},
+		{"another static pod's mirror", rec, PodPresence{Found: true, UID: "m9", MirrorOf: "u7", NodeName: "n1"}, release},
 		// Not yet in the API (a mirror is created after its static pod runs): asked again later.
-		{"pod missing right after its ADD", recent, podPresence{}, undecided},
+		{"pod missing right after its ADD", recent, PodPresence{}, undecided},
 		// Never on an API error: the pod may exist.
-		{"API server down", rec, podPresence{Err: errors.New("connection refused")}, undecided},
-		{"API server forbids", rec, podPresence{Err: errors.New("forbidden")}, undecided},
+		{"API server down", rec, PodPresence{Err: errors.New("connection refused")}, undecided},
+		{"API server forbids", rec, PodPresence{Err: errors.New("forbidden")}, undecided},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if d := apiDecision(tc.rec, "n1", tc.p, now, DefaultAbsentPodGrace); d.verdict != tc.want {

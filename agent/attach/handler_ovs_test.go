@@ -1,4 +1,4 @@
-package agent
+package attach
 
 import (
 	"context"
@@ -20,15 +20,14 @@ import (
 	"github.com/ofsdn/ofsdn/agent/podnet"
 	"github.com/ofsdn/ofsdn/cni"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
-	"github.com/ofsdn/ofsdn/flows/reconcile"
 	"github.com/ofsdn/ofsdn/internal/ovstest"
 	"github.com/ofsdn/ofsdn/ovsdb"
 	"k8s.io/klog/v2"
 )
 
-// podNetEnv is a node for podNetwork: a real OVS (ovsdb-server and userspace ovs-vswitchd in a network
+// podNetEnv is a node for Handler: a real OVS (ovsdb-server and userspace ovs-vswitchd in a network
 // namespace of its own, which is the node's namespace here), real sandbox namespaces, the address store
-// and the pending-deletes directory on disk. Only the OpenFlow side is a fake (countingSwitch): these
+// and the pending-deletes directory on disk. Only the view and the flows are fakes (fake_test.go): these
 // tests are about attachments, not flows.
 type podNetEnv struct {
 	t          *testing.T
@@ -56,19 +55,10 @@ func newPodNetEnv(t *testing.T) *podNetEnv {
 	return &podNetEnv{t: t, inst: inst, db: db, stateDir: t.TempDir(), pendingDir: t.TempDir()}
 }
 
-// agent is a podNetwork as a (re)started agent has it: a fresh view and flow sync on the node's state.
-func (e *podNetEnv) agent(pods podLookup) *podNetwork {
-	view := newNodeView("n1")
-	view.update(func(v *nodeView) {
-		v.mode = pipeline.ModeMultitenant
-		v.clusterNets = []netip.Prefix{netip.MustParsePrefix("10.128.0.0/14")}
-		v.nodeIP = netip.MustParseAddr("192.0.2.11")
-		v.localSubnet = netip.MustParsePrefix("10.128.0.0/23")
-		v.vnids["ns"] = 11
-	})
-	fs := newFlowSync(view, reconcile.New(&countingSwitch{}, reconcile.Config{Round: 1}), klog.Background())
-	return &podNetwork{view: view, sync: fs, db: e.db, bridge: "br0", hostNetNS: "/var/run/netns/" + e.inst.NetNS, netdev: true,
-		mtu: 1450, stateDir: e.stateDir, pendingDeletes: e.pendingDir, log: klog.Background(), apiPods: pods, absentGrace: DefaultAbsentPodGrace}
+// agent is a Handler as a (re)started agent has it: a fresh view (the fake) on the node's state.
+func (e *podNetEnv) agent(pods PodLookup) *Handler {
+	return New(Config{Bridge: "br0", HostNetNS: "/var/run/netns/" + e.inst.NetNS, Netdev: true, StateDir: e.stateDir,
+		PendingDeletes: e.pendingDir}, Deps{Node: newFakeNode(), Flows: fakeFlows{}, DB: e.db, Pods: pods})
 }
 
 // netns makes a sandbox network namespace that the test's cleanup removes.
@@ -105,7 +95,7 @@ type node struct {
 	View                                   map[string]string
 }
 
-func (e *podNetEnv) node(p *podNetwork) node {
+func (e *podNetEnv) node(p *Handler) node {
 	e.t.Helper()
 	var n node
 	ports, err := e.db.ListPorts(context.Background(), "br0")
@@ -113,7 +103,7 @@ func (e *podNetEnv) node(p *podNetwork) node {
 		e.t.Fatal(err)
 	}
 	for _, port := range ports {
-		if s := port.ExternalIDs[extSandbox]; s != "" {
+		if s := port.ExternalIDs[ExtSandbox]; s != "" {
 			n.Ports = append(n.Ports, s)
 		}
 	}
@@ -133,12 +123,7 @@ func (e *podNetEnv) node(p *podNetwork) node {
 	for _, d := range ds {
 		n.Pending = append(n.Pending, d.ContainerID)
 	}
-	n.View = map[string]string{}
-	p.view.mu.Lock()
-	for k, pod := range p.view.pods {
-		n.View[k] = pod.SandboxID
-	}
-	p.view.mu.Unlock()
+	n.View = p.node.(*fakeNode).sandboxes()
 	for _, l := range [][]string{n.Ports, n.Reservations, n.HostEnds, n.Pending} {
 		sort.Strings(l)
 	}
@@ -236,9 +221,8 @@ func TestRepeatedAdd(t *testing.T) {
 		t.Errorf("rebuilt with %s, had %s", rebuilt.IPs[0].Address.String(), first.IPs[0].Address.String())
 	}
 	ofport, _ := e.inst.Vsctl("get", "Interface", podnet.HostVethName("c1", "eth0"), "ofport")
-	p.view.mu.Lock()
-	inView := p.view.pods["ns/web"].OFPort
-	p.view.mu.Unlock()
+	attached, _ := p.node.Attached("ns/web")
+	inView := attached.OFPort
 	if strings.TrimSpace(ofport) != fmt.Sprint(inView) || inView == 0 {
 		t.Errorf("rebuilt port has ofport %s, the pod's flows use %d", ofport, inView)
 	}
@@ -331,11 +315,11 @@ func TestPendingDeletesAreServed(t *testing.T) {
 	}
 }
 
-// fakePods answers podLookup from maps: cached is the informer (namespace/name → UID), api the server.
+// fakePods answers PodLookup from maps: cached is the informer (namespace/name → UID), api the server.
 type fakePods struct {
 	mu     sync.Mutex
 	cached map[string]string
-	api    map[string]podPresence
+	api    map[string]PodPresence
 }
 
 func (f *fakePods) Cached(namespace, name string) (string, string, bool) {
@@ -345,13 +329,13 @@ func (f *fakePods) Cached(namespace, name string) (string, string, bool) {
 	return uid, "", ok
 }
 
-func (f *fakePods) Get(_ context.Context, namespace, name string) podPresence {
+func (f *fakePods) Get(_ context.Context, namespace, name string) PodPresence {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if p, ok := f.api[k8sobj.PodKey(namespace, name)]; ok {
 		return p
 	}
-	return podPresence{}
+	return PodPresence{}
 }
 
 // A restarted agent keeps what is still a pod and releases every other attachment, made stale each way
@@ -408,14 +392,14 @@ func TestRestoreReleasesStaleAttachments(t *testing.T) {
 	pods := &fakePods{
 		cached: map[string]string{"ns/live": "u-live", "ns/gone": "u-gone", "ns/pend": "u-pend", "ns/recreated": "u-new",
 			"ns/two": "u-two", "ns/reused": "u-reused", "ns/half": "u-half"},
-		api: map[string]podPresence{"ns/apierr": {Err: errors.New("connection refused")},
+		api: map[string]PodPresence{"ns/apierr": {Err: errors.New("connection refused")},
 			"ns/recreated": {Found: true, UID: "u-new", NodeName: "n1"}},
 	}
 
 	restarted := e.agent(pods)
 	now := time.Now()
 	restarted.clock = func() time.Time { return now }
-	if err := restarted.restore(ctx); err != nil {
+	if err := restarted.Restore(ctx); err != nil {
 		t.Fatal(err)
 	}
 	// A pod missing from the API right after its ADD may be a static pod whose mirror kubelet has yet to
@@ -423,16 +407,13 @@ func TestRestoreReleasesStaleAttachments(t *testing.T) {
 	if n := e.node(restarted); !n.holds("live", "newer", "apierr", "podgone") || n.View["ns/two"] != "newer" {
 		t.Fatalf("after restore the node holds %s; want live, newer (as ns/two), apierr and podgone (both unconfirmed)", n)
 	}
-	if _, err := restarted.sync.syncNow(ctx); err != nil {
-		t.Fatal(err)
-	}
 	restarted.janitorPass(ctx)
 	if n := e.node(restarted); !n.holds("live", "newer", "apierr", "podgone") {
 		t.Fatalf("the janitor released before an answer or the grace: %s", n)
 	}
 	// The API server answers again, and the grace passes: both pods are gone.
 	pods.mu.Lock()
-	pods.api["ns/apierr"] = podPresence{}
+	pods.api["ns/apierr"] = PodPresence{}
 	pods.mu.Unlock()
 	now = now.Add(DefaultAbsentPodGrace)
 	restarted.janitorPass(ctx)
