@@ -192,8 +192,7 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	}
 	a.fs.host = a.hostFwd
 	a.fs.onIndexChanged = a.saveOwnerIndex
-	a.health = newHealth()
-	a.health.viewReady, a.health.flowLoop, a.fs.health = a.view.Ready, a.fs.ping, a.health
+	a.health = newHealth(a.view.Ready, a.fs.loop)
 	if err := deps.Metrics.Registry.Register(newStateCollector(a.counts)); err != nil {
 		return nil, fmt.Errorf("agent: metrics: %w", err)
 	}
@@ -209,7 +208,7 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 			Pods: attach.APIPods{Cache: a.kubeInformers.Core().V1().Pods().Informer().GetStore(), Client: deps.Kube.CoreV1(), NodeName: cfg.NodeName}})
 	w := &watchNetwork{view: a.view, sync: a.fs, log: log}
 	if cfg.DatapathType == "netdev" {
-		a.neighbors = newTunnelNeighbors(cfg.HostNetNS, cfg.OVSRunDir, a.view.peers, log)
+		a.neighbors = newTunnelNeighbors(nodeKernel{cfg.HostNetNS}, unixctl.New(cfg.OVSRunDir, "ovs-vswitchd"), a.view.peers, log)
 		w.newPeer = func(netip.Addr) { a.neighbors.kick() }
 		if deps.DialSwitch != nil { // a real ovs-vswitchd to purge
 			a.purger = newDatapathPurger(cfg.OVSRunDir)
@@ -499,7 +498,7 @@ func (a *Agent) serveCNI(ctx context.Context) error {
 	go a.fs.run(ctx)
 	go a.hostFwd.run(ctx)
 	go a.pods.RunJanitor(ctx) // DELs the plugin left while no agent listened, from now on too
-	go a.fs.resyncEvery(ctx, a.cfg.ResyncPeriod)
+	go a.fs.driftChecks(a.cfg.ResyncPeriod).Run(ctx)
 	go a.health.watch(ctx)
 	a.health.setStep("")
 	a.log.Info("agent running", "bridge", a.cfg.Bridge, "cniSocket", a.cfg.CNISocket)

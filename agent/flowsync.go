@@ -12,6 +12,7 @@ import (
 	"github.com/ofsdn/ofsdn/agent/policy"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
 	"github.com/ofsdn/ofsdn/flows/reconcile"
+	"github.com/ofsdn/ofsdn/internal/loop"
 	"k8s.io/klog/v2"
 )
 
@@ -37,11 +38,12 @@ type flowSync struct {
 	// failing are owners whose latest render could not be installed.
 	failing map[reconcile.Owner]*ownerFailure
 	synced  uint64 // view generation of the last successful sync
-	kick    chan struct{}
-	// resyncWanted asks the loop for a full resync from the switch (after a reconnect, periodically).
-	resyncWanted chan resyncRequest
-	// ping is answered by the loop between syncs: the liveness check (health.go) of a loop that is stuck.
-	ping chan chan struct{}
+	// loop runs syncs: on every trigger, when a failing owner is due, after a failed sync with back-off;
+	// between syncs it answers the watchdog's pings (health.go).
+	loop *loop.Loop
+	// resyncs are the full resyncs from the switch asked of the loop (after a reconnect, periodically).
+	resyncMu sync.Mutex
+	resyncs  []resyncRequest
 	// onSynced, when set, observes each sync that sent something (metrics, convergence benchmarks).
 	onSynced func(reconcile.SyncStats, time.Duration)
 	// onFailure, when set, tells the rest of the agent that an owner failed (again).
@@ -53,7 +55,6 @@ type flowSync struct {
 	onIndexChanged func(*reconcile.OwnerIndex)
 	indexGen       uint64
 	metrics        *Metrics // optional
-	health         *health  // optional: CNI STATUS answers from it (health.go)
 	clock          func() time.Time
 	// injected owners are added to every render: tests use it to make an owner the switch refuses.
 	injected map[reconcile.Owner]reconcile.OwnerState
@@ -81,18 +82,14 @@ type syncedState struct {
 }
 
 func newFlowSync(view *nodeView, r *reconcile.Reconciler, log klog.Logger) *flowSync {
-	return &flowSync{view: view, r: r, log: log.WithName("flowsync"), policies: policy.NewIndex(view.nodeName),
-		applied: map[reconcile.Owner]reconcile.OwnerState{}, failing: map[reconcile.Owner]*ownerFailure{},
-		kick: make(chan struct{}, 1), resyncWanted: make(chan resyncRequest, 1), ping: make(chan chan struct{}, 1), clock: time.Now}
+	f := &flowSync{view: view, r: r, log: log.WithName("flowsync"), policies: policy.NewIndex(view.nodeName),
+		applied: map[reconcile.Owner]reconcile.OwnerState{}, failing: map[reconcile.Owner]*ownerFailure{}, clock: time.Now}
+	f.loop = loop.New(loop.Config{Name: "flowsync", Log: f.log, Quiet: func(err error) bool { return errors.Is(err, errNotReady) }}, f.pass)
+	return f
 }
 
 // trigger asks the background loop for a sync; bursts of events coalesce into one.
-func (f *flowSync) trigger() {
-	select {
-	case f.kick <- struct{}{}:
-	default:
-	}
-}
+func (f *flowSync) trigger() { f.loop.Kick() }
 
 // syncThrough returns once the view's generation gen is on the bridge (a CNI ADD returns only once its
 // pod's flows are in). Concurrent callers coalesce: whoever gets the lock first renders the latest view,
@@ -345,11 +342,10 @@ func (f *flowSync) resyncLocked(ctx context.Context, trigger string) error {
 // periodic drift check).
 func (f *flowSync) resync(ctx context.Context, trigger string) error {
 	done := make(chan error, 1)
-	select {
-	case f.resyncWanted <- resyncRequest{trigger: trigger, done: done}:
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	f.resyncMu.Lock()
+	f.resyncs = append(f.resyncs, resyncRequest{trigger: trigger, done: done})
+	f.resyncMu.Unlock()
+	f.loop.Kick()
 	select {
 	case err := <-done:
 		return err
@@ -358,60 +354,36 @@ func (f *flowSync) resync(ctx context.Context, trigger string) error {
 	}
 }
 
-// run syncs on every trigger and resync request until ctx ends, retrying failures with back-off and
-// failing owners when they are due.
-func (f *flowSync) run(ctx context.Context) {
-	backoff := 50 * time.Millisecond
-	retry := time.NewTimer(time.Hour)
-	defer retry.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-f.kick:
-		case <-retry.C:
-		case pong := <-f.ping:
-			close(pong)
-			continue
-		case req := <-f.resyncWanted:
-			f.mu.Lock()
-			err := f.resyncLocked(ctx, req.trigger)
-			f.mu.Unlock()
-			req.done <- err
-			if err != nil && ctx.Err() == nil {
-				f.log.Error(err, "resync from the switch")
-			}
-		}
-		if _, err := f.syncNow(ctx); err != nil {
-			if ctx.Err() != nil {
-				return
-			}
-			if !errors.Is(err, errNotReady) {
-				f.log.Info("flow sync failed; retrying", "err", err, "retryIn", backoff)
-			}
-			time.AfterFunc(backoff, f.trigger)
-			backoff = min(backoff*2, 5*time.Second)
-			continue
-		}
-		backoff = 50 * time.Millisecond
-		if next := f.nextRetry(); !next.IsZero() {
-			retry.Reset(max(time.Until(next), 10*time.Millisecond))
+// run syncs until ctx ends (see loop).
+func (f *flowSync) run(ctx context.Context) { f.loop.Run(ctx) }
+
+// pass is one pass of the loop: the resyncs asked for, then a sync of the latest view. It asks to run
+// again when the earliest failing owner is due.
+func (f *flowSync) pass(ctx context.Context) (time.Duration, error) {
+	f.resyncMu.Lock()
+	resyncs := f.resyncs
+	f.resyncs = nil
+	f.resyncMu.Unlock()
+	for _, req := range resyncs {
+		f.mu.Lock()
+		err := f.resyncLocked(ctx, req.trigger)
+		f.mu.Unlock()
+		req.done <- err
+		if err != nil && ctx.Err() == nil {
+			f.log.Error(err, "resync from the switch", "trigger", req.trigger)
 		}
 	}
+	if _, err := f.syncNow(ctx); err != nil {
+		return 0, err
+	}
+	if next := f.nextRetry(); !next.IsZero() {
+		return max(next.Sub(f.clock()), 10*time.Millisecond), nil
+	}
+	return 0, nil
 }
 
-// resyncEvery asks the loop for a full resync every period (drift repair).
-func (f *flowSync) resyncEvery(ctx context.Context, period time.Duration) {
-	t := time.NewTicker(period)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			if err := f.resync(ctx, resyncPeriodic); err != nil && ctx.Err() == nil {
-				f.log.Error(err, "periodic resync")
-			}
-		}
-	}
+// driftChecks asks the loop for a full resync every period (drift repair).
+func (f *flowSync) driftChecks(period time.Duration) *loop.Loop {
+	return loop.New(loop.Config{Name: "drift-check", Period: period, FirstAfter: period, Log: f.log},
+		func(ctx context.Context) (time.Duration, error) { return 0, f.resync(ctx, resyncPeriodic) })
 }

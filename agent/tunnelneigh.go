@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ofsdn/ofsdn/agent/nodenet"
+	"github.com/ofsdn/ofsdn/internal/loop"
 	"github.com/ofsdn/ofsdn/unixctl"
 	"k8s.io/klog/v2"
 )
@@ -35,7 +36,7 @@ type tunnelNeighbors struct {
 	peers  func() []netip.Addr
 	log    klog.Logger
 	now    func() time.Time
-	kicks  chan struct{}
+	loop   *loop.Loop
 
 	// Per next hop: when the kernel was last asked to resolve it, and since when OVS has been
 	// waiting on it (missing, or disagreeing with an unconfirmed kernel entry).
@@ -74,53 +75,38 @@ func (k nodeKernel) PeerNeighbors(peers []netip.Addr) ([]nodenet.Neighbor, error
 }
 func (k nodeKernel) Probe(peer netip.Addr) error { return nodenet.ProbeNeighbor(k.netns, peer) }
 
-func newTunnelNeighbors(hostNetNS, ovsRunDir string, peers func() []netip.Addr, log klog.Logger) *tunnelNeighbors {
-	return &tunnelNeighbors{kernel: nodeKernel{hostNetNS}, ovs: unixctl.New(ovsRunDir, "ovs-vswitchd"), peers: peers,
-		log: log.WithName("tunnel-neighbors"), now: time.Now, kicks: make(chan struct{}, 1),
+// newTunnelNeighbors keeps the tunnel neighbours of peers right: kernel is the node's neighbour table
+// (nodeKernel), ovs the node's ovs-vswitchd (unixctl).
+func newTunnelNeighbors(kernel neighborKernel, ovs neighborSwitch, peers func() []netip.Addr, log klog.Logger) *tunnelNeighbors {
+	t := &tunnelNeighbors{kernel: kernel, ovs: ovs, peers: peers,
+		log: log.WithName("tunnel-neighbors"), now: time.Now,
 		lastProbe: map[netip.Addr]time.Time{}, waiting: map[netip.Addr]time.Time{}}
+	t.loop = loop.New(loop.Config{Name: "tunnel-neighbors", Period: neighborCheckPeriod, Log: t.log}, t.pass)
+	return t
 }
 
 // kick asks for a check now (a new peer, ovs-vswitchd reconnected). Never blocks; nil-safe for the
 // kernel datapath, which has no tunnel neighbour cache of its own.
 func (t *tunnelNeighbors) kick() {
-	if t == nil {
-		return
-	}
-	select {
-	case t.kicks <- struct{}{}:
-	default:
+	if t != nil {
+		t.loop.Kick()
 	}
 }
 
 // run checks at once, then on every kick and periodically, until ctx ends.
 func (t *tunnelNeighbors) run(ctx context.Context) {
-	if t == nil {
-		return
+	if t != nil {
+		t.loop.Run(ctx)
 	}
-	lastErr := ""
-	for {
-		waiting, err := t.check(ctx)
-		if err != nil && ctx.Err() == nil && err.Error() != lastErr {
-			t.log.Error(err, "checking tunnel neighbours")
-		}
-		lastErr = ""
-		if err != nil {
-			lastErr = err.Error()
-		}
-		wait := neighborCheckPeriod
-		if waiting {
-			wait = neighborFastPeriod
-		}
-		timer := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			timer.Stop()
-			return
-		case <-t.kicks:
-			timer.Stop()
-		case <-timer.C:
-		}
+}
+
+// pass is one check; while OVS waits on the kernel somewhere, the next comes soon.
+func (t *tunnelNeighbors) pass(ctx context.Context) (time.Duration, error) {
+	waiting, err := t.check(ctx)
+	if waiting {
+		return neighborFastPeriod, err
 	}
+	return 0, err
 }
 
 // check compares OVS's entry with the kernel's for the next hop of every peer, corrects OVS and asks the

@@ -103,8 +103,9 @@ func (c *clock) advance(d time.Duration) { c.t = c.t.Add(d) }
 
 func newTestNeighbors(k *fakeKernel, s *fakeSwitch, peers ...netip.Addr) (*tunnelNeighbors, *clock) {
 	c := &clock{t: time.Unix(1_000_000, 0)}
-	return &tunnelNeighbors{kernel: k, ovs: s, peers: func() []netip.Addr { return peers }, log: klog.Background(), now: c.now,
-		kicks: make(chan struct{}, 1), lastProbe: map[netip.Addr]time.Time{}, waiting: map[netip.Addr]time.Time{}}, c
+	tn := newTunnelNeighbors(k, s, func() []netip.Addr { return peers }, klog.Background())
+	tn.now = c.now
+	return tn, c
 }
 
 // TestTunnelNeighborDecisions: one check, for each combination of what the kernel and OVS hold. The

@@ -15,6 +15,7 @@ import (
 
 	"github.com/ofsdn/ofsdn/agent/nodenet"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
+	"github.com/ofsdn/ofsdn/internal/loop"
 	"github.com/ofsdn/ofsdn/ovsdb"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
@@ -87,9 +88,9 @@ type uplinkSync struct {
 	linger   time.Duration
 	log      klog.Logger
 	// warn reports a problem on the Node (an Event); nil: log only.
-	warn  func(reason, message string)
-	now   func() time.Time
-	kicks chan struct{}
+	warn func(reason, message string)
+	now  func() time.Time
+	loop *loop.Loop
 
 	mu          sync.Mutex
 	lingerUntil time.Time // the uplink port stays until then although encapsulation is vxlan
@@ -102,43 +103,31 @@ type uplinkSync struct {
 }
 
 func newUplinkSync(view *nodeView, trigger func(), host uplinkHost, ovs uplinkOVS, bridge, datapath string, linger time.Duration, log klog.Logger) *uplinkSync {
-	return &uplinkSync{view: view, trigger: trigger, host: host, ovs: ovs, bridge: bridge, datapath: datapath, linger: linger,
-		log: log.WithName("uplink"), now: time.Now, kicks: make(chan struct{}, 1)}
+	u := &uplinkSync{view: view, trigger: trigger, host: host, ovs: ovs, bridge: bridge, datapath: datapath, linger: linger,
+		log: log.WithName("uplink"), now: time.Now}
+	u.loop = loop.New(loop.Config{Name: "uplink", Period: uplinkCheckPeriod, Log: u.log}, u.pass)
+	return u
 }
 
 // kick asks for a check now (encapsulation or peers changed, ovs-vswitchd reconnected); never blocks.
 func (u *uplinkSync) kick() {
-	if u == nil {
-		return
-	}
-	select {
-	case u.kicks <- struct{}{}:
-	default:
+	if u != nil {
+		u.loop.Kick()
 	}
 }
 
 // run checks on every kick and periodically until ctx ends.
-func (u *uplinkSync) run(ctx context.Context) {
-	for {
-		if err := u.ensure(ctx); err != nil && ctx.Err() == nil {
-			u.log.Error(err, "uplink port")
-		}
-		wait := uplinkCheckPeriod
-		u.mu.Lock()
-		if !u.lingerUntil.IsZero() && u.patched != "" {
-			wait = min(wait, max(u.lingerUntil.Sub(u.now()), 10*time.Millisecond))
-		}
-		u.mu.Unlock()
-		timer := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			timer.Stop()
-			return
-		case <-u.kicks:
-			timer.Stop()
-		case <-timer.C:
-		}
+func (u *uplinkSync) run(ctx context.Context) { u.loop.Run(ctx) }
+
+// pass is one check; while the uplink port lingers it asks to run again when the linger ends.
+func (u *uplinkSync) pass(ctx context.Context) (time.Duration, error) {
+	err := u.ensure(ctx)
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if !u.lingerUntil.IsZero() && u.patched != "" {
+		return max(u.lingerUntil.Sub(u.now()), 10*time.Millisecond), err
 	}
+	return 0, err
 }
 
 // ensure brings the uplink port and the view in line with the encapsulation; it triggers a flow sync

@@ -13,6 +13,7 @@ import (
 	"github.com/ofsdn/ofsdn/agent/k8sobj"
 	"github.com/ofsdn/ofsdn/agent/podnet"
 	"github.com/ofsdn/ofsdn/cni"
+	"github.com/ofsdn/ofsdn/internal/loop"
 	"github.com/ofsdn/ofsdn/ovsdb"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -377,20 +378,14 @@ func (p *Handler) servePendingDelete(ctx context.Context, a attachment) error {
 // janitorPeriod is how often the janitor serves pending DELs and settles unsure attachments.
 const janitorPeriod = 5 * time.Second
 
-// runJanitor serves the DELs the plugin leaves and settles what restore could not, every janitorPeriod
+// RunJanitor serves the DELs the plugin leaves and settles what restore could not, every janitorPeriod
 // until ctx ends. Its first pass runs at once: DELs left between restore and the server's start wait
 // for nobody else.
 func (p *Handler) RunJanitor(ctx context.Context) {
-	t := time.NewTicker(janitorPeriod)
-	defer t.Stop()
-	for {
+	loop.New(loop.Config{Name: "cni-janitor", Period: janitorPeriod, Log: p.log}, func(ctx context.Context) (time.Duration, error) {
 		p.janitorPass(ctx)
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
+		return 0, nil
+	}).Run(ctx)
 }
 
 func (p *Handler) janitorPass(ctx context.Context) {

@@ -22,6 +22,8 @@ type Config struct {
 	Name string // names the loop in its logs
 	// Period, when set, runs the job at least this often.
 	Period time.Duration
+	// FirstAfter delays the first pass (0: at once), for a job with nothing to do at start.
+	FirstAfter time.Duration
 	// BackoffMin and BackoffMax bound the retries of a failing job (defaults 50 ms and 5 s).
 	BackoffMin, BackoffMax time.Duration
 	// Quiet says which errors are expected while the job waits for something (a node not ready
@@ -84,7 +86,7 @@ func (l *Loop) Ping(ctx context.Context) error {
 	}
 }
 
-// Run runs passes until ctx ends: one at once, then as Config says.
+// Run runs passes until ctx ends: the first at once (or after FirstAfter), then as Config says.
 func (l *Loop) Run(ctx context.Context) {
 	if l == nil {
 		return
@@ -94,6 +96,9 @@ func (l *Loop) Run(ctx context.Context) {
 	lastErr := ""
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
+	if l.cfg.FirstAfter > 0 && !l.wait(ctx, timer, l.cfg.FirstAfter) {
+		return
+	}
 	for {
 		again, err := l.job(ctx)
 		if ctx.Err() != nil {

@@ -88,6 +88,16 @@ func TestRunsAtStartAndOnKicks(t *testing.T) {
 	r.none(t, 50*time.Millisecond)
 }
 
+func TestFirstAfterDelaysTheFirstPass(t *testing.T) {
+	r := newRecorder()
+	l := start(t, Config{Name: "t", FirstAfter: time.Hour}, r.job)
+	r.none(t, 50*time.Millisecond)
+	l.Kick() // a kick does not wait for it
+	if r.next(t) != 0 {
+		t.Fatal("first pass is not pass 0")
+	}
+}
+
 func TestKicksDuringAPassCoalesce(t *testing.T) {
 	r := newRecorder()
 	r.block = make(chan struct{})
