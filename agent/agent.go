@@ -141,6 +141,8 @@ type Agent struct {
 	pods    *attach.Handler
 	metrics *Metrics
 	events  record.EventRecorder
+	// eventBroadcaster sends events to the API server once Run starts it (nil: Deps.Events records).
+	eventBroadcaster record.EventBroadcaster
 	// conflicts tells each hostPort conflict once; policyProblems each NetworkPolicy problem.
 	conflicts      *conflictReporter
 	policyProblems *policyProblemReporter
@@ -180,18 +182,21 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	log := cfg.Logger.WithName("agent").WithValues("node", cfg.NodeName)
 	a := &Agent{cfg: cfg, deps: deps, log: log, view: newNodeView(cfg.NodeName), host: &hostSide{}, metrics: deps.Metrics,
 		events: deps.Events}
-	a.conflicts = &conflictReporter{log: log.WithName("hostports")}
-	a.policyProblems = &policyProblemReporter{log: log.WithName("netpol")}
-	// The flow sync's reconciler comes with the bridge in Run; everything that feeds it exists now.
-	a.fs = newFlowSync(a.view, nil, log)
-	a.fs.metrics = deps.Metrics
-	a.fs.onFailure = a.ownerFailed
-	a.hostFwd = newHostSync(log, a.applyHost)
-	if deps.DialSwitch != nil { // a real bridge: its conntrack can be read
-		a.hostFwd.heldStale = a.staleHeld
+	if a.events == nil {
+		// Recorded to the API server once Run starts the broadcaster.
+		a.eventBroadcaster = record.NewBroadcaster()
+		a.events = a.eventBroadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "ofsdn-agent", Host: cfg.NodeName})
 	}
-	a.fs.host = a.hostFwd
-	a.fs.onIndexChanged = a.saveOwnerIndex
+	a.conflicts = &conflictReporter{log: log.WithName("hostports"), recorder: a.events}
+	a.policyProblems = &policyProblemReporter{log: log.WithName("netpol"), recorder: a.events}
+	var heldStale func(context.Context, pipeline.NodeState) ([]openflow.ConntrackFlush, error)
+	if deps.DialSwitch != nil { // a real bridge: its conntrack can be read
+		heldStale = a.staleHeld
+	}
+	a.hostFwd = newHostSync(log, a.applyHost, heldStale)
+	// The flow sync's reconciler comes with the bridge (openBridge); everything that feeds it exists now.
+	a.fs = newFlowSync(a.view, nil, flowSyncHooks{metrics: deps.Metrics, host: a.hostFwd, onFailure: a.ownerFailed,
+		onIndexChanged: a.saveOwnerIndex}, log)
 	a.health = newHealth(a.view.Ready, a.fs.loop)
 	if err := deps.Metrics.Registry.Register(newStateCollector(a.counts)); err != nil {
 		return nil, fmt.Errorf("agent: metrics: %w", err)
@@ -206,19 +211,19 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 			BridgeUp: func() bool { return a.sess != nil && a.sess.Connected() },
 			// Restore asks the pod informer (then the API server) whether a restored attachment's pod exists.
 			Pods: attach.APIPods{Cache: a.kubeInformers.Core().V1().Pods().Informer().GetStore(), Client: deps.Kube.CoreV1(), NodeName: cfg.NodeName}})
-	w := &watchNetwork{view: a.view, sync: a.fs, log: log}
+	var newPeer func(netip.Addr)
 	if cfg.DatapathType == "netdev" {
 		a.neighbors = newTunnelNeighbors(nodeKernel{cfg.HostNetNS}, unixctl.New(cfg.OVSRunDir, "ovs-vswitchd"), a.view.peers, log)
-		w.newPeer = func(netip.Addr) { a.neighbors.kick() }
+		newPeer = func(netip.Addr) { a.neighbors.kick() }
 		if deps.DialSwitch != nil { // a real ovs-vswitchd to purge
 			a.purger = newDatapathPurger(cfg.OVSRunDir)
 		}
 	}
 	if deps.DB != nil {
-		a.uplink = newUplinkSync(a.view, a.fs.trigger, uplinkNode{cfg.HostNetNS}, deps.DB, cfg.Bridge, cfg.DatapathType, cfg.UplinkLinger, log)
-		a.uplink.warn = a.nodeEvent
-		w.uplink = a.uplink
+		a.uplink = newUplinkSync(a.view, a.fs.trigger, uplinkNode{cfg.HostNetNS}, deps.DB, cfg.Bridge, cfg.DatapathType, cfg.UplinkLinger,
+			a.nodeEvent, log)
 	}
+	w := &watchNetwork{view: a.view, sync: a.fs, log: log, newPeer: newPeer, uplink: a.uplink}
 	ws := &watchServices{view: a.view, sync: a.fs, log: log.WithName("services")}
 	policyPods, policyNamespaces, policies := (&watchPolicies{view: a.view, sync: a.fs}).handlers()
 	net := a.netInformers.Network().V1()
@@ -291,14 +296,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	if a.deps.DB == nil || a.deps.DialSwitch == nil {
 		return errors.New("agent: Run needs the node's OVSDB and a way to dial its bridge")
 	}
-	if a.events == nil {
-		broadcaster := record.NewBroadcaster(record.WithContext(ctx))
-		broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: a.deps.Kube.CoreV1().Events("")})
-		defer broadcaster.Shutdown()
-		a.events = broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "ofsdn-agent", Host: a.cfg.NodeName})
+	if a.eventBroadcaster != nil {
+		a.eventBroadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: a.deps.Kube.CoreV1().Events("")})
+		defer a.eventBroadcaster.Shutdown()
 	}
-	a.conflicts.recorder = a.events
-	a.policyProblems.recorder = a.events
 	steps := []struct {
 		name string
 		run  func(context.Context) error
@@ -345,7 +346,7 @@ func (a *Agent) openBridge(ctx context.Context) error {
 	context.AfterFunc(ctx, func() { _ = a.sess.Close() })
 	a.recon = reconcile.New(meteredSwitch{ofswitch.FlowsSwitch(a.sess), a.metrics}, reconcile.Config{Round: round,
 		PipelineVersion: pipeline.PipelineVersion, VersionOf: pipeline.VersionOf})
-	a.fs.r = a.recon
+	a.fs.useBridge(a.recon)
 	a.health.setSession(a.sess, a.recon, a.deps.DB)
 	rep, err := a.recon.LoadInstalled(ctx)
 	if err != nil {

@@ -81,11 +81,33 @@ type syncedState struct {
 	problems map[string][]policy.Problem
 }
 
-func newFlowSync(view *nodeView, r *reconcile.Reconciler, log klog.Logger) *flowSync {
+// flowSyncHooks are the parts of the agent a flow sync reports to; each is optional.
+type flowSyncHooks struct {
+	metrics *Metrics
+	// host receives every synced state (port forwards, conntrack flushes) without the sync waiting.
+	host *hostSync
+	// onFailure is told that an owner failed (again).
+	onFailure func(reconcile.Owner, *ownerFailure)
+	// onIndexChanged is called after a sync that changed the set of owners (the agent saves the owner
+	// index flowctl reads).
+	onIndexChanged func(*reconcile.OwnerIndex)
+}
+
+// newFlowSync makes the flow sync of view. r is the bridge's reconciler; an agent gets it only once
+// it opened the bridge and hands it over with useBridge (nil until then: no sync runs).
+func newFlowSync(view *nodeView, r *reconcile.Reconciler, hooks flowSyncHooks, log klog.Logger) *flowSync {
 	f := &flowSync{view: view, r: r, log: log.WithName("flowsync"), policies: policy.NewIndex(view.nodeName),
+		metrics: hooks.metrics, host: hooks.host, onFailure: hooks.onFailure, onIndexChanged: hooks.onIndexChanged,
 		applied: map[reconcile.Owner]reconcile.OwnerState{}, failing: map[reconcile.Owner]*ownerFailure{}, clock: time.Now}
 	f.loop = loop.New(loop.Config{Name: "flowsync", Log: f.log, Quiet: func(err error) bool { return errors.Is(err, errNotReady) }}, f.pass)
 	return f
+}
+
+// useBridge hands over the reconciler of the bridge the agent opened (Agent.openBridge).
+func (f *flowSync) useBridge(r *reconcile.Reconciler) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.r = r
 }
 
 // trigger asks the background loop for a sync; bursts of events coalesce into one.

@@ -29,7 +29,7 @@ func TestRefusedOwnerDoesNotStopTheNode(t *testing.T) {
 	ctx := context.Background()
 	v := testView()
 	v.update(func(v *nodeView) { v.pods = map[string]attach.Pod{} })
-	fs := newFlowSync(v, reconcile.New(b.Switch, reconcile.Config{Round: 1, PipelineVersion: pipeline.PipelineVersion, VersionOf: pipeline.VersionOf}), klog.Background())
+	fs := newFlowSync(v, reconcile.New(b.Switch, reconcile.Config{Round: 1, PipelineVersion: pipeline.PipelineVersion, VersionOf: pipeline.VersionOf}), flowSyncHooks{}, klog.Background())
 	fs.metrics = NewMetrics(nil)
 	var reported []string
 	fs.onFailure = func(o reconcile.Owner, fail *ownerFailure) {

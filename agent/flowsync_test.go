@@ -44,7 +44,7 @@ func TestFlowSyncOnlyChangedOwners(t *testing.T) {
 	ctx := context.Background()
 	sw := &countingSwitch{}
 	v := testView()
-	fs := newFlowSync(v, reconcile.New(sw, reconcile.Config{Round: 1}), klog.Background())
+	fs := newFlowSync(v, reconcile.New(sw, reconcile.Config{Round: 1}), flowSyncHooks{}, klog.Background())
 	if _, err := fs.syncNow(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +81,7 @@ func TestFlowSyncOnlyChangedOwners(t *testing.T) {
 }
 
 func TestFlowSyncWaitsForNodeState(t *testing.T) {
-	fs := newFlowSync(newNodeView("n1"), reconcile.New(&countingSwitch{}, reconcile.Config{Round: 1}), klog.Background())
+	fs := newFlowSync(newNodeView("n1"), reconcile.New(&countingSwitch{}, reconcile.Config{Round: 1}), flowSyncHooks{}, klog.Background())
 	if _, err := fs.syncNow(context.Background()); err == nil {
 		t.Fatal("a node without subnet synced")
 	}
@@ -93,7 +93,7 @@ func TestSyncThroughCoalesces(t *testing.T) {
 	ctx := context.Background()
 	sw := &countingSwitch{}
 	v := testView()
-	fs := newFlowSync(v, reconcile.New(sw, reconcile.Config{Round: 1}), klog.Background())
+	fs := newFlowSync(v, reconcile.New(sw, reconcile.Config{Round: 1}), flowSyncHooks{}, klog.Background())
 	var gens []uint64
 	for i := range 5 {
 		ip := netip.MustParseAddr("10.128.0.20").As4()

@@ -250,8 +250,10 @@ type hostSync struct {
 	log          klog.Logger
 }
 
-func newHostSync(log klog.Logger, apply func(context.Context, pipeline.NodeState, map[string][]policy.Problem, []openflow.ConntrackFlush) error) *hostSync {
-	h := &hostSync{apply: apply, log: log.WithName("hostsync"), verifyAfter: time.Second, verifyChecks: 4}
+// newHostSync makes the host loop: apply does the work; heldStale (nil: none) reads conntrack.
+func newHostSync(log klog.Logger, apply func(context.Context, pipeline.NodeState, map[string][]policy.Problem, []openflow.ConntrackFlush) error,
+	heldStale func(context.Context, pipeline.NodeState) ([]openflow.ConntrackFlush, error)) *hostSync {
+	h := &hostSync{apply: apply, heldStale: heldStale, log: log.WithName("hostsync"), verifyAfter: time.Second, verifyChecks: 4}
 	// A failed apply is tried again with the latest state, from a second on.
 	h.loop = loop.New(loop.Config{Name: "hostsync", BackoffMin: time.Second, BackoffMax: 30 * time.Second, Log: h.log}, h.pass)
 	return h

@@ -74,7 +74,7 @@ func TestHostSyncFlushesWhatConntrackHeldAtStart(t *testing.T) {
 	h := newHostSync(klog.Background(), func(_ context.Context, _ pipeline.NodeState, _ map[string][]policy.Problem, stale []openflow.ConntrackFlush) error {
 		calls <- call{stale}
 		return nil
-	})
+	}, nil)
 	old := openflow.ConntrackFlush{Protocol: openflow.IPProtoUDP, Dst: netip.MustParseAddr("172.30.0.53"), DstPort: 53, ReplySrc: netip.MustParseAddr("10.128.0.9")}
 	asked := 0
 	h.heldStale = func(context.Context, pipeline.NodeState) ([]openflow.ConntrackFlush, error) {
@@ -120,7 +120,7 @@ func TestHostSyncVerifiesAFlush(t *testing.T) {
 	h := newHostSync(klog.Background(), func(_ context.Context, _ pipeline.NodeState, _ map[string][]policy.Problem, stale []openflow.ConntrackFlush) error {
 		calls <- stale
 		return nil
-	})
+	}, nil)
 	h.verifyAfter = 10 * time.Millisecond
 	old := openflow.ConntrackFlush{Protocol: openflow.IPProtoUDP, Dst: netip.MustParseAddr("172.30.0.53"), DstPort: 53, ReplySrc: netip.MustParseAddr("10.128.0.9")}
 	type answer struct {
@@ -175,7 +175,7 @@ func TestHostSyncVerifiesAFlush(t *testing.T) {
 func TestHostSyncChecksUnderAStreamOfStates(t *testing.T) {
 	h := newHostSync(klog.Background(), func(context.Context, pipeline.NodeState, map[string][]policy.Problem, []openflow.ConntrackFlush) error {
 		return nil
-	})
+	}, nil)
 	h.verifyAfter = 20 * time.Millisecond
 	old := openflow.ConntrackFlush{Protocol: openflow.IPProtoUDP, Dst: netip.MustParseAddr("172.30.0.53"), DstPort: 53, ReplySrc: netip.MustParseAddr("10.128.0.9")}
 	var mu sync.Mutex

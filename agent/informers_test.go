@@ -42,10 +42,11 @@ var agentWatches = []string{"clusternetworks", "hostsubnets", "netnamespaces", "
 const waitTimeout = time.Minute
 
 type fakeAPI struct {
-	kube *kubefake.Clientset
-	net  *networkfake.Clientset
-	ctx  context.Context
-	logs *logLines // what the agent logged
+	kube   *kubefake.Clientset
+	net    *networkfake.Clientset
+	ctx    context.Context
+	logs   *logLines // what the agent logged
+	events *eventLog // the Events it recorded
 }
 
 // logLines keeps an agent's log lines, so a test can tell that an event it must ignore was handled.
@@ -122,7 +123,8 @@ func newTestAgent(t testing.TB, objects ...runtime.Object) (*Agent, *fakeAPI, ch
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	api := &fakeAPI{kube: kubefake.NewClientset(kubeObjs...), net: networkfake.NewSimpleClientset(netObjs...), ctx: ctx, logs: &logLines{}}
+	api := &fakeAPI{kube: kubefake.NewClientset(kubeObjs...), net: networkfake.NewSimpleClientset(netObjs...), ctx: ctx, logs: &logLines{},
+		events: &eventLog{}}
 	watching := make(chan string, 2*len(agentWatches))
 	for _, cs := range []interface {
 		PrependWatchReactor(string, k8stesting.WatchReactionFunc)
@@ -138,7 +140,7 @@ func newTestAgent(t testing.TB, objects ...runtime.Object) (*Agent, *fakeAPI, ch
 		})
 	}
 
-	a, err := New(Config{NodeName: testNode, Logger: api.logs.logger()}, Deps{Kube: api.kube, Net: api.net})
+	a, err := New(Config{NodeName: testNode, Logger: api.logs.logger()}, Deps{Kube: api.kube, Net: api.net, Events: api.events})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -96,10 +96,9 @@ func newPolicyAgentOn(t testing.TB, sw reconcile.Switch, mode networkv1.PluginMo
 		}
 	}
 	a, api := startAgent(t, all...)
-	pa := &policyAgent{Agent: a, api: api, events: &eventLog{}}
-	a.events, a.conflicts.recorder, a.policyProblems.recorder = pa.events, pa.events, pa.events
+	pa := &policyAgent{Agent: a, api: api, events: api.events}
 	a.recon = reconcile.New(sw, reconcile.Config{Round: 1, PipelineVersion: pipeline.PipelineVersion, VersionOf: pipeline.VersionOf})
-	a.fs.r = a.recon
+	a.fs.useBridge(a.recon)
 	proc.Eventually(t, waitTimeout, "the node's subnet and cluster network", func() bool { return a.view.Ready() == nil })
 	go a.hostFwd.run(api.ctx)
 	return pa

@@ -67,7 +67,7 @@ func TestRestartRoundsOnOVS(t *testing.T) {
 		if _, err := r.LoadInstalled(ctx); err != nil {
 			t.Fatal(err)
 		}
-		fs := newFlowSync(view, r, klog.Background())
+		fs := newFlowSync(view, r, flowSyncHooks{}, klog.Background())
 		if _, err := fs.syncNow(ctx); err != nil {
 			t.Fatal(err)
 		}

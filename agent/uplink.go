@@ -102,8 +102,9 @@ type uplinkSync struct {
 	lingerRead  bool
 }
 
-func newUplinkSync(view *nodeView, trigger func(), host uplinkHost, ovs uplinkOVS, bridge, datapath string, linger time.Duration, log klog.Logger) *uplinkSync {
-	u := &uplinkSync{view: view, trigger: trigger, host: host, ovs: ovs, bridge: bridge, datapath: datapath, linger: linger,
+func newUplinkSync(view *nodeView, trigger func(), host uplinkHost, ovs uplinkOVS, bridge, datapath string, linger time.Duration,
+	warn func(reason, message string), log klog.Logger) *uplinkSync {
+	u := &uplinkSync{view: view, trigger: trigger, host: host, ovs: ovs, bridge: bridge, datapath: datapath, linger: linger, warn: warn,
 		log: log.WithName("uplink"), now: time.Now}
 	u.loop = loop.New(loop.Config{Name: "uplink", Period: uplinkCheckPeriod, Log: u.log}, u.pass)
 	return u

@@ -85,7 +85,7 @@ func uplinkFixture(t *testing.T) (*nodeView, *fakeUplinkHost, *fakeUplinkOVS, *u
 	}}
 	ovs := &fakeUplinkOVS{bridges: map[string]string{"br0": "netdev", "br-ul": "netdev"}, ports: map[string]string{}}
 	syncs := 0
-	u := newUplinkSync(v, func() { syncs++ }, host, ovs, "br0", "netdev", DefaultUplinkLinger, klog.Background())
+	u := newUplinkSync(v, func() { syncs++ }, host, ovs, "br0", "netdev", DefaultUplinkLinger, nil, klog.Background())
 	var warned []string
 	u.warn = func(reason, msg string) { warned = append(warned, reason+": "+msg) }
 	return v, host, ovs, u, &warned, &syncs
@@ -200,7 +200,7 @@ func TestRemotePodsInSnapshot(t *testing.T) {
 	v.localSubnet, v.nodeIP = netip.MustParsePrefix("10.128.0.0/23"), netip.MustParseAddr("192.0.2.11")
 	v.remote["n2"] = pipeline.RemoteNode{Name: "n2", NodeIP: netip.MustParseAddr("192.0.2.12"), Subnet: netip.MustParsePrefix("10.128.2.0/23")}
 	v.vnids = map[string]uint32{"a": 20, "default": 0}
-	w := &watchRemotePods{view: v, sync: newFlowSync(v, nil, klog.Background())}
+	w := &watchRemotePods{view: v, sync: newFlowSync(v, nil, flowSyncHooks{}, klog.Background())}
 	pod := func(ns, name, node, ip string, mod func(*k8sobj.Pod)) *k8sobj.Pod {
 		p := &k8sobj.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, NodeName: node, IPs: []string{ip}, Phase: corev1.PodRunning}
 		if mod != nil {
@@ -257,7 +257,7 @@ func TestUplinkLingerSurvivesRestart(t *testing.T) {
 
 	// The agent restarts 10 s into the linger: a new uplinkSync over the same OVSDB.
 	now = now.Add(10 * time.Second)
-	restarted := newUplinkSync(v, func() {}, host, ovs, "br0", "netdev", DefaultUplinkLinger, klog.Background())
+	restarted := newUplinkSync(v, func() {}, host, ovs, "br0", "netdev", DefaultUplinkLinger, nil, klog.Background())
 	restarted.now = u.now
 	if err := restarted.ensure(ctx); err != nil {
 		t.Fatal(err)
@@ -276,7 +276,7 @@ func TestUplinkLingerSurvivesRestart(t *testing.T) {
 	// A pair left by a run in none mode, no linger recorded: a vxlan start removes it at once.
 	ovs.ports[uplinkPort], ovs.ports[uplinkPeerPort] = "br0", "br-ul"
 	writes := ovs.writes
-	fresh := newUplinkSync(v, func() {}, host, ovs, "br0", "netdev", DefaultUplinkLinger, klog.Background())
+	fresh := newUplinkSync(v, func() {}, host, ovs, "br0", "netdev", DefaultUplinkLinger, nil, klog.Background())
 	fresh.now = u.now
 	if err := fresh.ensure(ctx); err != nil {
 		t.Fatal(err)
