@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/ofsdn/ofsdn/agent/attach"
+	"github.com/ofsdn/ofsdn/agent/hostnet"
 	"github.com/ofsdn/ofsdn/agent/k8sobj"
 	"github.com/ofsdn/ofsdn/agent/nodenet"
 	"github.com/ofsdn/ofsdn/agent/policy"
@@ -58,7 +59,7 @@ type Config struct {
 	// agent releases its attachment (attach.DefaultAbsentPodGrace).
 	AbsentPodGrace time.Duration
 	// UplinkLinger is how long br0's uplink port outlives a change from encapsulation none back to vxlan
-	// (DefaultUplinkLinger), for peers that still send unencapsulated until they follow.
+	// (hostnet.DefaultUplinkLinger), for peers that still send unencapsulated until they follow.
 	UplinkLinger time.Duration
 	// MetricsAddress serves /metrics, /healthz and /readyz ("" = not served). DebugAddress serves the
 	// read-only debug API (debugapi/) over TCP for flowctl through the API server's node proxy ("" = not
@@ -99,7 +100,7 @@ func (c *Config) defaults() error {
 		c.ResyncPeriod = 5 * time.Minute
 	}
 	if c.UplinkLinger == 0 {
-		c.UplinkLinger = DefaultUplinkLinger
+		c.UplinkLinger = hostnet.DefaultUplinkLinger
 	}
 	if c.AbsentPodGrace == 0 {
 		c.AbsentPodGrace = attach.DefaultAbsentPodGrace
@@ -146,15 +147,15 @@ type Agent struct {
 	// conflicts tells each hostPort conflict once; policyProblems each NetworkPolicy problem.
 	conflicts      *conflictReporter
 	policyProblems *policyProblemReporter
-	// purger clears the userspace datapath's flow cache after policy changes (datapathpurge.go); nil
+	// purger clears the userspace datapath's flow cache after policy changes (hostnet/purge.go); nil
 	// but for netdev.
-	purger *datapathPurger
-	// neighbors keeps ovs-vswitchd's tunnel neighbours right (tunnelneigh.go); nil but for netdev.
-	neighbors *tunnelNeighbors
+	purger *hostnet.DatapathPurger
+	// neighbors keeps ovs-vswitchd's tunnel neighbours right (hostnet/neighbors.go); nil but for netdev.
+	neighbors *hostnet.TunnelNeighbors
 	// health answers /healthz, /readyz and CNI STATUS (health.go).
 	health *health
-	// uplink keeps br0's uplink port for encapsulation none (uplink.go); nil without OVSDB (unit tests).
-	uplink *uplinkSync
+	// uplink keeps br0's uplink port for encapsulation none (hostnet/uplink.go); nil without OVSDB (unit tests).
+	uplink *hostnet.Uplink
 
 	netInformers  networkinformers.SharedInformerFactory
 	kubeInformers kubeinformers.SharedInformerFactory
@@ -213,15 +214,15 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 			Pods: attach.APIPods{Cache: a.kubeInformers.Core().V1().Pods().Informer().GetStore(), Client: deps.Kube.CoreV1(), NodeName: cfg.NodeName}})
 	var newPeer func(netip.Addr)
 	if cfg.DatapathType == "netdev" {
-		a.neighbors = newTunnelNeighbors(nodeKernel{cfg.HostNetNS}, unixctl.New(cfg.OVSRunDir, "ovs-vswitchd"), a.view.peers, log)
-		newPeer = func(netip.Addr) { a.neighbors.kick() }
+		a.neighbors = hostnet.NewTunnelNeighbors(hostnet.Node{NetNS: cfg.HostNetNS}, unixctl.New(cfg.OVSRunDir, "ovs-vswitchd"), a.view.peers, log)
+		newPeer = func(netip.Addr) { a.neighbors.Kick() }
 		if deps.DialSwitch != nil { // a real ovs-vswitchd to purge
-			a.purger = newDatapathPurger(cfg.OVSRunDir)
+			a.purger = hostnet.NewDatapathPurger(cfg.OVSRunDir)
 		}
 	}
 	if deps.DB != nil {
-		a.uplink = newUplinkSync(a.view, a.fs.trigger, uplinkNode{cfg.HostNetNS}, deps.DB, cfg.Bridge, cfg.DatapathType, cfg.UplinkLinger,
-			a.nodeEvent, log)
+		a.uplink = hostnet.NewUplink(hostnet.UplinkConfig{Bridge: cfg.Bridge, Datapath: cfg.DatapathType, Linger: cfg.UplinkLinger, Logger: log},
+			hostnet.UplinkDeps{View: a.view, Host: hostnet.Node{NetNS: cfg.HostNetNS}, OVS: deps.DB, Changed: a.fs.trigger, Warn: a.nodeEvent})
 	}
 	w := &watchNetwork{view: a.view, sync: a.fs, log: log, newPeer: newPeer, uplink: a.uplink}
 	ws := &watchServices{view: a.view, sync: a.fs, log: log.WithName("services")}
@@ -363,8 +364,8 @@ func (a *Agent) openBridge(ctx context.Context) error {
 		if err := a.host.ensure(ctx); err != nil {
 			return err
 		}
-		a.neighbors.kick() // a restarted ovs-vswitchd starts with an empty tunnel neighbour cache
-		a.uplink.kick()    // tun0 came back with a MAC of its own
+		a.neighbors.Kick() // a restarted ovs-vswitchd starts with an empty tunnel neighbour cache
+		a.uplink.Kick()    // tun0 came back with a MAC of its own
 		if err := a.fs.resync(ctx, resyncReconnect); err != nil {
 			return err
 		}
@@ -449,13 +450,13 @@ func (a *Agent) setUpNode(ctx context.Context) error {
 		return err
 	}
 	a.host.set(nc)
-	go a.neighbors.run(ctx) // once vxlan0 exists: OVS snoops ARP only when it tunnels
+	go a.neighbors.Run(ctx) // once vxlan0 exists: OVS snoops ARP only when it tunnels
 	if a.uplink != nil {
 		// Before the first sync, so a restart in encapsulation none renders the flows it had.
-		if err := a.uplink.ensure(ctx); err != nil {
+		if err := a.uplink.Ensure(ctx); err != nil {
 			a.log.Error(err, "uplink port (retried)")
 		}
-		go a.uplink.run(ctx)
+		go a.uplink.Run(ctx)
 	}
 	return nil
 }
@@ -524,7 +525,7 @@ func (a *Agent) applyHost(ctx context.Context, st pipeline.NodeState, problems m
 		}
 	}
 	if a.purger != nil {
-		if purged, err := a.purger.synced(ctx, st); err != nil {
+		if purged, err := a.purger.Synced(ctx, st); err != nil {
 			a.log.Error(err, "policy verdicts may lag in the datapath cache")
 		} else if purged {
 			a.log.V(2).Info("purged the datapath flow cache after a policy change")
@@ -616,4 +617,12 @@ func installCNI(cfg Config, mtu int) error {
 		}
 	}
 	return nil
+}
+
+// nodeEvent records a Warning Event on this node's Node object.
+func (a *Agent) nodeEvent(reason, message string) {
+	if a.events == nil {
+		return
+	}
+	a.events.Eventf(&corev1.ObjectReference{Kind: "Node", APIVersion: "v1", Name: a.cfg.NodeName}, corev1.EventTypeWarning, reason, "%s", message)
 }

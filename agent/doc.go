@@ -12,8 +12,9 @@
 //   - view.go: nodeView, the one picture of the node every flow is rendered from; its generation counter
 //     lets a CNI ADD wait for exactly its own change.
 //   - informers.go: ClusterNetwork, HostSubnets and NetNamespaces into the view.
-//   - services.go: Services and EndpointSlices into pipeline.ServiceState (with a conversion cache, so
-//     one endpoint change converts one service).
+//   - services.go: the Services and EndpointSlices informers into the view; services/ (its own
+//     package) turns them into pipeline.ServiceState (with a conversion cache, so one endpoint change
+//     converts one service).
 //   - policy/ (its own package): NetworkPolicy resolution — policies, every pod of the cluster and
 //     namespaces into pipeline.PolicyState for the policies that select a local pod, and the pods'
 //     isolation; incremental, so one pod's change resolves only the policies it can affect. The flow
@@ -33,12 +34,12 @@
 //     them. It sees the view through attach.Node (view.go) and the flow loop through attach.Flows.
 //   - flowsync.go: render, diff per owner, one Apply; concurrent callers coalesce; failing owners keep
 //     their last good flows and are retried with back-off; resyncs (reconnect, periodic) run in its loop.
-//   - uplink.go: encapsulation none — br0's patch port into the OVS bridge holding the node's address,
-//     which peers are on its segment (the others, and every peer of a node without such a bridge, get
-//     VXLAN, with an EncapsulationFallback Event), tun0's MAC; informers.go's watchRemotePods keeps
+//   - hostnet/ (its own package): the node's host-side jobs beyond nodenet's plumbing — encapsulation
+//     none's uplink port (br0's patch port into the OVS bridge holding the node's address, which peers
+//     are on its segment, an EncapsulationFallback Event when the node cannot, tun0's MAC), ovs-
+//     vswitchd's tunnel neighbours checked against the kernel's (userspace datapath), and the datapath
+//     flow cache purged after policy changes (userspace datapath); informers.go's watchRemotePods keeps
 //     other nodes' pods' addresses for the source VNID of unencapsulated traffic (multitenant).
-//   - tunnelneigh.go: userspace datapath only — ovs-vswitchd's tunnel neighbour cache (through unixctl/)
-//     checked against the kernel's neighbour table for every peer's next hop, and corrected.
 //   - round.go: the reconciliation round stamped in cookies (kept in br0's external_ids), so a restarted
 //     agent installs its flows beside the previous round's and only then deletes those: no datapath gap.
 //   - metrics.go: the agent's Prometheus metrics (counters where things happen, gauges of the node's

@@ -21,12 +21,12 @@ type watchNetwork struct {
 	// newPeer, when set, is told of each remote node address as it appears (tunnel neighbour warm-up).
 	newPeer func(netip.Addr)
 	// uplink, when set, is asked to look again when the encapsulation or the peers change.
-	uplink interface{ kick() }
+	uplink interface{ Kick() }
 }
 
 func (w *watchNetwork) kickUplink() {
 	if w.uplink != nil {
-		w.uplink.kick()
+		w.uplink.Kick()
 	}
 }
 

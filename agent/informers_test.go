@@ -21,15 +21,18 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
 	"github.com/ofsdn/ofsdn/agent/attach"
+	"github.com/ofsdn/ofsdn/agent/k8sobj"
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
 	networkfake "github.com/ofsdn/ofsdn/client/clientset/versioned/fake"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
 	"github.com/ofsdn/ofsdn/internal/proc"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
 	kubefake "k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/klog/v2"
 )
 
 const testNode = "n1"
@@ -376,4 +379,66 @@ func TestNetNamespaceHandler(t *testing.T) {
 	waitSnapshot(t, a, "subnet mode", func(st pipeline.NodeState, _ []string) bool {
 		return st.Mode == pipeline.ModeSubnet && reflect.DeepEqual(vnids(st), map[string]uint32{"blue/b1": 0, "default/d1": 0})
 	})
+}
+
+// TestRemotePodsInSnapshot: in multitenant mode with an uplink port each remote node carries its pods'
+// addresses with their namespaces' VNIDs; pods of namespaces without a VNID, of this node, hostNetwork
+// or finished ones are left out; other modes carry none.
+func TestRemotePodsInSnapshot(t *testing.T) {
+	v := newNodeView("n1")
+	v.mode, v.uplink = pipeline.ModeMultitenant, "br-ul"
+	v.localSubnet, v.nodeIP = netip.MustParsePrefix("10.128.0.0/23"), netip.MustParseAddr("192.0.2.11")
+	v.remote["n2"] = pipeline.RemoteNode{Name: "n2", NodeIP: netip.MustParseAddr("192.0.2.12"), Subnet: netip.MustParsePrefix("10.128.2.0/23")}
+	v.vnids = map[string]uint32{"a": 20, "default": 0}
+	w := &watchRemotePods{view: v, sync: newFlowSync(v, nil, flowSyncHooks{}, klog.Background())}
+	pod := func(ns, name, node, ip string, mod func(*k8sobj.Pod)) *k8sobj.Pod {
+		p := &k8sobj.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, NodeName: node, IPs: []string{ip}, Phase: corev1.PodRunning}
+		if mod != nil {
+			mod(p)
+		}
+		return p
+	}
+	for _, p := range []*k8sobj.Pod{
+		pod("a", "x", "n2", "10.128.2.5", nil),
+		pod("default", "y", "n2", "10.128.2.3", nil),
+		pod("novnid", "z", "n2", "10.128.2.9", nil),
+		pod("a", "local", "n1", "10.128.0.5", nil),
+		pod("a", "host", "n2", "192.0.2.12", func(p *k8sobj.Pod) { p.HostNetwork = true }),
+		pod("a", "done", "n2", "10.128.2.7", func(p *k8sobj.Pod) { p.Phase = corev1.PodSucceeded }),
+		pod("a", "pending", "n2", "", func(p *k8sobj.Pod) { p.IPs = nil }),
+	} {
+		w.pod(p, false)
+	}
+	st := v.snapshot().state
+	want := []pipeline.RemotePod{{IP: netip.MustParseAddr("10.128.2.3"), VNID: 0}, {IP: netip.MustParseAddr("10.128.2.5"), VNID: 20}}
+	if got := st.RemoteNodes[0].Pods; len(got) != len(want) || got[0] != want[0] || got[1] != want[1] {
+		t.Errorf("n2's pods %v, want %v", got, want)
+	}
+	w.pod(pod("a", "x", "n2", "10.128.2.5", nil), true)
+	if st = v.snapshot().state; len(st.RemoteNodes[0].Pods) != 1 {
+		t.Errorf("a deleted pod stays: %v", st.RemoteNodes[0].Pods)
+	}
+	v.mode = pipeline.ModeSubnet
+	if st = v.snapshot().state; st.RemoteNodes[0].Pods != nil {
+		t.Errorf("subnet mode carries pods: %v", st.RemoteNodes[0].Pods)
+	}
+}
+
+// TestUplinkInSnapshot: what the uplink job records reaches the state the flows render from.
+func TestUplinkInSnapshot(t *testing.T) {
+	v := newNodeView("n1")
+	v.encap = pipeline.EncapNone
+	v.remote["n2"] = pipeline.RemoteNode{Name: "n2", NodeIP: netip.MustParseAddr("192.0.2.12"), Subnet: netip.MustParsePrefix("10.128.2.0/23")}
+	v.remote["n3"] = pipeline.RemoteNode{Name: "n3", NodeIP: netip.MustParseAddr("198.51.100.13"), Subnet: netip.MustParsePrefix("10.128.4.0/23")}
+	mac := net.HardwareAddr{2, 0, 0, 0, 0, 1}
+	if !v.SetUplink("br-ul", map[string]bool{"n2": true}, mac) {
+		t.Fatal("a new uplink changed nothing")
+	}
+	if v.SetUplink("br-ul", map[string]bool{"n2": true}, nil) {
+		t.Error("the same uplink (MAC unknown this time) changed something")
+	}
+	st := v.snapshot().state
+	if !st.Uplink || !st.RemoteNodes[0].OnSegment || st.RemoteNodes[1].OnSegment || st.GatewayMAC.String() != mac.String() {
+		t.Errorf("snapshot: uplink %v, on segment %v %v, gateway MAC %s", st.Uplink, st.RemoteNodes[0].OnSegment, st.RemoteNodes[1].OnSegment, st.GatewayMAC)
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ofsdn/ofsdn/agent/nodenet"
+	"github.com/ofsdn/ofsdn/agent/services"
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
 	"github.com/ofsdn/ofsdn/flows/openflow"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
@@ -87,7 +88,7 @@ func TestServiceStates(t *testing.T) {
 			s.Spec.Ports[0].Name = "other"
 		})},
 		slices: []*discoveryv1.EndpointSlice{testSlice("c-1", "c", 8080, ep("10.128.2.5", "n2", yes, yes, no))},
-		want: []pipeline.ServiceState{{Namespace: "a", Name: "c", ClusterIP: addr("172.30.0.10"), AffinityTimeout: defaultAffinityTimeout,
+		want: []pipeline.ServiceState{{Namespace: "a", Name: "c", ClusterIP: addr("172.30.0.10"), AffinityTimeout: 10800,
 			Ports: []pipeline.ServicePort{{Name: "other", Protocol: openflow.IPProtoTCP, Port: 80}}}},
 	}, {
 		name: "headless, ExternalName, IPv6 and malformed are skipped",
@@ -109,7 +110,7 @@ func TestServiceStates(t *testing.T) {
 			for _, s := range tt.slices {
 				sl[s.Namespace+"/"+s.Name] = s
 			}
-			got := serviceStates(svcs, sl, "n1", map[string]uint32{"a": 11}, nil)
+			got := services.States(svcs, sl, "n1", map[string]uint32{"a": 11}, nil)
 			if len(got) != len(tt.want) {
 				t.Fatalf("got %d services %+v, want %d", len(got), got, len(tt.want))
 			}

@@ -14,6 +14,7 @@ import (
 	"github.com/ofsdn/ofsdn/agent/k8sobj"
 	"github.com/ofsdn/ofsdn/agent/nodenet"
 	"github.com/ofsdn/ofsdn/agent/policy"
+	"github.com/ofsdn/ofsdn/agent/services"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -36,7 +37,7 @@ type nodeView struct {
 	// Services and EndpointSlices by namespace/name, as the informer cache holds them (read-only).
 	services  map[string]*corev1.Service
 	slices    map[string]*discoveryv1.EndpointSlice
-	converted serviceCache // the last conversion of each service, reused while its objects stay
+	converted services.Cache // the last conversion of each service, reused while its objects stay
 	// hostPorts of the pods bound to this node, by namespace/name (pod informer).
 	hostPorts map[string]hostPortPod
 	// policyChanges are the NetworkPolicies, pods and namespaces the informers changed since the last
@@ -68,7 +69,7 @@ type remotePod struct {
 func newNodeView(nodeName string) *nodeView {
 	return &nodeView{nodeName: nodeName, mode: pipeline.ModeSubnet, remote: map[string]pipeline.RemoteNode{},
 		vnids: map[string]uint32{}, pods: map[string]attach.Pod{}, services: map[string]*corev1.Service{},
-		slices: map[string]*discoveryv1.EndpointSlice{}, hostPorts: map[string]hostPortPod{}, converted: serviceCache{},
+		slices: map[string]*discoveryv1.EndpointSlice{}, hostPorts: map[string]hostPortPod{}, converted: services.Cache{},
 		encap: pipeline.EncapVXLAN, remotePods: map[string]remotePod{}}
 }
 
@@ -110,8 +111,8 @@ func (v *nodeView) addressing() (nodeIP netip.Addr, subnet netip.Prefix, cluster
 	return v.nodeIP, v.localSubnet, slices.Clone(v.clusterNets)
 }
 
-// peersByAddress is the encapsulation, the node's address and the other nodes by address.
-func (v *nodeView) peersByAddress() (pipeline.Encapsulation, netip.Addr, map[netip.Addr][]string) {
+// Peers is the encapsulation, the node's address and the other nodes by address.
+func (v *nodeView) Peers() (pipeline.Encapsulation, netip.Addr, map[netip.Addr][]string) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	peers := make(map[netip.Addr][]string, len(v.remote))
@@ -121,6 +122,21 @@ func (v *nodeView) peersByAddress() (pipeline.Encapsulation, netip.Addr, map[net
 		}
 	}
 	return v.encap, v.nodeIP, peers
+}
+
+// SetUplink and Peers are the view as the uplink job sees it (hostnet.UplinkView).
+
+func (v *nodeView) SetUplink(bridge string, onSegment map[string]bool, gatewayMAC net.HardwareAddr) (changed bool) {
+	v.update(func(v *nodeView) {
+		if v.uplink != bridge || !maps.Equal(v.onSegment, onSegment) || (len(gatewayMAC) > 0 && !slices.Equal(v.gatewayMAC, gatewayMAC)) {
+			changed = true
+			v.uplink, v.onSegment = bridge, onSegment
+			if len(gatewayMAC) > 0 {
+				v.gatewayMAC = gatewayMAC
+			}
+		}
+	})
+	return changed
 }
 
 // sizes counts the attached pods, the services and the other nodes.
@@ -302,7 +318,7 @@ func (v *nodeView) snapshotLocked() viewSnapshot {
 			st.RemoteNodes = append(st.RemoteNodes, n)
 		}
 	}
-	st.Services = serviceStates(v.services, v.slices, v.nodeName, v.vnids, v.converted)
+	st.Services = services.States(v.services, v.slices, v.nodeName, v.vnids, v.converted)
 	st.NodePortAddresses = []netip.Addr{pipeline.ServiceNodePortIP}
 	var in policyInput
 	if v.mode == pipeline.ModeNetworkPolicy {

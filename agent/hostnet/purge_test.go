@@ -1,4 +1,4 @@
-package agent
+package hostnet
 
 import (
 	"context"
@@ -21,7 +21,7 @@ func TestDatapathPurgerFollowsPolicyState(t *testing.T) {
 	}
 	purges := 0
 	var fail error
-	d := &datapathPurger{purge: func(context.Context) error {
+	d := &DatapathPurger{purge: func(context.Context) error {
 		if fail != nil {
 			return fail
 		}
@@ -48,7 +48,7 @@ func TestDatapathPurgerFollowsPolicyState(t *testing.T) {
 		s.edit(&st)
 		fail = s.failed
 		before := purges
-		purged, err := d.synced(context.Background(), st)
+		purged, err := d.Synced(context.Background(), st)
 		if (err != nil) != (s.failed != nil) || purged != s.purged || (purges > before) != s.purged {
 			t.Errorf("%s: purged %v (purges %d→%d), err %v; want purged %v, err %v", s.what, purged, before, purges, err, s.purged, s.failed)
 		}

@@ -1,4 +1,4 @@
-package agent
+package hostnet
 
 import (
 	"context"
@@ -38,25 +38,25 @@ func policyFingerprint(st pipeline.NodeState) uint64 {
 	return h.Sum64()
 }
 
-// datapathPurger purges the datapath flow cache when the policy fingerprint of a synced state differs
+// DatapathPurger purges the datapath flow cache when the policy fingerprint of a synced state differs
 // from the last one it saw (the first state only records it: nothing was cached under ofsdn's older
 // policies in a fresh datapath, and after a restart the flows were re-translated at reconnection).
-type datapathPurger struct {
+type DatapathPurger struct {
 	purge func(ctx context.Context) error
 	seen  bool
 	last  uint64
 }
 
-func newDatapathPurger(ovsRunDir string) *datapathPurger {
+func NewDatapathPurger(ovsRunDir string) *DatapathPurger {
 	ctl := unixctl.New(ovsRunDir, "ovs-vswitchd")
-	return &datapathPurger{purge: func(ctx context.Context) error {
+	return &DatapathPurger{purge: func(ctx context.Context) error {
 		_, err := ctl.Call(ctx, "revalidator/purge")
 		return err
 	}}
 }
 
 // synced is called with each state hostSync carries; it reports whether it purged.
-func (d *datapathPurger) synced(ctx context.Context, st pipeline.NodeState) (bool, error) {
+func (d *DatapathPurger) Synced(ctx context.Context, st pipeline.NodeState) (bool, error) {
 	fp := policyFingerprint(st)
 	first := !d.seen
 	d.seen = true

@@ -1,4 +1,4 @@
-package agent
+package hostnet
 
 import (
 	"bytes"
@@ -21,7 +21,7 @@ import (
 // wrong one for 30–60 s). The kernel's neighbour table is the reference: the kernel confirms its
 // entries itself (unicast probes, replies) and keeps them across agent and ovs-vswitchd restarts.
 //
-// tunnelNeighbors compares the two for the next hop of every peer and corrects OVS (tnl/neigh/set):
+// TunnelNeighbors compares the two for the next hop of every peer and corrects OVS (tnl/neigh/set):
 //   - kernel confirmed (REACHABLE, PERMANENT): OVS must hold the same MAC, else it is set;
 //   - kernel usable but unconfirmed (STALE...): a missing OVS entry gets it (better than dropping);
 //     a different one is left until the kernel has re-confirmed (it is asked to, and checked again soon);
@@ -30,9 +30,9 @@ import (
 //
 // The kernel's entries are never deleted (the agent used to drop them and force a fresh ARP on every
 // start; issue 10), only "used" (nodenet.ProbeNeighbor), which confirms what works.
-type tunnelNeighbors struct {
-	kernel neighborKernel
-	ovs    neighborSwitch
+type TunnelNeighbors struct {
+	kernel NeighborKernel
+	ovs    NeighborSwitch
 	peers  func() []netip.Addr
 	log    klog.Logger
 	now    func() time.Time
@@ -57,51 +57,43 @@ const (
 	neighborVerify = time.Minute
 )
 
-type neighborKernel interface {
+type NeighborKernel interface {
 	PeerNeighbors(peers []netip.Addr) ([]nodenet.Neighbor, error)
 	Probe(peer netip.Addr) error
 }
 
-type neighborSwitch interface {
+type NeighborSwitch interface {
 	TunnelNeighbors(ctx context.Context) ([]unixctl.TunnelNeighbor, error)
 	SetTunnelNeighbor(ctx context.Context, bridge string, ip netip.Addr, mac net.HardwareAddr) error
 }
 
-// nodeKernel is the node namespace's neighbour table.
-type nodeKernel struct{ netns string }
-
-func (k nodeKernel) PeerNeighbors(peers []netip.Addr) ([]nodenet.Neighbor, error) {
-	return nodenet.PeerNeighbors(k.netns, peers)
-}
-func (k nodeKernel) Probe(peer netip.Addr) error { return nodenet.ProbeNeighbor(k.netns, peer) }
-
-// newTunnelNeighbors keeps the tunnel neighbours of peers right: kernel is the node's neighbour table
+// NewTunnelNeighbors keeps the tunnel neighbours of peers right: kernel is the node's neighbour table
 // (nodeKernel), ovs the node's ovs-vswitchd (unixctl).
-func newTunnelNeighbors(kernel neighborKernel, ovs neighborSwitch, peers func() []netip.Addr, log klog.Logger) *tunnelNeighbors {
-	t := &tunnelNeighbors{kernel: kernel, ovs: ovs, peers: peers,
+func NewTunnelNeighbors(kernel NeighborKernel, ovs NeighborSwitch, peers func() []netip.Addr, log klog.Logger) *TunnelNeighbors {
+	t := &TunnelNeighbors{kernel: kernel, ovs: ovs, peers: peers,
 		log: log.WithName("tunnel-neighbors"), now: time.Now,
 		lastProbe: map[netip.Addr]time.Time{}, waiting: map[netip.Addr]time.Time{}}
 	t.loop = loop.New(loop.Config{Name: "tunnel-neighbors", Period: neighborCheckPeriod, Log: t.log}, t.pass)
 	return t
 }
 
-// kick asks for a check now (a new peer, ovs-vswitchd reconnected). Never blocks; nil-safe for the
+// Kick asks for a check now (a new peer, ovs-vswitchd reconnected). Never blocks; nil-safe for the
 // kernel datapath, which has no tunnel neighbour cache of its own.
-func (t *tunnelNeighbors) kick() {
+func (t *TunnelNeighbors) Kick() {
 	if t != nil {
 		t.loop.Kick()
 	}
 }
 
-// run checks at once, then on every kick and periodically, until ctx ends.
-func (t *tunnelNeighbors) run(ctx context.Context) {
+// Run checks at once, then on every kick and periodically, until ctx ends.
+func (t *TunnelNeighbors) Run(ctx context.Context) {
 	if t != nil {
 		t.loop.Run(ctx)
 	}
 }
 
 // pass is one check; while OVS waits on the kernel somewhere, the next comes soon.
-func (t *tunnelNeighbors) pass(ctx context.Context) (time.Duration, error) {
+func (t *TunnelNeighbors) pass(ctx context.Context) (time.Duration, error) {
 	waiting, err := t.check(ctx)
 	if waiting {
 		return neighborFastPeriod, err
@@ -112,7 +104,7 @@ func (t *tunnelNeighbors) pass(ctx context.Context) (time.Duration, error) {
 // check compares OVS's entry with the kernel's for the next hop of every peer, corrects OVS and asks the
 // kernel to resolve where needed. It reports whether OVS still waits on the kernel somewhere (so the
 // next check should come soon). Not safe for concurrent use: only run calls it.
-func (t *tunnelNeighbors) check(ctx context.Context) (waiting bool, _ error) {
+func (t *TunnelNeighbors) check(ctx context.Context) (waiting bool, _ error) {
 	peers := t.peers()
 	if len(peers) == 0 {
 		return false, nil

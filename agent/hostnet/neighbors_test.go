@@ -1,4 +1,4 @@
-package agent
+package hostnet
 
 import (
 	"context"
@@ -101,9 +101,9 @@ type clock struct{ t time.Time }
 func (c *clock) now() time.Time          { return c.t }
 func (c *clock) advance(d time.Duration) { c.t = c.t.Add(d) }
 
-func newTestNeighbors(k *fakeKernel, s *fakeSwitch, peers ...netip.Addr) (*tunnelNeighbors, *clock) {
+func newTestNeighbors(k *fakeKernel, s *fakeSwitch, peers ...netip.Addr) (*TunnelNeighbors, *clock) {
 	c := &clock{t: time.Unix(1_000_000, 0)}
-	tn := newTunnelNeighbors(k, s, func() []netip.Addr { return peers }, klog.Background())
+	tn := NewTunnelNeighbors(k, s, func() []netip.Addr { return peers }, klog.Background())
 	tn.now = c.now
 	return tn, c
 }
@@ -249,16 +249,16 @@ func TestTunnelNeighborPacing(t *testing.T) {
 }
 
 func TestTunnelNeighborRun(t *testing.T) {
-	var nilNeighbors *tunnelNeighbors
-	nilNeighbors.kick() // the kernel datapath has none: both are no-ops
-	nilNeighbors.run(context.Background())
+	var nilNeighbors *TunnelNeighbors
+	nilNeighbors.Kick() // the kernel datapath has none: both are no-ops
+	nilNeighbors.Run(context.Background())
 
 	k := &fakeKernel{entries: map[netip.Addr]nodenet.Neighbor{peerA: kernelEntry(peerA, rightMAC, true)}}
 	tn, _ := newTestNeighbors(k, &fakeSwitch{}, peerA)
 	tn.now = time.Now
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { tn.run(ctx); close(done) }()
+	go func() { tn.Run(ctx); close(done) }()
 	lookups := func() int { k.mu.Lock(); defer k.mu.Unlock(); return k.lookups }
 	waitUntil := func(what string, ok func() bool) {
 		t.Helper()
@@ -269,7 +269,7 @@ func TestTunnelNeighborRun(t *testing.T) {
 		}
 	}
 	waitUntil("the first check", func() bool { return lookups() >= 1 })
-	tn.kick()
+	tn.Kick()
 	waitUntil("a check after the kick", func() bool { return lookups() >= 2 })
 	cancel()
 	<-done

@@ -1,13 +1,11 @@
-package agent
+package hostnet
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"net"
 	"net/netip"
-	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -17,11 +15,10 @@ import (
 	"github.com/ofsdn/ofsdn/flows/pipeline"
 	"github.com/ofsdn/ofsdn/internal/loop"
 	"github.com/ofsdn/ofsdn/ovsdb"
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 )
 
-// Encapsulation none (flows/pipeline/uplink.go says how the packets go): uplinkSync does the node's side
+// Encapsulation none (flows/pipeline/uplink.go says how the packets go): Uplink does the node's side
 // of it — the OVS bridge that holds the node's address, the patch port pair between it and br0, which
 // peers are on its segment — and records the outcome in the view; the renderer decides from there. It
 // also keeps the view's copy of tun0's MAC, in every mode.
@@ -35,6 +32,15 @@ import (
 // After a change back to vxlan the uplink port stays Config.UplinkLinger longer (still accepting what
 // peers that have not switched yet send through it), then goes. The deadline is kept in br0's
 // external_ids (lingerKey), so an agent restarted in that window keeps the port until then too.
+
+// UplinkView is the agent's view as the uplink job uses it.
+type UplinkView interface {
+	// Peers is the encapsulation, this node's address and the other nodes by address.
+	Peers() (encap pipeline.Encapsulation, nodeIP netip.Addr, peers map[netip.Addr][]string)
+	// SetUplink records the uplink bridge br0 is patched into ("" none), the peers (by node name) on
+	// its segment and tun0's MAC (nil: unknown, keep the last); it reports whether anything changed.
+	SetUplink(bridge string, onSegment map[string]bool, gatewayMAC net.HardwareAddr) bool
+}
 
 // Names of the patch port pair: br0's end (PortUplink) and the uplink bridge's end.
 const (
@@ -52,23 +58,25 @@ const (
 // lingerKey is br0's external_ids key holding the lingering uplink port's deadline (RFC 3339; "" none).
 const lingerKey = "ofsdn-uplink-linger-until"
 
-// uplinkHost is what uplinkSync asks the node (the real one: uplinkNode).
-type uplinkHost interface {
+// UplinkHost is what the uplink job asks the node (the real one: Node).
+type UplinkHost interface {
 	Uplink(nodeIP netip.Addr) (string, error)
 	PeerNeighbors(peers []netip.Addr) ([]nodenet.Neighbor, error)
 	GatewayMAC() (net.HardwareAddr, error)
 }
 
-type uplinkNode struct{ netns string }
+// Node is the node's network namespace ("" the agent's own), as the host jobs ask it.
+type Node struct{ NetNS string }
 
-func (n uplinkNode) Uplink(ip netip.Addr) (string, error) { return nodenet.Uplink(n.netns, ip) }
-func (n uplinkNode) PeerNeighbors(peers []netip.Addr) ([]nodenet.Neighbor, error) {
-	return nodenet.PeerNeighbors(n.netns, peers)
+func (n Node) Uplink(ip netip.Addr) (string, error) { return nodenet.Uplink(n.NetNS, ip) }
+func (n Node) PeerNeighbors(peers []netip.Addr) ([]nodenet.Neighbor, error) {
+	return nodenet.PeerNeighbors(n.NetNS, peers)
 }
-func (n uplinkNode) GatewayMAC() (net.HardwareAddr, error) { return nodenet.LinkMAC(n.netns, "tun0") }
+func (n Node) GatewayMAC() (net.HardwareAddr, error) { return nodenet.LinkMAC(n.NetNS, "tun0") }
+func (n Node) Probe(peer netip.Addr) error           { return nodenet.ProbeNeighbor(n.NetNS, peer) }
 
-// uplinkOVS is the part of OVSDB uplinkSync uses.
-type uplinkOVS interface {
+// UplinkOVS is the part of OVSDB the uplink job uses.
+type UplinkOVS interface {
 	BridgeDatapath(ctx context.Context, name string) (string, bool, error)
 	EnsurePatchPair(ctx context.Context, aBridge, a string, aOFPort int, bBridge, b string) (int, error)
 	DeletePort(ctx context.Context, bridge, name string) error
@@ -76,13 +84,14 @@ type uplinkOVS interface {
 	SetBridgeExternalIDs(ctx context.Context, bridge string, set map[string]string) error
 }
 
-var _ uplinkOVS = (*ovsdb.Client)(nil)
+var _ UplinkOVS = (*ovsdb.Client)(nil)
 
-type uplinkSync struct {
-	view     *nodeView
-	trigger  func() // a flow sync
-	host     uplinkHost
-	ovs      uplinkOVS
+// Uplink keeps br0's uplink port for encapsulation none (see the top of this file).
+type Uplink struct {
+	view     UplinkView
+	changed  func() // the view changed: a flow sync
+	host     UplinkHost
+	ovs      UplinkOVS
 	bridge   string // br0
 	datapath string // br0's datapath type
 	linger   time.Duration
@@ -102,27 +111,48 @@ type uplinkSync struct {
 	lingerRead  bool
 }
 
-func newUplinkSync(view *nodeView, trigger func(), host uplinkHost, ovs uplinkOVS, bridge, datapath string, linger time.Duration,
-	warn func(reason, message string), log klog.Logger) *uplinkSync {
-	u := &uplinkSync{view: view, trigger: trigger, host: host, ovs: ovs, bridge: bridge, datapath: datapath, linger: linger, warn: warn,
-		log: log.WithName("uplink"), now: time.Now}
+// UplinkConfig configures the uplink job.
+type UplinkConfig struct {
+	Bridge   string        // br0
+	Datapath string        // br0's datapath type: the uplink bridge must have the same
+	Linger   time.Duration // DefaultUplinkLinger when 0
+	Logger   klog.Logger
+}
+
+// UplinkDeps are what the uplink job talks to. Changed asks for a flow sync; Warn (optional) records a
+// Warning Event on the Node.
+type UplinkDeps struct {
+	View    UplinkView
+	Host    UplinkHost
+	OVS     UplinkOVS
+	Changed func()
+	Warn    func(reason, message string)
+}
+
+// NewUplink makes the uplink job; Run runs it, Ensure does one check at once.
+func NewUplink(cfg UplinkConfig, deps UplinkDeps) *Uplink {
+	if cfg.Linger == 0 {
+		cfg.Linger = DefaultUplinkLinger
+	}
+	u := &Uplink{view: deps.View, changed: deps.Changed, host: deps.Host, ovs: deps.OVS, bridge: cfg.Bridge, datapath: cfg.Datapath,
+		linger: cfg.Linger, warn: deps.Warn, log: cfg.Logger.WithName("uplink"), now: time.Now}
 	u.loop = loop.New(loop.Config{Name: "uplink", Period: uplinkCheckPeriod, Log: u.log}, u.pass)
 	return u
 }
 
 // kick asks for a check now (encapsulation or peers changed, ovs-vswitchd reconnected); never blocks.
-func (u *uplinkSync) kick() {
+func (u *Uplink) Kick() {
 	if u != nil {
 		u.loop.Kick()
 	}
 }
 
 // run checks on every kick and periodically until ctx ends.
-func (u *uplinkSync) run(ctx context.Context) { u.loop.Run(ctx) }
+func (u *Uplink) Run(ctx context.Context) { u.loop.Run(ctx) }
 
 // pass is one check; while the uplink port lingers it asks to run again when the linger ends.
-func (u *uplinkSync) pass(ctx context.Context) (time.Duration, error) {
-	err := u.ensure(ctx)
+func (u *Uplink) pass(ctx context.Context) (time.Duration, error) {
+	err := u.Ensure(ctx)
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if !u.lingerUntil.IsZero() && u.patched != "" {
@@ -131,12 +161,12 @@ func (u *uplinkSync) pass(ctx context.Context) (time.Duration, error) {
 	return 0, err
 }
 
-// ensure brings the uplink port and the view in line with the encapsulation; it triggers a flow sync
+// Ensure brings the uplink port and the view in line with the encapsulation; it asks for a flow sync
 // when the view changed.
-func (u *uplinkSync) ensure(ctx context.Context) error {
+func (u *Uplink) Ensure(ctx context.Context) error {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	encap, nodeIP, peers := u.view.peersByAddress()
+	encap, nodeIP, peers := u.view.Peers()
 
 	var errs []error
 	gwMAC, err := u.host.GatewayMAC()
@@ -192,25 +222,15 @@ func (u *uplinkSync) ensure(ctx context.Context) error {
 		errs = append(errs, err)
 	}
 
-	changed := false
-	u.view.update(func(v *nodeView) {
-		if v.uplink != uplink || !maps.Equal(v.onSegment, onSegment) || (len(gwMAC) > 0 && !slices.Equal(v.gatewayMAC, gwMAC)) {
-			changed = true
-			v.uplink, v.onSegment = uplink, onSegment
-			if len(gwMAC) > 0 {
-				v.gatewayMAC = gwMAC
-			}
-		}
-	})
-	if changed {
+	if u.view.SetUplink(uplink, onSegment, gwMAC) {
 		u.log.Info("uplink", "encapsulation", encap, "uplinkBridge", uplink, "directPeers", len(onSegment), "gatewayMAC", gwMAC.String())
-		u.trigger()
+		u.changed()
 	}
 	return errors.Join(errs...)
 }
 
 // findUplink finds the OVS bridge holding the node's address, or says why there is none to use.
-func (u *uplinkSync) findUplink(ctx context.Context, nodeIP netip.Addr) (string, string) {
+func (u *Uplink) findUplink(ctx context.Context, nodeIP netip.Addr) (string, string) {
 	name, err := u.host.Uplink(nodeIP)
 	if err != nil {
 		return "", err.Error()
@@ -233,7 +253,7 @@ func (u *uplinkSync) findUplink(ctx context.Context, nodeIP netip.Addr) (string,
 
 // fallback reports (once per reason) that this node tunnels to every peer although encapsulation is
 // none; "" clears it.
-func (u *uplinkSync) fallback(why string) {
+func (u *Uplink) fallback(why string) {
 	if why == u.told {
 		return
 	}
@@ -250,7 +270,7 @@ func (u *uplinkSync) fallback(why string) {
 
 // segment tells which peers (by node name) are on-link through the uplink bridge; it logs the others
 // when that list changes.
-func (u *uplinkSync) segment(peers map[netip.Addr][]string, uplink string) map[string]bool {
+func (u *Uplink) segment(peers map[netip.Addr][]string, uplink string) map[string]bool {
 	addrs := make([]netip.Addr, 0, len(peers))
 	for a := range peers {
 		addrs = append(addrs, a)
@@ -294,7 +314,7 @@ func onSegment(neigh []nodenet.Neighbor, uplink string) map[netip.Addr]bool {
 }
 
 // loadLinger reads the deadline an earlier run left in br0's external_ids (zero: none, or unreadable).
-func (u *uplinkSync) loadLinger(ctx context.Context) time.Time {
+func (u *Uplink) loadLinger(ctx context.Context) time.Time {
 	ids, err := u.ovs.BridgeExternalIDs(ctx, u.bridge)
 	if err != nil {
 		return time.Time{}
@@ -315,7 +335,7 @@ func (u *uplinkSync) loadLinger(ctx context.Context) time.Time {
 }
 
 // saveLinger writes the current deadline to br0's external_ids (no transaction when it is already there).
-func (u *uplinkSync) saveLinger(ctx context.Context) error {
+func (u *Uplink) saveLinger(ctx context.Context) error {
 	v := ""
 	if !u.lingerUntil.IsZero() {
 		v = u.lingerUntil.UTC().Format(time.RFC3339Nano)
@@ -337,7 +357,7 @@ func (u *uplinkSync) saveLinger(ctx context.Context) error {
 	return nil
 }
 
-func (u *uplinkSync) removePatch(ctx context.Context) error {
+func (u *Uplink) removePatch(ctx context.Context) error {
 	if err := u.ovs.DeletePort(ctx, u.bridge, uplinkPort); err != nil {
 		return err
 	}
@@ -347,12 +367,4 @@ func (u *uplinkSync) removePatch(ctx context.Context) error {
 	u.log.V(1).Info("uplink port removed (if there was one)", "uplinkBridge", u.patched)
 	u.patched = ""
 	return nil
-}
-
-// nodeEvent records a Warning Event on this node's Node object.
-func (a *Agent) nodeEvent(reason, message string) {
-	if a.events == nil {
-		return
-	}
-	a.events.Eventf(&corev1.ObjectReference{Kind: "Node", APIVersion: "v1", Name: a.cfg.NodeName}, corev1.EventTypeWarning, reason, "%s", message)
 }

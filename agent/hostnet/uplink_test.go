@@ -1,4 +1,4 @@
-package agent
+package hostnet
 
 import (
 	"context"
@@ -6,15 +6,13 @@ import (
 	"maps"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/ofsdn/ofsdn/agent/k8sobj"
 	"github.com/ofsdn/ofsdn/agent/nodenet"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
 )
 
@@ -72,12 +70,40 @@ func (o *fakeUplinkOVS) DeletePort(_ context.Context, bridge, name string) error
 	return nil
 }
 
-func uplinkFixture(t *testing.T) (*nodeView, *fakeUplinkHost, *fakeUplinkOVS, *uplinkSync, *[]string, *int) {
+// fakeView is the agent's view as the uplink job sees it: the peers it is given, the outcome it records.
+type fakeView struct {
+	encap      pipeline.Encapsulation
+	nodeIP     netip.Addr
+	peers      map[netip.Addr][]string
+	uplink     string
+	onSegment  map[string]bool
+	gatewayMAC net.HardwareAddr
+}
+
+func (v *fakeView) Peers() (pipeline.Encapsulation, netip.Addr, map[netip.Addr][]string) {
+	return v.encap, v.nodeIP, maps.Clone(v.peers)
+}
+
+func (v *fakeView) SetUplink(bridge string, onSegment map[string]bool, gatewayMAC net.HardwareAddr) bool {
+	if v.uplink == bridge && maps.Equal(v.onSegment, onSegment) && (len(gatewayMAC) == 0 || slices.Equal(v.gatewayMAC, gatewayMAC)) {
+		return false
+	}
+	v.uplink, v.onSegment = bridge, onSegment
+	if len(gatewayMAC) > 0 {
+		v.gatewayMAC = gatewayMAC
+	}
+	return true
+}
+
+func newUplinkFor(v *fakeView, host UplinkHost, ovs UplinkOVS, changed func(), warn func(reason, msg string)) *Uplink {
+	return NewUplink(UplinkConfig{Bridge: "br0", Datapath: "netdev", Logger: klog.Background()},
+		UplinkDeps{View: v, Host: host, OVS: ovs, Changed: changed, Warn: warn})
+}
+
+func uplinkFixture(t *testing.T) (*fakeView, *fakeUplinkHost, *fakeUplinkOVS, *Uplink, *[]string, *int) {
 	t.Helper()
-	v := newNodeView("n1")
-	v.nodeIP = netip.MustParseAddr("192.0.2.11")
-	v.remote["n2"] = pipeline.RemoteNode{Name: "n2", NodeIP: netip.MustParseAddr("192.0.2.12"), Subnet: netip.MustParsePrefix("10.128.2.0/23")}
-	v.remote["n3"] = pipeline.RemoteNode{Name: "n3", NodeIP: netip.MustParseAddr("198.51.100.13"), Subnet: netip.MustParsePrefix("10.128.4.0/23")}
+	v := &fakeView{encap: pipeline.EncapVXLAN, nodeIP: netip.MustParseAddr("192.0.2.11"), peers: map[netip.Addr][]string{
+		netip.MustParseAddr("192.0.2.12"): {"n2"}, netip.MustParseAddr("198.51.100.13"): {"n3"}}}
 	host := &fakeUplinkHost{uplink: "br-ul", mac: net.HardwareAddr{2, 0, 0, 0, 0, 1}, neigh: []nodenet.Neighbor{
 		{Peer: netip.MustParseAddr("192.0.2.12"), Link: "br-ul", NextHop: netip.MustParseAddr("192.0.2.12")},
 		// n3 is behind a router.
@@ -85,23 +111,22 @@ func uplinkFixture(t *testing.T) (*nodeView, *fakeUplinkHost, *fakeUplinkOVS, *u
 	}}
 	ovs := &fakeUplinkOVS{bridges: map[string]string{"br0": "netdev", "br-ul": "netdev"}, ports: map[string]string{}}
 	syncs := 0
-	u := newUplinkSync(v, func() { syncs++ }, host, ovs, "br0", "netdev", DefaultUplinkLinger, nil, klog.Background())
 	var warned []string
-	u.warn = func(reason, msg string) { warned = append(warned, reason+": "+msg) }
+	u := newUplinkFor(v, host, ovs, func() { syncs++ }, func(reason, msg string) { warned = append(warned, reason+": "+msg) })
 	return v, host, ovs, u, &warned, &syncs
 }
 
-// TestUplinkSync: encapsulation none patches br0 into the bridge holding the node's address and marks
+// TestUplink: encapsulation none patches br0 into the bridge holding the node's address and marks
 // the peers on its segment; a node without such a bridge falls back to VXLAN once, with an Event; back
 // to vxlan, the port lingers, then goes.
-func TestUplinkSync(t *testing.T) {
+func TestUplink(t *testing.T) {
 	ctx := context.Background()
 	v, host, ovs, u, warned, syncs := uplinkFixture(t)
 	now := time.Unix(1000, 0)
 	u.now = func() time.Time { return now }
 
 	// vxlan: nothing to do but tun0's MAC.
-	if err := u.ensure(ctx); err != nil {
+	if err := u.Ensure(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if v.uplink != "" || len(ovs.ports) != 0 || v.gatewayMAC.String() != "02:00:00:00:00:01" {
@@ -109,7 +134,7 @@ func TestUplinkSync(t *testing.T) {
 	}
 
 	v.encap = pipeline.EncapNone
-	if err := u.ensure(ctx); err != nil {
+	if err := u.Ensure(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if v.uplink != "br-ul" || ovs.ports[uplinkPort] != "br0" || ovs.ports[uplinkPeerPort] != "br-ul" {
@@ -118,25 +143,21 @@ func TestUplinkSync(t *testing.T) {
 	if !v.onSegment["n2"] || v.onSegment["n3"] {
 		t.Errorf("on the segment: %v, want n2 only (n3's next hop is a router)", v.onSegment)
 	}
-	st := v.snapshot().state
-	if !st.Uplink || st.Encapsulation != pipeline.EncapNone || !st.RemoteNodes[0].OnSegment || st.RemoteNodes[1].OnSegment {
-		t.Errorf("snapshot: %+v", st)
-	}
 	before := *syncs
-	if err := u.ensure(ctx); err != nil || *syncs != before {
+	if err := u.Ensure(ctx); err != nil || *syncs != before {
 		t.Errorf("an unchanged check asked for a sync (%v)", err)
 	}
 
 	// Back to vxlan: the port stays DefaultUplinkLinger, then goes.
 	v.encap = pipeline.EncapVXLAN
-	if err := u.ensure(ctx); err != nil {
+	if err := u.Ensure(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if v.uplink != "br-ul" || len(ovs.ports) != 2 {
 		t.Errorf("right after the change back: uplink %q, ports %v; want them kept a while", v.uplink, ovs.ports)
 	}
 	now = now.Add(DefaultUplinkLinger + time.Second)
-	if err := u.ensure(ctx); err != nil {
+	if err := u.Ensure(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if v.uplink != "" || len(ovs.ports) != 0 {
@@ -147,7 +168,7 @@ func TestUplinkSync(t *testing.T) {
 	host.uplink = "eth0"
 	v.encap = pipeline.EncapNone
 	for range 2 {
-		if err := u.ensure(ctx); err != nil {
+		if err := u.Ensure(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -160,7 +181,7 @@ func TestUplinkSync(t *testing.T) {
 	// Another datapath type cannot be patched.
 	host.uplink = "br-sys"
 	ovs.bridges["br-sys"] = "system"
-	if err := u.ensure(ctx); err != nil {
+	if err := u.Ensure(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if v.uplink != "" || len(*warned) != 2 || !strings.Contains((*warned)[1], "datapath") {
@@ -169,11 +190,11 @@ func TestUplinkSync(t *testing.T) {
 	// The patch pair failing: fallback, the error returned for a retry.
 	host.uplink = "br-ul"
 	ovs.failure = errors.New("ovsdb down")
-	if err := u.ensure(ctx); err == nil || v.uplink != "" {
+	if err := u.Ensure(ctx); err == nil || v.uplink != "" {
 		t.Errorf("patch failure: err %v, uplink %q", err, v.uplink)
 	}
 	ovs.failure = nil
-	if err := u.ensure(ctx); err != nil || v.uplink != "br-ul" {
+	if err := u.Ensure(ctx); err != nil || v.uplink != "br-ul" {
 		t.Errorf("recovered: err %v, uplink %q", err, v.uplink)
 	}
 }
@@ -183,54 +204,11 @@ func TestUplinkSync(t *testing.T) {
 func TestUplinkSweepsAnEarlierRunsPort(t *testing.T) {
 	_, _, ovs, u, _, _ := uplinkFixture(t)
 	ovs.ports[uplinkPort], ovs.ports[uplinkPeerPort] = "br0", "br-ul"
-	if err := u.ensure(context.Background()); err != nil {
+	if err := u.Ensure(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if len(ovs.ports) != 0 {
 		t.Errorf("ports left: %v", ovs.ports)
-	}
-}
-
-// TestRemotePodsInSnapshot: in multitenant mode with an uplink port each remote node carries its pods'
-// addresses with their namespaces' VNIDs; pods of namespaces without a VNID, of this node, hostNetwork
-// or finished ones are left out; other modes carry none.
-func TestRemotePodsInSnapshot(t *testing.T) {
-	v := newNodeView("n1")
-	v.mode, v.uplink = pipeline.ModeMultitenant, "br-ul"
-	v.localSubnet, v.nodeIP = netip.MustParsePrefix("10.128.0.0/23"), netip.MustParseAddr("192.0.2.11")
-	v.remote["n2"] = pipeline.RemoteNode{Name: "n2", NodeIP: netip.MustParseAddr("192.0.2.12"), Subnet: netip.MustParsePrefix("10.128.2.0/23")}
-	v.vnids = map[string]uint32{"a": 20, "default": 0}
-	w := &watchRemotePods{view: v, sync: newFlowSync(v, nil, flowSyncHooks{}, klog.Background())}
-	pod := func(ns, name, node, ip string, mod func(*k8sobj.Pod)) *k8sobj.Pod {
-		p := &k8sobj.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, NodeName: node, IPs: []string{ip}, Phase: corev1.PodRunning}
-		if mod != nil {
-			mod(p)
-		}
-		return p
-	}
-	for _, p := range []*k8sobj.Pod{
-		pod("a", "x", "n2", "10.128.2.5", nil),
-		pod("default", "y", "n2", "10.128.2.3", nil),
-		pod("novnid", "z", "n2", "10.128.2.9", nil),
-		pod("a", "local", "n1", "10.128.0.5", nil),
-		pod("a", "host", "n2", "192.0.2.12", func(p *k8sobj.Pod) { p.HostNetwork = true }),
-		pod("a", "done", "n2", "10.128.2.7", func(p *k8sobj.Pod) { p.Phase = corev1.PodSucceeded }),
-		pod("a", "pending", "n2", "", func(p *k8sobj.Pod) { p.IPs = nil }),
-	} {
-		w.pod(p, false)
-	}
-	st := v.snapshot().state
-	want := []pipeline.RemotePod{{IP: netip.MustParseAddr("10.128.2.3"), VNID: 0}, {IP: netip.MustParseAddr("10.128.2.5"), VNID: 20}}
-	if got := st.RemoteNodes[0].Pods; len(got) != len(want) || got[0] != want[0] || got[1] != want[1] {
-		t.Errorf("n2's pods %v, want %v", got, want)
-	}
-	w.pod(pod("a", "x", "n2", "10.128.2.5", nil), true)
-	if st = v.snapshot().state; len(st.RemoteNodes[0].Pods) != 1 {
-		t.Errorf("a deleted pod stays: %v", st.RemoteNodes[0].Pods)
-	}
-	v.mode = pipeline.ModeSubnet
-	if st = v.snapshot().state; st.RemoteNodes[0].Pods != nil {
-		t.Errorf("subnet mode carries pods: %v", st.RemoteNodes[0].Pods)
 	}
 }
 
@@ -244,29 +222,29 @@ func TestUplinkLingerSurvivesRestart(t *testing.T) {
 	now := time.Unix(1000, 0)
 	u.now = func() time.Time { return now }
 	v.encap = pipeline.EncapNone
-	if err := u.ensure(ctx); err != nil {
+	if err := u.Ensure(ctx); err != nil {
 		t.Fatal(err)
 	}
 	v.encap = pipeline.EncapVXLAN
-	if err := u.ensure(ctx); err != nil {
+	if err := u.Ensure(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if ovs.ids[lingerKey] == "" {
 		t.Fatalf("lingering with no deadline in br0's external_ids: %v", ovs.ids)
 	}
 
-	// The agent restarts 10 s into the linger: a new uplinkSync over the same OVSDB.
+	// The agent restarts 10 s into the linger: a new Uplink over the same OVSDB.
 	now = now.Add(10 * time.Second)
-	restarted := newUplinkSync(v, func() {}, host, ovs, "br0", "netdev", DefaultUplinkLinger, nil, klog.Background())
+	restarted := newUplinkFor(v, host, ovs, func() {}, nil)
 	restarted.now = u.now
-	if err := restarted.ensure(ctx); err != nil {
+	if err := restarted.Ensure(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if v.uplink != "br-ul" || len(ovs.ports) != 2 {
 		t.Fatalf("restarted within the linger: uplink %q, ports %v; want them kept", v.uplink, ovs.ports)
 	}
 	now = now.Add(DefaultUplinkLinger - 10*time.Second + time.Millisecond)
-	if err := restarted.ensure(ctx); err != nil {
+	if err := restarted.Ensure(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if v.uplink != "" || len(ovs.ports) != 0 || ovs.ids[lingerKey] != "" {
@@ -276,9 +254,9 @@ func TestUplinkLingerSurvivesRestart(t *testing.T) {
 	// A pair left by a run in none mode, no linger recorded: a vxlan start removes it at once.
 	ovs.ports[uplinkPort], ovs.ports[uplinkPeerPort] = "br0", "br-ul"
 	writes := ovs.writes
-	fresh := newUplinkSync(v, func() {}, host, ovs, "br0", "netdev", DefaultUplinkLinger, nil, klog.Background())
+	fresh := newUplinkFor(v, host, ovs, func() {}, nil)
 	fresh.now = u.now
-	if err := fresh.ensure(ctx); err != nil {
+	if err := fresh.Ensure(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if len(ovs.ports) != 0 || ovs.writes != writes {
