@@ -12,6 +12,7 @@ import (
 
 	"github.com/ofsdn/ofsdn/agent"
 	"github.com/ofsdn/ofsdn/agent/attach"
+	"github.com/ofsdn/ofsdn/agent/hostnet"
 	"github.com/ofsdn/ofsdn/internal/kubeconfig"
 	"github.com/ofsdn/ofsdn/internal/version"
 	"k8s.io/klog/v2"
@@ -38,7 +39,7 @@ func Agent(args []string) int {
 	fs.StringVar(&cfg.PluginBinary, "cni-plugin", defaultPlugin(), "plugin binary to install")
 	fs.DurationVar(&cfg.AbsentPodGrace, "absent-pod-grace", attach.DefaultAbsentPodGrace,
 		"how long after its ADD an attached pod may be missing from the API before its attachment is released (static pods get their mirror late)")
-	fs.DurationVar(&cfg.UplinkLinger, "uplink-linger", agent.DefaultUplinkLinger,
+	fs.DurationVar(&cfg.UplinkLinger, "uplink-linger", hostnet.DefaultUplinkLinger,
 		"encapsulation none: how long the uplink port stays after a change back to vxlan, for peers that have not followed yet")
 	fs.StringVar(&cfg.MetricsAddress, "metrics-address", ":9101", "address of /metrics, /healthz and /readyz (empty: not served)")
 	fs.StringVar(&cfg.DebugAddress, "debug-address", "", "address of the read-only debug API flowctl reaches through the API server's node proxy, e.g. $(HOST_IP):9103 (empty: not served)")
