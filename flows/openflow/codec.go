@@ -34,9 +34,6 @@ const (
 	ofpGroupAny   uint32 = 0xffffffff
 	// GroupAllID in a group-mod delete deletes every group.
 	GroupAllID uint32 = 0xfffffffc
-
-	instrGotoTable    = 1
-	instrApplyActions = 4
 )
 
 // FlowModCommand is an ofp_flow_mod command.
@@ -350,7 +347,7 @@ func decodeOXM(b []byte) (Match, error) {
 			if len(payload) < 4 {
 				return Match{}, errors.New("oxm experimenter field too short")
 			}
-			if binary.BigEndian.Uint32(payload) == onfExperimenterID && fieldNum == 42 {
+			if binary.BigEndian.Uint32(payload) == ONFExperimenter && fieldNum == 42 {
 				class, fieldNum, payload = classNXM1, uint16(fieldTable[FieldTCPFlags].oxm), payload[4:]
 				n = len(payload)
 			} else {
@@ -450,10 +447,10 @@ func (c Conjunction) check() error {
 // appendConjunction lays out NXAST_CONJUNCTION as libOpenflow's NXActionConjunction does: the
 // experimenter action header, the 0-based clause, the clause count and the ID (16 bytes).
 func appendConjunction(out []byte, c Conjunction) []byte {
-	out = binary.BigEndian.AppendUint16(out, of.ActionType_Experimenter)
+	out = binary.BigEndian.AppendUint16(out, actionExperimenter)
 	out = binary.BigEndian.AppendUint16(out, of.NxActionHeaderLength+6)
-	out = binary.BigEndian.AppendUint32(out, of.NxExperimenterID)
-	out = binary.BigEndian.AppendUint16(out, of.NXAST_CONJUNCTION)
+	out = binary.BigEndian.AppendUint32(out, nxExperimenter)
+	out = binary.BigEndian.AppendUint16(out, nxastConjunction)
 	out = append(out, c.Clause-1, c.NClauses)
 	return binary.BigEndian.AppendUint32(out, c.ID)
 }
@@ -685,7 +682,7 @@ func multipathToWire(a Multipath) (of.Action, error) {
 		return nil, fmt.Errorf("multipath: unknown fields %d or algorithm %d", a.Fields, a.Algorithm)
 	}
 	b := make([]byte, 32)
-	binary.BigEndian.PutUint16(b[0:], 0xffff)
+	binary.BigEndian.PutUint16(b[0:], actionExperimenter)
 	binary.BigEndian.PutUint16(b[2:], 32)
 	binary.BigEndian.PutUint32(b[4:], nxExperimenter)
 	binary.BigEndian.PutUint16(b[8:], nxastMultipath)
@@ -729,9 +726,8 @@ func (r rawAction) AddAction(of.Action, bool) error { return errors.New("rawActi
 
 // ---- decoding ----
 
-// NX action subtypes decoded here.
+// NX action subtypes (after the Nicira experimenter ID) laid out or decoded here.
 const (
-	nxExperimenter     = 0x00002320
 	nxastResubmit      = 1
 	nxastRegMove       = 6
 	nxastRegLoad       = 7
@@ -808,7 +804,7 @@ func need(b []byte, n int, what string) error {
 func decodeAction(b []byte) (Action, error) {
 	typ := binary.BigEndian.Uint16(b)
 	switch typ {
-	case 0: // OFPAT_OUTPUT
+	case actionOutput:
 		if err := need(b, 16, "output"); err != nil {
 			return nil, err
 		}
@@ -817,17 +813,17 @@ func decodeAction(b []byte) (Action, error) {
 			o.MaxLen = binary.BigEndian.Uint16(b[8:])
 		}
 		return o, nil
-	case 22: // OFPAT_GROUP
+	case actionGroup:
 		return ToGroup{ID: binary.BigEndian.Uint32(b[4:])}, nil
-	case 24: // OFPAT_DEC_NW_TTL
+	case actionDecNwTTL:
 		return DecTTL{}, nil
-	case 25: // OFPAT_SET_FIELD
+	case actionSetField:
 		m, err := decodeOXMPrefix(b[4:])
 		if err != nil {
 			return nil, fmt.Errorf("set_field: %w", err)
 		}
 		return SetField{Field: m.Field, Value: m.Value}, nil
-	case 0xffff:
+	case actionExperimenter:
 		if err := need(b, 10, "experimenter action"); err != nil {
 			return nil, err
 		}
@@ -955,7 +951,7 @@ func decodeCT(b []byte) (Action, error) {
 		return nil, fmt.Errorf("ct: %w", err)
 	}
 	for i, nb := range nested {
-		if i == 0 && binary.BigEndian.Uint16(nb) == 0xffff && len(nb) >= 10 && binary.BigEndian.Uint16(nb[8:]) == nxastNAT {
+		if i == 0 && binary.BigEndian.Uint16(nb) == actionExperimenter && len(nb) >= 10 && binary.BigEndian.Uint16(nb[8:]) == nxastNAT {
 			nat, err := decodeNAT(nb)
 			if err != nil {
 				return nil, err
