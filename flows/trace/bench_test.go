@@ -49,11 +49,7 @@ func BenchmarkTraceLiveVsOffline(b *testing.B) {
 		b.Fatal(err)
 	}
 	r := reconcile.New(br.Switch, reconcile.Config{Round: 1})
-	changes := map[reconcile.Owner]*reconcile.OwnerState{}
-	for o, s := range owners {
-		changes[o] = &s
-	}
-	if res, err := r.Apply(ctx, changes); err != nil || len(res.Failed) > 0 {
+	if res, err := r.Apply(ctx, reconcile.Changes(nil, owners)); err != nil || len(res.Failed) > 0 {
 		b.Fatal(err, res.Failed)
 	}
 	off := offlineBridge(b, br)

@@ -215,24 +215,17 @@ func TestOfflineAgreesWithOFProtoTrace(t *testing.T) {
 		{"unknown tunnel peer", func() Packet { p := remoteIn(0, ipA, 80); p.TunSrc = outside; return p }(), netip.Addr{}, map[pipeline.Mode]want{
 			pipeline.ModeMultitenant: {dropAt: pipeline.TableTunnelIngress}}},
 	}
+	var applied map[reconcile.Owner]reconcile.OwnerState // the render r holds
 	for _, mode := range []pipeline.Mode{pipeline.ModeMultitenant, pipeline.ModeSubnet, pipeline.ModeNetworkPolicy} {
 		t.Run(string(mode), func(t *testing.T) {
 			owners, err := pipeline.Render(testState(mode))
 			if err != nil {
 				t.Fatal(err)
 			}
-			changes := map[reconcile.Owner]*reconcile.OwnerState{}
-			for o, st := range owners {
-				changes[o] = &st
-			}
-			for _, o := range r.Owners() {
-				if _, keep := owners[o]; !keep {
-					changes[o] = nil
-				}
-			}
-			if res, err := r.Apply(ctx, changes); err != nil || len(res.Failed) > 0 {
+			if res, err := r.Apply(ctx, reconcile.Changes(applied, owners)); err != nil || len(res.Failed) > 0 {
 				t.Fatal(err, res.Failed)
 			}
+			applied = owners
 			off := offlineBridge(t, b)
 			for _, tc := range cases {
 				w, ok := tc.want[mode]
