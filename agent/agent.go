@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
-	"strings"
 	"time"
 
 	"github.com/ofsdn/ofsdn/agent/nodenet"
@@ -572,24 +571,11 @@ func (a *Agent) ownerFailed(o reconcile.Owner, fail *ownerFailure) {
 
 // ownerObject is the API object an owner's flows render, when there is one.
 func ownerObject(o reconcile.Owner) *corev1.ObjectReference {
-	ns, rest, namespaced := strings.Cut(o.Name, "/")
-	switch o.Category {
-	case reconcile.CategoryPod:
-		if namespaced {
-			return &corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: ns, Name: rest}
-		}
-	case reconcile.CategoryService:
-		if name, _, ok := strings.Cut(rest, ":"); namespaced && ok {
-			return &corev1.ObjectReference{Kind: "Service", APIVersion: "v1", Namespace: ns, Name: name}
-		}
-	case reconcile.CategoryNetPol:
-		if namespaced {
-			return &corev1.ObjectReference{Kind: "NetworkPolicy", APIVersion: "networking.k8s.io/v1", Namespace: ns, Name: rest}
-		}
-	case reconcile.CategoryNode:
-		return &corev1.ObjectReference{Kind: "Node", APIVersion: "v1", Name: o.Name}
+	obj, ok := pipeline.ObjectOf(o)
+	if !ok {
+		return nil
 	}
-	return nil
+	return &corev1.ObjectReference{Kind: string(obj.Kind), APIVersion: obj.Kind.APIVersion(), Namespace: obj.Namespace, Name: obj.Name}
 }
 
 // installCNI writes the conflist and copies the plugin binary into the CNI directories, atomically.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net/netip"
@@ -30,8 +29,6 @@ address outside the cluster as SRC reaches a node's NodePort: DST is then the no
 
 Live, flowctl asks each node's ovs-vswitchd (ofproto/trace, through the node's agent); with --dump it
 evaluates saved 'flowctl dump -o json' files of the nodes instead, the same way, without OVS.
-
-flags:
 `
 
 // TraceOptions is a parsed flowctl trace command line.
@@ -50,21 +47,18 @@ type TraceOptions struct {
 
 // RunTrace is `flowctl trace`.
 func RunTrace(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("trace", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(stderr, traceUsage)
-		fs.PrintDefaults()
-	}
+	c := newCmdLine("trace", traceUsage, stdout, stderr)
+	fs := c.fs
 	var nf nodeFlags
 	nf.register(fs, false)
 	var o TraceOptions
 	port := fs.Uint("port", 0, "destination port (default: the service's port, else 80)")
 	srcPort := fs.Uint("src-port", 40000, "source port")
-	fs.StringVar(&o.Proto, "proto", "tcp", "tcp, udp, sctp or icmp")
+	proto := &choice{value: "tcp", allowed: []string{"tcp", "udp", "sctp", "icmp"}}
+	fs.Var(proto, "proto", "`protocol`: tcp, udp, sctp or icmp")
 	fs.StringVar(&o.Endpoint, "endpoint", "", "the service endpoint to follow, IP or IP:PORT (default: the select group's first bucket)")
-	fs.StringVar(&o.Output, "o", "text", "output format: text or json")
-	fs.Func("src-ip", "a pod SRC sends from this address instead of its own (see what anti-spoofing does)", func(s string) error {
+	output := c.outputFlag()
+	fs.Func("src-ip", "a pod SRC sends from this `address` instead of its own (see what anti-spoofing does)", func(s string) error {
 		ip, err := netip.ParseAddr(s)
 		if err != nil || !ip.Is4() {
 			return fmt.Errorf("%q is not an IPv4 address", s)
@@ -72,33 +66,21 @@ func RunTrace(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		o.SpoofIP = ip
 		return nil
 	})
-	fs.Func("dump", "a node's 'flowctl dump -o json' to evaluate offline (repeat for each node)", func(s string) error {
+	fs.Func("dump", "a node's 'flowctl dump -o json' `file` to evaluate offline (repeat for each node)", func(s string) error {
 		o.Dumps = append(o.Dumps, s)
 		return nil
 	})
-	// Flags may follow SRC and DST, as with kubectl.
-	var positional []string
-	rest := args
-	for {
-		if err := fs.Parse(rest); err != nil {
-			return err
-		}
-		if fs.NArg() == 0 {
-			break
-		}
-		positional = append(positional, fs.Arg(0))
-		rest = fs.Args()[1:]
+	positional, err := c.parse(args)
+	if err != nil {
+		return err
 	}
 	if len(positional) != 2 {
-		fs.Usage()
-		return fmt.Errorf("trace wants SRC and DST, got %d arguments", len(positional))
+		return c.usageErrorf("trace wants SRC and DST, got %d arguments", len(positional))
 	}
 	if *port > 65535 || *srcPort == 0 || *srcPort > 65535 {
-		return fmt.Errorf("ports are 1-65535")
+		return c.usageErrorf("ports are 1-65535")
 	}
-	if o.Output != "text" && o.Output != "json" {
-		return fmt.Errorf("-o %q: want text or json", o.Output)
-	}
+	o.Output, o.Proto = output.value, proto.value
 	o.Src, o.Dst, o.Port, o.SrcPort = positional[0], positional[1], uint16(*port), uint16(*srcPort)
 	var w world
 	if len(o.Dumps) > 0 {

@@ -56,30 +56,50 @@ const (
 	CategoryLearned Category = 9
 )
 
-var categoryNames = map[Category]string{
-	CategoryNone: "none", CategoryPipeline: "pipeline", CategoryPod: "pod", CategoryNode: "node",
-	CategoryTenant: "vnid", CategoryService: "svc", CategoryNetPol: "netpol",
-	CategoryTest: "test", CategoryLearned: "learned",
+// categories is the registry of categories, by number: the name owner keys, dumps and metrics use.
+// String, ParseCategory and Categories (flowctl's help) all read it.
+var categories = []struct {
+	c    Category
+	name string
+}{
+	{CategoryNone, "none"}, {CategoryPipeline, "pipeline"}, {CategoryPod, "pod"}, {CategoryNode, "node"},
+	{CategoryTenant, "vnid"}, {CategoryService, "svc"}, {CategoryNetPol, "netpol"},
+	{CategoryTest, "test"}, {CategoryLearned, "learned"},
+}
+
+// Categories lists every category in use, by number.
+func Categories() []Category {
+	out := make([]Category, len(categories))
+	for i, e := range categories {
+		out[i] = e.c
+	}
+	return out
 }
 
 func (c Category) String() string {
-	if n, ok := categoryNames[c]; ok {
-		return n
+	for _, e := range categories {
+		if e.c == c {
+			return e.name
+		}
 	}
 	return fmt.Sprintf("category(%d)", uint8(c))
 }
 
-// ParseCategory reads a category name as printed by String.
+// ParseCategory reads a category name as printed by String, or a number.
 func ParseCategory(s string) (Category, error) {
-	for c, n := range categoryNames {
-		if n == s {
-			return c, nil
+	for _, e := range categories {
+		if e.name == s {
+			return e.c, nil
 		}
 	}
 	if v, err := strconv.ParseUint(s, 0, 8); err == nil {
 		return Category(v), nil
 	}
-	return 0, fmt.Errorf("unknown flow category %q", s)
+	names := make([]string, len(categories))
+	for i, e := range categories {
+		names[i] = e.name
+	}
+	return 0, fmt.Errorf("unknown flow category %q (a number, or one of %s)", s, strings.Join(names, ", "))
 }
 
 // Owner names the object whose state a set of flows renders: "pod/ns/name", "node/n2", "vnid/42",
