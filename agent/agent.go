@@ -412,11 +412,11 @@ func (a *Agent) setUpNode(ctx context.Context) error {
 		vxlanPort = int(networkv1.DefaultVXLANPort)
 	}
 	db := a.deps.DB
-	if _, err := db.EnsureVXLANPort(ctx, a.cfg.Bridge, "vxlan0", vxlanPort, int(pipeline.PortVXLAN)); err != nil {
+	if _, err := db.EnsureVXLANPort(ctx, a.cfg.Bridge, pipeline.PortNameVXLAN, vxlanPort, int(pipeline.PortVXLAN)); err != nil {
 		return err
 	}
 	a.view.mu.Lock()
-	nc := nodenet.Config{HostNetNS: a.cfg.HostNetNS, Tun0: "tun0", LocalSubnet: a.view.localSubnet, Logger: a.cfg.Logger.WithName("nodenet"),
+	nc := nodenet.Config{HostNetNS: a.cfg.HostNetNS, Tun0: pipeline.PortNameTun0, LocalSubnet: a.view.localSubnet, Logger: a.cfg.Logger.WithName("nodenet"),
 		ClusterNetworks: append([]netip.Prefix(nil), a.view.clusterNets...), NodeIP: a.view.nodeIP}
 	a.view.mu.Unlock()
 	if sn, err := netip.ParsePrefix(string(cn.Spec.ServiceNetwork)); err == nil {
@@ -437,7 +437,7 @@ func (a *Agent) setUpNode(ctx context.Context) error {
 	nc.ServiceNextHop = pipeline.ServiceHairpinIP
 	nc.Forwards = nodenet.Forwards{NodePortTarget: pipeline.ServiceNodePortIP, RejectPorts: [2]uint16{pipeline.RejectPortMin, pipeline.RejectPortMax}}
 	nc.MasqueradePorts = [2]uint16{pipeline.MasqueradePortMin, pipeline.MasqueradePortMax}
-	if _, err := db.EnsureInternalPort(ctx, a.cfg.Bridge, "tun0", int(pipeline.PortTun0), mtu); err != nil {
+	if _, err := db.EnsureInternalPort(ctx, a.cfg.Bridge, pipeline.PortNameTun0, int(pipeline.PortTun0), mtu); err != nil {
 		return err
 	}
 	if err := nodenet.Ensure(ctx, nc); err != nil {

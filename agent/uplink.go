@@ -37,7 +37,7 @@ import (
 
 // Names of the patch port pair: br0's end (PortUplink) and the uplink bridge's end.
 const (
-	uplinkPort     = "patch-uplink"
+	uplinkPort     = pipeline.PortNameUplink
 	uplinkPeerPort = "patch-ofsdn-br0"
 )
 
@@ -64,7 +64,9 @@ func (n uplinkNode) Uplink(ip netip.Addr) (string, error) { return nodenet.Uplin
 func (n uplinkNode) PeerNeighbors(peers []netip.Addr) ([]nodenet.Neighbor, error) {
 	return nodenet.PeerNeighbors(n.netns, peers)
 }
-func (n uplinkNode) GatewayMAC() (net.HardwareAddr, error) { return nodenet.LinkMAC(n.netns, "tun0") }
+func (n uplinkNode) GatewayMAC() (net.HardwareAddr, error) {
+	return nodenet.LinkMAC(n.netns, pipeline.PortNameTun0)
+}
 
 // uplinkOVS is the part of OVSDB uplinkSync uses.
 type uplinkOVS interface {
