@@ -172,26 +172,8 @@ func TestTrace(t *testing.T) {
 			t.Errorf("service trace: %+v", s)
 		}
 
-		// The same questions offline, from each node's dump: the first node's taken on the node (its
-		// bridge and its agent's socket in its run directory), the others' through their agents and the
-		// API server.
-		dir := t.TempDir()
-		var dumps []string
-		for i, n := range lc.Nodes {
-			where := []string{"--node", n.Name}
-			if i == 0 {
-				where = []string{"--rundir", n.Dir}
-			}
-			out, err := runFlowctl(ctx, append([]string{"dump", "-o", "json"}, where...)...)
-			if err != nil {
-				t.Fatal(err)
-			}
-			path := filepath.Join(dir, n.Name+".json")
-			if err := os.WriteFile(path, []byte(out), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			dumps = append(dumps, "--dump", path)
-		}
+		// The same questions offline, from each node's dump.
+		dumps := nodeDumps(t, ctx, lc.Nodes...)
 		for _, tc := range cases {
 			live := results[tc.name]
 			if live == nil {
@@ -208,6 +190,32 @@ func TestTrace(t *testing.T) {
 			})
 		}
 	})
+}
+
+// nodeDumps saves `flowctl dump -o json` of each node and returns the --dump arguments that trace them
+// offline. The first node's is taken on the node (its bridge and its agent's socket in its run
+// directory), the others' through their agents and the API server's node proxy: both ways are held
+// to give what a trace needs.
+func nodeDumps(t *testing.T, ctx context.Context, nodes ...*cluster.Node) []string {
+	t.Helper()
+	dir := t.TempDir()
+	var dumps []string
+	for i, n := range nodes {
+		where := []string{"--node", n.Name}
+		if i == 0 {
+			where = []string{"--rundir", n.Dir}
+		}
+		out, err := runFlowctl(ctx, append([]string{"dump", "-o", "json"}, where...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join(dir, n.Name+".json")
+		if err := os.WriteFile(path, []byte(out), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		dumps = append(dumps, "--dump", path)
+	}
+	return dumps
 }
 
 // probe returns a check that the pod reaches dst:port over TCP for real.
@@ -308,19 +316,7 @@ func TestTraceNetworkPolicy(t *testing.T) {
 		t.Errorf("denied client: %+v, want %q", deny.Verdict, want)
 	}
 	// Offline, from the two nodes' dumps.
-	dir := t.TempDir()
-	var dumps []string
-	for _, n := range []*cluster.Node{n1, n2} {
-		out, err := runFlowctl(ctx, "dump", "--node", n.Name, "-o", "json")
-		if err != nil {
-			t.Fatal(err)
-		}
-		path := filepath.Join(dir, n.Name+".json")
-		if err := os.WriteFile(path, []byte(out), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		dumps = append(dumps, "--dump", path)
-	}
+	dumps := nodeDumps(t, ctx, n1, n2)
 	for _, live := range []*flowctl.TraceResult{allow, deny} {
 		src := allowed.Key()
 		if live == deny {

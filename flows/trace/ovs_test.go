@@ -136,15 +136,7 @@ type want struct {
 func TestOfflineAgreesWithOFProtoTrace(t *testing.T) {
 	b := ofbridge.New(t)
 	ctx := context.Background()
-	for _, p := range []struct {
-		name string
-		port int
-	}{{"vxlan0", 1}, {"tun0", 2}, {"pa", 3}, {"pb", 4}, {"pg", 5}} {
-		if _, err := b.Inst.Vsctl("add-port", "br0", p.name, "--", "set", "interface", p.name, "type=internal",
-			fmt.Sprintf("ofport_request=%d", p.port)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	addPorts(t, b, map[string]uint32{pipeline.PortNameVXLAN: pipeline.PortVXLAN, pipeline.PortNameTun0: pipeline.PortTun0, "pa": 3, "pb": 4, "pg": 5})
 	l := live{c: unixctl.New(b.Inst.Dir, "ovs-vswitchd"), bridge: "br0", last: new(string)}
 	r := reconcile.New(b.Switch, reconcile.Config{Round: 1})
 
@@ -237,26 +229,7 @@ func TestOfflineAgreesWithOFProtoTrace(t *testing.T) {
 					if tc.follow.IsValid() {
 						choose = endpointChooser(off, tc.follow)
 					}
-					lp, lflags, err := Run(ctx, l, tc.p, choose)
-					if err != nil {
-						t.Fatal(err)
-					}
-					op, oflags, err := Run(ctx, Offline{off}, tc.p, choose)
-					if err != nil {
-						t.Fatal(err)
-					}
-					if lk, ok := strings.Join(lp.Key(), "\n"), strings.Join(op.Key(), "\n"); lk != ok {
-						t.Fatalf("live and offline paths differ:\nlive (ct %v):\n%s\noffline (ct %v):\n%s", lflags, lk, oflags, ok)
-					}
-					if name, ok := recorded[string(mode)+"/"+tc.name]; ok && *update {
-						dir := filepath.Join("testdata", "ofproto-trace-"+name)
-						if err := os.WriteFile(dir+".txt", []byte(*l.last), 0o644); err != nil {
-							t.Fatal(err)
-						}
-						if err := os.WriteFile(dir+".key", []byte(strings.Join(lp.Key(), "\n")+"\n"), 0o644); err != nil {
-							t.Fatal(err)
-						}
-					}
+					lp, op := traceBoth(t, l, off, tc.p, choose, recorded[string(mode)+"/"+tc.name])
 					for name, path := range map[string]*Path{"live": lp, "offline": op} {
 						err := w.fate(path)
 						for alt := w.or; err != nil && alt != nil; alt = alt.or {
@@ -299,6 +272,45 @@ func (w want) fate(p *Path) error {
 	return nil
 }
 
+// traceBoth traces p live and offline, fails unless both take the same path, and with -update keeps
+// the live answer as testdata/ofproto-trace-<record>.txt (and its key) for the parser's tests.
+func traceBoth(t *testing.T, l live, off *Bridge, p Packet, choose Chooser, record string) (lp, op *Path) {
+	t.Helper()
+	ctx := t.Context()
+	lp, lflags, err := Run(ctx, l, p, choose)
+	if err != nil {
+		t.Fatal(err)
+	}
+	op, oflags, err := Run(ctx, Offline{off}, p, choose)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lk, ok := strings.Join(lp.Key(), "\n"), strings.Join(op.Key(), "\n"); lk != ok {
+		t.Fatalf("live and offline paths differ:\nlive (ct %v):\n%s\noffline (ct %v):\n%s", lflags, lk, oflags, ok)
+	}
+	if record != "" && *update {
+		file := filepath.Join("testdata", "ofproto-trace-"+record)
+		if err := os.WriteFile(file+".txt", []byte(*l.last), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(file+".key", []byte(strings.Join(lp.Key(), "\n")+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return lp, op
+}
+
+// addPorts adds internal ports to br0 at the given OpenFlow numbers: a trace's in_port must exist.
+func addPorts(t testing.TB, b *ofbridge.Bridge, ports map[string]uint32) {
+	t.Helper()
+	for name, number := range ports {
+		if _, err := b.Inst.Vsctl("add-port", "br0", name, "--", "set", "interface", name, "type=internal",
+			fmt.Sprintf("ofport_request=%d", number)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // offlineBridge reads the bridge's flows and groups as flowctl dump does.
 func offlineBridge(t testing.TB, b *ofbridge.Bridge) *Bridge {
 	t.Helper()
@@ -337,15 +349,7 @@ func offlineBridge(t testing.TB, b *ofbridge.Bridge) *Bridge {
 func TestOfflineAgreesWithOFProtoTraceUplink(t *testing.T) {
 	b := ofbridge.New(t)
 	ctx := context.Background()
-	for _, p := range []struct {
-		name string
-		port uint32
-	}{{pipeline.PortNameVXLAN, pipeline.PortVXLAN}, {pipeline.PortNameTun0, pipeline.PortTun0}, {"pa", 3}, {"pb", 4}, {"pg", 5}} {
-		if _, err := b.Inst.Vsctl("add-port", "br0", p.name, "--", "set", "interface", p.name, "type=internal",
-			fmt.Sprintf("ofport_request=%d", p.port)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	addPorts(t, b, map[string]uint32{pipeline.PortNameVXLAN: pipeline.PortVXLAN, pipeline.PortNameTun0: pipeline.PortTun0, "pa": 3, "pb": 4, "pg": 5})
 	// The uplink port is a patch port into an uplink bridge that switches NORMAL, as on a node: live,
 	// ofproto/trace follows the packet on into that bridge, which is not br0's path.
 	b.Inst.AddBridge("br-ul")
@@ -397,26 +401,7 @@ func TestOfflineAgreesWithOFProtoTraceUplink(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			lp, lflags, err := Run(ctx, l, tc.p, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			op, oflags, err := Run(ctx, Offline{off}, tc.p, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if lk, ok := strings.Join(lp.Key(), "\n"), strings.Join(op.Key(), "\n"); lk != ok {
-				t.Fatalf("live and offline paths differ:\nlive (ct %v):\n%s\noffline (ct %v):\n%s", lflags, lk, oflags, ok)
-			}
-			if tc.record != "" && *update {
-				file := filepath.Join("testdata", "ofproto-trace-"+tc.record)
-				if err := os.WriteFile(file+".txt", []byte(*l.last), 0o644); err != nil {
-					t.Fatal(err)
-				}
-				if err := os.WriteFile(file+".key", []byte(strings.Join(lp.Key(), "\n")+"\n"), 0o644); err != nil {
-					t.Fatal(err)
-				}
-			}
+			lp, op := traceBoth(t, l, off, tc.p, nil, tc.record)
 			for name, path := range map[string]*Path{"live": lp, "offline": op} {
 				if err := tc.want.fate(path); err != nil {
 					t.Errorf("%s: %v\n%s", name, err, strings.Join(path.Key(), "\n"))
