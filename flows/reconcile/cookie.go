@@ -3,7 +3,7 @@ package reconcile
 import (
 	"encoding/json"
 	"fmt"
-	"hash/fnv"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -111,11 +111,25 @@ type Owner struct {
 
 func (o Owner) String() string { return o.Category.String() + "/" + o.Name }
 
-// Hash is the stable 32-bit owner hash carried in cookies (FNV-1a of the owner key).
+// Hash is the stable 32-bit owner hash carried in cookies: FNV-1a of the owner key (String), computed
+// without building the key (every new owner of an install hashes).
 func (o Owner) Hash() uint32 {
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(o.String()))
-	return h.Sum32()
+	h := fnvAdd(fnvOffset32, o.Category.String())
+	h = (h ^ '/') * fnvPrime32
+	return fnvAdd(h, o.Name)
+}
+
+// FNV-1a, 32 bits (hash/fnv's constants).
+const (
+	fnvOffset32 uint32 = 2166136261
+	fnvPrime32  uint32 = 16777619
+)
+
+func fnvAdd(h uint32, s string) uint32 {
+	for i := 0; i < len(s); i++ {
+		h = (h ^ uint32(s[i])) * fnvPrime32
+	}
+	return h
 }
 
 // ParseOwner reads an owner key as printed by String.
@@ -246,12 +260,21 @@ func ParseOwnerIndex(data []byte) (*OwnerIndex, error) {
 	return x, nil
 }
 
+// compareOwners orders owners by key (String) without building the keys: category names hold only
+// letters, so comparing the category's name, then the name, is comparing the keys.
+func compareOwners(a, b Owner) int {
+	if a.Category != b.Category {
+		return strings.Compare(a.Category.String(), b.Category.String())
+	}
+	return strings.Compare(a.Name, b.Name)
+}
+
 // SortedOwnerKeys lists a map's owners in a stable order (by key), for logs, errors and golden files.
 func SortedOwnerKeys[V any](m map[Owner]V) []Owner {
 	out := make([]Owner, 0, len(m))
 	for o := range m {
 		out = append(out, o)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].String() < out[j].String() })
+	slices.SortFunc(out, compareOwners)
 	return out
 }
