@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
-	"strings"
 	"time"
 
 	"github.com/ofsdn/ofsdn/agent/attach"
@@ -418,12 +417,12 @@ func (a *Agent) setUpNode(ctx context.Context) error {
 		vxlanPort = int(networkv1.DefaultVXLANPort)
 	}
 	db := a.deps.DB
-	if _, err := db.EnsureVXLANPort(ctx, a.cfg.Bridge, "vxlan0", vxlanPort, int(pipeline.PortVXLAN)); err != nil {
+	if _, err := db.EnsureVXLANPort(ctx, a.cfg.Bridge, pipeline.PortNameVXLAN, vxlanPort, int(pipeline.PortVXLAN)); err != nil {
 		return err
 	}
 	a.view.update(func(v *nodeView) { v.vxlan0Port = uint16(vxlanPort) })
 	nodeIP, subnet, clusterNets := a.view.addressing()
-	nc := nodenet.Config{HostNetNS: a.cfg.HostNetNS, Tun0: "tun0", LocalSubnet: subnet, Logger: a.cfg.Logger.WithName("nodenet"),
+	nc := nodenet.Config{HostNetNS: a.cfg.HostNetNS, Tun0: pipeline.PortNameTun0, LocalSubnet: subnet, Logger: a.cfg.Logger.WithName("nodenet"),
 		ClusterNetworks: clusterNets, NodeIP: nodeIP}
 	if sn, err := netip.ParsePrefix(string(cn.Spec.ServiceNetwork)); err == nil {
 		nc.ServiceNetwork = sn
@@ -443,7 +442,7 @@ func (a *Agent) setUpNode(ctx context.Context) error {
 	nc.ServiceNextHop = pipeline.ServiceHairpinIP
 	nc.Forwards = nodenet.Forwards{NodePortTarget: pipeline.ServiceNodePortIP, RejectPorts: [2]uint16{pipeline.RejectPortMin, pipeline.RejectPortMax}}
 	nc.MasqueradePorts = [2]uint16{pipeline.MasqueradePortMin, pipeline.MasqueradePortMax}
-	if _, err := db.EnsureInternalPort(ctx, a.cfg.Bridge, "tun0", int(pipeline.PortTun0), mtu); err != nil {
+	if _, err := db.EnsureInternalPort(ctx, a.cfg.Bridge, pipeline.PortNameTun0, int(pipeline.PortTun0), mtu); err != nil {
 		return err
 	}
 	if err := nodenet.Ensure(ctx, nc); err != nil {
@@ -578,24 +577,11 @@ func (a *Agent) ownerFailed(o reconcile.Owner, fail *ownerFailure) {
 
 // ownerObject is the API object an owner's flows render, when there is one.
 func ownerObject(o reconcile.Owner) *corev1.ObjectReference {
-	ns, rest, namespaced := strings.Cut(o.Name, "/")
-	switch o.Category {
-	case reconcile.CategoryPod:
-		if namespaced {
-			return &corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: ns, Name: rest}
-		}
-	case reconcile.CategoryService:
-		if name, _, ok := strings.Cut(rest, ":"); namespaced && ok {
-			return &corev1.ObjectReference{Kind: "Service", APIVersion: "v1", Namespace: ns, Name: name}
-		}
-	case reconcile.CategoryNetPol:
-		if namespaced {
-			return &corev1.ObjectReference{Kind: "NetworkPolicy", APIVersion: "networking.k8s.io/v1", Namespace: ns, Name: rest}
-		}
-	case reconcile.CategoryNode:
-		return &corev1.ObjectReference{Kind: "Node", APIVersion: "v1", Name: o.Name}
+	obj, ok := pipeline.ObjectOf(o)
+	if !ok {
+		return nil
 	}
-	return nil
+	return &corev1.ObjectReference{Kind: string(obj.Kind), APIVersion: obj.Kind.APIVersion(), Namespace: obj.Namespace, Name: obj.Name}
 }
 
 // installCNI writes the conflist and copies the plugin binary into the CNI directories, atomically.

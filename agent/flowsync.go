@@ -165,20 +165,20 @@ func (f *flowSync) syncLocked(ctx context.Context) (reconcile.SyncStats, error) 
 		owners[o] = os
 	}
 	now := f.clock()
-	changes := map[reconcile.Owner]*reconcile.OwnerState{}
-	for o, os := range owners {
-		if prev, ok := f.applied[o]; ok && reflect.DeepEqual(prev, os) {
-			delete(f.failing, o) // its input came back to what is installed
-			continue
+	changes := reconcile.Changes(f.applied, owners)
+	for o := range f.failing {
+		if _, changed := changes[o]; !changed {
+			if _, rendered := owners[o]; rendered {
+				delete(f.failing, o) // its input came back to what is installed
+			}
 		}
-		if fail := f.failing[o]; fail != nil && now.Before(fail.retryAt) && reflect.DeepEqual(fail.state, os) {
-			continue // the same state failed: wait for its retry
-		}
-		changes[o] = &os
 	}
-	for o := range f.applied {
-		if _, still := owners[o]; !still && renderFailed[o] == nil {
-			changes[o] = nil
+	for o, os := range changes {
+		switch fail := f.failing[o]; {
+		case os == nil && renderFailed[o] != nil:
+			delete(changes, o) // it failed to render: it keeps its last good flows
+		case os != nil && fail != nil && now.Before(fail.retryAt) && reflect.DeepEqual(fail.state, *os):
+			delete(changes, o) // the same state failed: wait for its retry
 		}
 	}
 	for o := range f.failing {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/ofsdn/ofsdn/debugapi"
 	"github.com/ofsdn/ofsdn/flows/openflow"
+	"github.com/ofsdn/ofsdn/flows/pipeline"
 	"github.com/ofsdn/ofsdn/flows/reconcile"
 	"github.com/ofsdn/ofsdn/flows/trace"
 	corev1 "k8s.io/api/core/v1"
@@ -53,6 +54,18 @@ func (n *traceNode) ownerOf(cookie uint64) string {
 	return n.owners.Name(reconcile.Cookie(cookie))
 }
 
+// objectOf is the API object a cookie's owner renders, when the node names one owner for the cookie.
+func (n *traceNode) objectOf(cookie uint64) (pipeline.Object, bool) {
+	if cookie == 0 {
+		return pipeline.Object{}, false
+	}
+	owners := n.owners.Lookup(reconcile.Cookie(cookie))
+	if len(owners) != 1 {
+		return pipeline.Object{}, false // unknown, or a hash collision: name no object rather than a wrong one
+	}
+	return pipeline.ObjectOf(owners[0])
+}
+
 // port finds a port of the bridge by name.
 func (n *traceNode) port(name string) (debugapi.Port, bool) {
 	for _, p := range n.info.Ports {
@@ -69,6 +82,30 @@ func (n *traceNode) portNumber(name string, def uint32) uint32 {
 		return uint32(p.OFPort)
 	}
 	return def
+}
+
+// portRole is the role of a port of the node's bridge: by its name when OVSDB lists it, else by its
+// number in the pipeline's registry; any other port is a pod's.
+func (n *traceNode) portRole(number uint32) pipeline.PortRole {
+	for _, p := range n.info.Ports {
+		if uint32(p.OFPort) == number {
+			if bp, ok := pipeline.PortNamed(p.Name); ok {
+				return bp.Role
+			}
+			return pipeline.RolePod
+		}
+	}
+	if bp, ok := pipeline.LookupPort(number); ok {
+		return bp.Role
+	}
+	return pipeline.RolePod
+}
+
+// roleNumber is the OpenFlow number of the node's port of a role (not RolePod): OVSDB's, else the
+// number the registry requests.
+func (n *traceNode) roleNumber(role pipeline.PortRole) uint32 {
+	bp, _ := pipeline.PortOfRole(role)
+	return n.portNumber(bp.Name, bp.Number)
 }
 
 func newTraceNode(info *debugapi.NodeInfo, rawFlows, rawGroups [][]byte, owners []string) (*traceNode, error) {

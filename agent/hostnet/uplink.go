@@ -44,7 +44,7 @@ type UplinkView interface {
 
 // Names of the patch port pair: br0's end (PortUplink) and the uplink bridge's end.
 const (
-	uplinkPort     = "patch-uplink"
+	uplinkPort     = pipeline.PortNameUplink
 	uplinkPeerPort = "patch-ofsdn-br0"
 )
 
@@ -72,8 +72,10 @@ func (n Node) Uplink(ip netip.Addr) (string, error) { return nodenet.Uplink(n.Ne
 func (n Node) PeerNeighbors(peers []netip.Addr) ([]nodenet.Neighbor, error) {
 	return nodenet.PeerNeighbors(n.NetNS, peers)
 }
-func (n Node) GatewayMAC() (net.HardwareAddr, error) { return nodenet.LinkMAC(n.NetNS, "tun0") }
-func (n Node) Probe(peer netip.Addr) error           { return nodenet.ProbeNeighbor(n.NetNS, peer) }
+func (n Node) GatewayMAC() (net.HardwareAddr, error) {
+	return nodenet.LinkMAC(n.NetNS, pipeline.PortNameTun0)
+}
+func (n Node) Probe(peer netip.Addr) error { return nodenet.ProbeNeighbor(n.NetNS, peer) }
 
 // UplinkOVS is the part of OVSDB the uplink job uses.
 type UplinkOVS interface {

@@ -210,7 +210,7 @@ func TestPoliciesNeverShareAFlow(t *testing.T) {
 		prios = append(prios, fl[0].Priority)
 	}
 	// A reconciler refuses two owners of one flow: installing the render proves no sharing.
-	if _, err := install(t.Context(), newReconciler(fakeswitch.New(), 1), owners); err != nil {
+	if _, err := install(t.Context(), newReconciler(fakeswitch.New(), 1), nil, owners); err != nil {
 		t.Fatal(err)
 	}
 	st.Policies = st.Policies[len(st.Policies)-10:] // 40 policies go
@@ -345,7 +345,7 @@ func TestLargePolicySpreadsOverPriorities(t *testing.T) {
 			t.Fatalf("conjunction %d spans priorities %v", id, ps)
 		}
 	}
-	if _, err := install(t.Context(), newReconciler(fakeswitch.New(), 1), owners); err != nil {
+	if _, err := install(t.Context(), newReconciler(fakeswitch.New(), 1), nil, owners); err != nil {
 		t.Fatal(err)
 	}
 	again, _, _ := r.Render(st)

@@ -223,7 +223,7 @@ func TestRenderCompiles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := install(context.Background(), newReconciler(fakeswitch.New(), 1), owners); err != nil {
+	if _, err := install(context.Background(), newReconciler(fakeswitch.New(), 1), nil, owners); err != nil {
 		t.Fatalf("rendered flows do not compile, collide, or are refused: %v", err)
 	}
 }
@@ -256,7 +256,7 @@ func TestNoObjectNameCollidesWithPipelineOwners(t *testing.T) {
 			t.Errorf("node %q has no flows of its own", name)
 		}
 	}
-	res, err := install(context.Background(), newReconciler(fakeswitch.New(), 1), owners)
+	res, err := install(context.Background(), newReconciler(fakeswitch.New(), 1), nil, owners)
 	if err != nil {
 		t.Fatalf("owners collide: %v (%v)", err, res.Failed)
 	}

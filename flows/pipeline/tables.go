@@ -8,12 +8,14 @@
 // (the local subnet, pods, tenants, remote nodes), guard.go (the tunnel guard: no pod injects into the
 // overlay), uplink.go (encapsulation none: the uplink port, and why it is that rather than host
 // routes), services.go (services, their groups and learned affinity), services_affinity.go
-// (sessionAffinity's choice), owners.go (who owns what).
+// (sessionAffinity's choice), owners.go (who owns what: each owner names its API object), ports.go
+// (br0's own ports and their roles: tunnel, host, uplink; the rest are pods').
 //
 // The pipeline (table numbers are fixed so dumps stay comparable across versions):
 //
-//	  0 classifier        in_port: vxlan0 → 10, tun0 → 25, the uplink port (encapsulation none) → 15
-//	                      when addressed to our uplink MAC (else drop), any other port → 20 (pods)
+//	  0 classifier        by the ingress port's role (Ports): vxlan0 (tunnel) → 10, tun0 (host) → 25,
+//	                      the uplink port (encapsulation none) → 15 when addressed to our uplink MAC
+//	                      (else drop), any other port → 20 (pods)
 //	 10 tunnel-ingress    tun_src must be a known node and the inner source inside its subnet or its own
 //	                      address (guard.go); tun_id → reg0 (source VNID); else drop
 //	 15 uplink-ingress    unencapsulated from a known node's uplink MAC (uplink.go): a source address of

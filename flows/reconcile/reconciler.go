@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 	"runtime"
-	"sort"
+	"slices"
 	"sync"
 
 	"github.com/ofsdn/ofsdn/flows/openflow"
@@ -107,6 +107,20 @@ func newLedger[K comparable, T any](of func(*ownerState) *book[K, T]) ledger[K, 
 	return ledger[K, T]{book: newBook[K, T](), orphans: map[K]*entry[T]{}, of: of}
 }
 
+// expectInstalled and expectDesired size an empty book for n entries before a first install records
+// them one by one (a map of tens of thousands of entries grown step by step rehashes at every step).
+func (l *ledger[K, T]) expectInstalled(n int) {
+	if len(l.installed) == 0 && n > 64 {
+		l.installed = make(map[K]*entry[T], n)
+	}
+}
+
+func (l *ledger[K, T]) expectDesired(n int) {
+	if len(l.desired) == 0 && n > 64 {
+		l.desired = make(map[K]*entry[T], n)
+	}
+}
+
 // markInstalled records that e is now what the switch holds under k.
 func (l *ledger[K, T]) markInstalled(k K, e *entry[T]) {
 	if old := l.installed[k]; old != nil && old != e {
@@ -114,7 +128,11 @@ func (l *ledger[K, T]) markInstalled(k K, e *entry[T]) {
 	}
 	l.installed[k] = e
 	if e.owner != nil {
-		l.of(e.owner).installed[k] = e
+		b := l.of(e.owner)
+		if len(b.installed) == 0 {
+			b.installed = make(map[K]*entry[T], len(b.desired)) // sized for what the owner wants
+		}
+		b.installed[k] = e
 	} else {
 		l.orphans[k] = e
 	}
@@ -405,7 +423,7 @@ func (r *Reconciler) stage(comp map[Owner]*compiled, failed map[Owner]error) []*
 	for o := range comp {
 		owners = append(owners, o)
 	}
-	sort.Slice(owners, func(i, j int) bool { return owners[i].String() < owners[j].String() })
+	slices.SortFunc(owners, compareOwners)
 	scope := make([]*ownerState, 0, len(owners))
 	// Clear every changed owner first: a flow may move between owners in one change (a deleted pod's
 	// IP given to a new pod), and each owner may only claim what no other owner wants.
@@ -416,9 +434,16 @@ func (r *Reconciler) stage(comp map[Owner]*compiled, failed map[Owner]error) []*
 			}
 		}
 		st := r.ownerFor(o)
-		r.flows.setDesired(st, map[openflow.FlowKey]*flowEntry{})
-		r.groups.setDesired(st, map[uint32]*groupEntry{})
+		r.flows.setDesired(st, nil) // nil reads as empty; each owner gets its new map below
+		r.groups.setDesired(st, nil)
 		scope = append(scope, st)
+	}
+	if len(r.flows.desired) == 0 {
+		n := 0
+		for _, c := range comp {
+			n += len(c.flows)
+		}
+		r.flows.expectDesired(n)
 	}
 	var fallbacks []*ownerState
 	for _, st := range scope {
@@ -713,8 +738,19 @@ func sortedKeys(m map[openflow.FlowKey]*flowEntry) []openflow.FlowKey {
 	for k := range m {
 		keys = append(keys, k)
 	}
-	sort.Slice(keys, func(i, j int) bool { return keys[i].Less(keys[j]) })
+	slices.SortFunc(keys, compareFlowKeys)
 	return keys
+}
+
+// compareFlowKeys is FlowKey.Less as a comparison.
+func compareFlowKeys(a, b openflow.FlowKey) int {
+	switch {
+	case a.Less(b):
+		return -1
+	case b.Less(a):
+		return 1
+	}
+	return 0
 }
 
 func sortedIDs(m map[uint32]*groupEntry) []uint32 {
@@ -722,6 +758,6 @@ func sortedIDs(m map[uint32]*groupEntry) []uint32 {
 	for id := range m {
 		ids = append(ids, id)
 	}
-	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	slices.Sort(ids)
 	return ids
 }

@@ -136,15 +136,7 @@ type want struct {
 func TestOfflineAgreesWithOFProtoTrace(t *testing.T) {
 	b := ofbridge.New(t)
 	ctx := context.Background()
-	for _, p := range []struct {
-		name string
-		port int
-	}{{"vxlan0", 1}, {"tun0", 2}, {"pa", 3}, {"pb", 4}, {"pg", 5}} {
-		if _, err := b.Inst.Vsctl("add-port", "br0", p.name, "--", "set", "interface", p.name, "type=internal",
-			fmt.Sprintf("ofport_request=%d", p.port)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	addPorts(t, b, map[string]uint32{pipeline.PortNameVXLAN: pipeline.PortVXLAN, pipeline.PortNameTun0: pipeline.PortTun0, "pa": 3, "pb": 4, "pg": 5})
 	l := live{c: unixctl.New(b.Inst.Dir, "ovs-vswitchd"), bridge: "br0", last: new(string)}
 	r := reconcile.New(b.Switch, reconcile.Config{Round: 1})
 
@@ -230,24 +222,17 @@ func TestOfflineAgreesWithOFProtoTrace(t *testing.T) {
 		}(), netip.Addr{}, map[pipeline.Mode]want{pipeline.ModeMultitenant: {dropAt: pipeline.TableTunnelIngress},
 			pipeline.ModeNetworkPolicy: {dropAt: pipeline.TableTunnelIngress}}},
 	}
+	var applied map[reconcile.Owner]reconcile.OwnerState // the render r holds
 	for _, mode := range []pipeline.Mode{pipeline.ModeMultitenant, pipeline.ModeSubnet, pipeline.ModeNetworkPolicy} {
 		t.Run(string(mode), func(t *testing.T) {
 			owners, err := pipeline.Render(testState(mode))
 			if err != nil {
 				t.Fatal(err)
 			}
-			changes := map[reconcile.Owner]*reconcile.OwnerState{}
-			for o, st := range owners {
-				changes[o] = &st
-			}
-			for _, o := range r.Owners() {
-				if _, keep := owners[o]; !keep {
-					changes[o] = nil
-				}
-			}
-			if res, err := r.Apply(ctx, changes); err != nil || len(res.Failed) > 0 {
+			if res, err := r.Apply(ctx, reconcile.Changes(applied, owners)); err != nil || len(res.Failed) > 0 {
 				t.Fatal(err, res.Failed)
 			}
+			applied = owners
 			off := offlineBridge(t, b)
 			for _, tc := range cases {
 				w, ok := tc.want[mode]
@@ -259,26 +244,7 @@ func TestOfflineAgreesWithOFProtoTrace(t *testing.T) {
 					if tc.follow.IsValid() {
 						choose = endpointChooser(off, tc.follow)
 					}
-					lp, lflags, err := Run(ctx, l, tc.p, choose)
-					if err != nil {
-						t.Fatal(err)
-					}
-					op, oflags, err := Run(ctx, Offline{off}, tc.p, choose)
-					if err != nil {
-						t.Fatal(err)
-					}
-					if lk, ok := strings.Join(lp.Key(), "\n"), strings.Join(op.Key(), "\n"); lk != ok {
-						t.Fatalf("live and offline paths differ:\nlive (ct %v):\n%s\noffline (ct %v):\n%s", lflags, lk, oflags, ok)
-					}
-					if name, ok := recorded[string(mode)+"/"+tc.name]; ok && *update {
-						dir := filepath.Join("testdata", "ofproto-trace-"+name)
-						if err := os.WriteFile(dir+".txt", []byte(*l.last), 0o644); err != nil {
-							t.Fatal(err)
-						}
-						if err := os.WriteFile(dir+".key", []byte(strings.Join(lp.Key(), "\n")+"\n"), 0o644); err != nil {
-							t.Fatal(err)
-						}
-					}
+					lp, op := traceBoth(t, l, off, tc.p, choose, recorded[string(mode)+"/"+tc.name])
 					for name, path := range map[string]*Path{"live": lp, "offline": op} {
 						err := w.fate(path)
 						for alt := w.or; err != nil && alt != nil; alt = alt.or {
@@ -321,6 +287,45 @@ func (w want) fate(p *Path) error {
 	return nil
 }
 
+// traceBoth traces p live and offline, fails unless both take the same path, and with -update keeps
+// the live answer as testdata/ofproto-trace-<record>.txt (and its key) for the parser's tests.
+func traceBoth(t *testing.T, l live, off *Bridge, p Packet, choose Chooser, record string) (lp, op *Path) {
+	t.Helper()
+	ctx := t.Context()
+	lp, lflags, err := Run(ctx, l, p, choose)
+	if err != nil {
+		t.Fatal(err)
+	}
+	op, oflags, err := Run(ctx, Offline{off}, p, choose)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lk, ok := strings.Join(lp.Key(), "\n"), strings.Join(op.Key(), "\n"); lk != ok {
+		t.Fatalf("live and offline paths differ:\nlive (ct %v):\n%s\noffline (ct %v):\n%s", lflags, lk, oflags, ok)
+	}
+	if record != "" && *update {
+		file := filepath.Join("testdata", "ofproto-trace-"+record)
+		if err := os.WriteFile(file+".txt", []byte(*l.last), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(file+".key", []byte(strings.Join(lp.Key(), "\n")+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return lp, op
+}
+
+// addPorts adds internal ports to br0 at the given OpenFlow numbers: a trace's in_port must exist.
+func addPorts(t testing.TB, b *ofbridge.Bridge, ports map[string]uint32) {
+	t.Helper()
+	for name, number := range ports {
+		if _, err := b.Inst.Vsctl("add-port", "br0", name, "--", "set", "interface", name, "type=internal",
+			fmt.Sprintf("ofport_request=%d", number)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // offlineBridge reads the bridge's flows and groups as flowctl dump does.
 func offlineBridge(t testing.TB, b *ofbridge.Bridge) *Bridge {
 	t.Helper()
@@ -350,4 +355,75 @@ func offlineBridge(t testing.TB, b *ofbridge.Bridge) *Bridge {
 		groups = append(groups, g)
 	}
 	return NewBridge(flows, groups)
+}
+
+// TestOfflineAgreesWithOFProtoTraceUplink: encapsulation none. A pod's packet for the peer leaves by
+// the uplink port, unencapsulated, between the two nodes' uplink MACs; what the peer sends arrives
+// through the uplink port and is accepted by its source address (with the VNID of the pod that has
+// it), or dropped. ofproto/trace and the offline evaluator must agree on every step.
+func TestOfflineAgreesWithOFProtoTraceUplink(t *testing.T) {
+	b := ofbridge.New(t)
+	ctx := context.Background()
+	addPorts(t, b, map[string]uint32{pipeline.PortNameVXLAN: pipeline.PortVXLAN, pipeline.PortNameTun0: pipeline.PortTun0, "pa": 3, "pb": 4, "pg": 5})
+	// The uplink port is a patch port into an uplink bridge that switches NORMAL, as on a node: live,
+	// ofproto/trace follows the packet on into that bridge, which is not br0's path.
+	b.Inst.AddBridge("br-ul")
+	if _, err := b.Inst.Vsctl("add-port", "br-ul", "ul0", "--", "set", "interface", "ul0", "type=internal",
+		"--", "add-port", "br0", pipeline.PortNameUplink, "--", "set", "interface", pipeline.PortNameUplink, "type=patch",
+		"options:peer=patch-br0", fmt.Sprintf("ofport_request=%d", pipeline.PortUplink),
+		"--", "add-port", "br-ul", "patch-br0", "--", "set", "interface", "patch-br0", "type=patch", "options:peer="+pipeline.PortNameUplink); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := b.Inst.Ofctl("add-flow", "br-ul", "actions=NORMAL"); err != nil {
+		t.Fatal(err, out)
+	}
+	l := live{c: unixctl.New(b.Inst.Dir, "ovs-vswitchd"), bridge: "br0", last: new(string)}
+	r := reconcile.New(b.Switch, reconcile.Config{Round: 1})
+	ipRemote2 := netip.MustParseAddr("10.128.2.6") // a pod of the peer in tenant 12
+	st := testState(pipeline.ModeMultitenant)
+	st.Encapsulation, st.Uplink = pipeline.EncapNone, true
+	st.RemoteNodes[0].OnSegment = true
+	st.RemoteNodes[0].Pods = []pipeline.RemotePod{{IP: ipRemote, VNID: 11}, {IP: ipRemote2, VNID: 12}}
+	owners, err := pipeline.Render(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res, err := r.Apply(ctx, reconcile.Changes(nil, owners)); err != nil || len(res.Failed) > 0 {
+		t.Fatal(err, res.Failed)
+	}
+	off := offlineBridge(t, b)
+	ours, peers := MAC(pipeline.UplinkMAC(nodeIP)), MAC(pipeline.UplinkMAC(peerIP))
+	fromPeer := func(src, dst netip.Addr, dport uint16) Packet {
+		return Packet{InPort: pipeline.PortUplink, EthSrc: peers, EthDst: ours, Proto: "tcp", IPSrc: src, IPDst: dst, SrcPort: 40000, DstPort: dport}
+	}
+	cases := []struct {
+		name string
+		p    Packet
+		want want
+		// ethDst is the destination MAC the packet must leave with ("" when it does not matter).
+		ethDst string
+		// record names the testdata file that keeps the live answer for the parser's tests (-update).
+		record string
+	}{
+		{"to the peer's pod: out of the uplink port, to the peer's uplink MAC", fromPod(3, ipA, ipRemote, "tcp", 8080),
+			want{out: pipeline.PortUplink, ipDst: ipRemote, dstPort: 8080}, peers.String(), "uplink-out"},
+		{"from the peer's pod, same tenant: delivered", fromPeer(ipRemote, ipA, 80), want{out: 3, ipDst: ipA, dstPort: 80}, mac(ipA).String(), "uplink-in"},
+		{"from the peer's pod, another tenant: isolated", fromPeer(ipRemote2, ipA, 80), want{dropAt: pipeline.TableIngressIsolation}, "", ""},
+		{"from an address the peer has no pod at: dropped", fromPeer(netip.MustParseAddr("10.128.2.99"), ipA, 80),
+			want{dropAt: pipeline.TableUplinkIngress}, "", ""},
+		{"for another node's uplink MAC: dropped", func() Packet { p := fromPeer(ipRemote, ipA, 80); p.EthDst = peers; return p }(),
+			want{dropAt: pipeline.TableClassifier}, "", ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			lp, op := traceBoth(t, l, off, tc.p, nil, tc.record)
+			for name, path := range map[string]*Path{"live": lp, "offline": op} {
+				if err := tc.want.fate(path); err != nil {
+					t.Errorf("%s: %v\n%s", name, err, strings.Join(path.Key(), "\n"))
+				} else if tc.ethDst != "" && path.Outputs[0].Fields.EthDst != tc.ethDst {
+					t.Errorf("%s: leaves for %s, want %s", name, path.Outputs[0].Fields.EthDst, tc.ethDst)
+				}
+			}
+		})
+	}
 }
