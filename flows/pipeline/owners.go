@@ -36,6 +36,10 @@ const (
 	KindNode          ObjectKind = "Node"
 	KindService       ObjectKind = "Service"
 	KindNetworkPolicy ObjectKind = "NetworkPolicy"
+	// KindNetNamespace owns a namespace's egress classification and egress IPs (egress.go), and
+	// KindEgressNetworkPolicy its egress firewall.
+	KindNetNamespace        ObjectKind = "NetNamespace"
+	KindEgressNetworkPolicy ObjectKind = "EgressNetworkPolicy"
 )
 
 // objectKinds is the registry: each kind's owner category, API version, and whether it is namespaced.
@@ -49,6 +53,8 @@ var objectKinds = []struct {
 	{KindNode, reconcile.CategoryNode, "v1", false},
 	{KindService, reconcile.CategoryService, "v1", true},
 	{KindNetworkPolicy, reconcile.CategoryNetPol, "networking.k8s.io/v1", true},
+	{KindNetNamespace, reconcile.CategoryEgress, "network.ofsdn.io/v1", false},
+	{KindEgressNetworkPolicy, reconcile.CategoryEgressFirewall, "network.ofsdn.io/v1", true},
 }
 
 // APIVersion is the kind's API group and version, as an ObjectReference names it.

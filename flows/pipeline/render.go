@@ -51,6 +51,8 @@ type NodeState struct {
 	// (guard.go): ClusterNetwork.vxlanPort and, while a change of it has not reached this node's
 	// vxlan0 yet, the port vxlan0 was made with. Empty: DefaultTunnelPort.
 	TunnelPorts []uint16
+	// Egress: egress IPs and firewalls (egress.go).
+	Egress EgressState
 }
 
 // PodState is one local pod's network identity.
@@ -204,6 +206,7 @@ func (r *Renderer) Render(s NodeState) (owners map[reconcile.Owner]reconcile.Own
 	r.nodes = nodes
 	r.renderServices(s, out, failed)
 	r.renderPolicies(s, out, failed)
+	renderEgress(s, out)
 	return out, failed, nil
 }
 

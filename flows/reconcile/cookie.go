@@ -54,6 +54,10 @@ const (
 	// CategoryLearned marks flows the switch learns itself (sessionAffinity): no owner renders them, so
 	// the Reconciler leaves them alone instead of deleting them as strays.
 	CategoryLearned Category = 9
+	// CategoryEgress is one namespace's egress classification and egress IPs; CategoryEgressFirewall
+	// one EgressNetworkPolicy (flows/pipeline/egress.go). 20 and 21 leave 10-19 to other features.
+	CategoryEgress         Category = 20
+	CategoryEgressFirewall Category = 21
 )
 
 // categories is the registry of categories, by number: the name owner keys, dumps and metrics use.
@@ -64,7 +68,7 @@ var categories = []struct {
 }{
 	{CategoryNone, "none"}, {CategoryPipeline, "pipeline"}, {CategoryPod, "pod"}, {CategoryNode, "node"},
 	{CategoryTenant, "vnid"}, {CategoryService, "svc"}, {CategoryNetPol, "netpol"},
-	{CategoryTest, "test"}, {CategoryLearned, "learned"},
+	{CategoryTest, "test"}, {CategoryLearned, "learned"}, {CategoryEgress, "egress"}, {CategoryEgressFirewall, "egressfw"},
 }
 
 // Categories lists every category in use, by number.
