@@ -3,7 +3,6 @@ package controller
 import (
 	"context"
 	"fmt"
-	"net/netip"
 	"reflect"
 	"slices"
 	"sort"
@@ -48,47 +47,6 @@ func (c *Controller) syncEgress(ctx context.Context, key string) error {
 	return nil
 }
 
-// EgressPlan builds the plan of the cluster's egress IPs from HostSubnets, NetNamespaces and the
-// accepted cluster network (also for agents and flowctl, from their listers).
-func EgressPlan(hss []*networkv1.HostSubnet, nns []*networkv1.NetNamespace, spec networkv1.ClusterNetworkSpec) egressplan.Plan {
-	var inside []netip.Prefix
-	for _, c := range append(slices.Clone(spec.ClusterCIDRs), spec.ServiceNetwork) {
-		if p, err := netip.ParsePrefix(string(c)); err == nil {
-			inside = append(inside, p.Masked())
-		}
-	}
-	nodes := make([]egressplan.Node, 0, len(hss))
-	for _, hs := range hss {
-		n := egressplan.Node{Name: hs.Host}
-		n.IP, _ = netip.ParseAddr(hs.HostIP)
-		for _, a := range hs.EgressIPs {
-			if ip, err := netip.ParseAddr(string(a)); err == nil {
-				n.EgressIPs = append(n.EgressIPs, ip)
-			}
-		}
-		for _, s := range hs.EgressCIDRs {
-			if p, err := netip.ParsePrefix(string(s)); err == nil && p.Addr().Is4() {
-				n.EgressCIDRs = append(n.EgressCIDRs, p.Masked())
-			}
-		}
-		nodes = append(nodes, n)
-	}
-	namespaces := make([]egressplan.Namespace, 0, len(nns))
-	for _, nn := range nns {
-		if len(nn.EgressIPs) == 0 {
-			continue
-		}
-		ns := egressplan.Namespace{Name: nn.Name}
-		for _, a := range nn.EgressIPs {
-			if ip, err := netip.ParseAddr(string(a)); err == nil {
-				ns.EgressIPs = append(ns.EgressIPs, ip)
-			}
-		}
-		namespaces = append(namespaces, ns)
-	}
-	return egressplan.Build(namespaces, nodes, inside)
-}
-
 // problemText says in words why an egress IP cannot be used.
 func problemText(ip *egressplan.IP) string {
 	switch ip.Reason {
@@ -130,7 +88,7 @@ func (c *Controller) syncEgressIPs(ctx context.Context) error {
 	c.mu.Lock()
 	spec := c.accepted
 	c.mu.Unlock()
-	plan := EgressPlan(hss, nns, spec)
+	plan := egressplan.FromAPI(hss, nns, spec)
 	var errs []error
 	for _, nn := range nns {
 		upd := nn.DeepCopy()

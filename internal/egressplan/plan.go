@@ -6,7 +6,6 @@ package egressplan
 
 import (
 	"cmp"
-	"encoding/binary"
 	"hash/fnv"
 	"net/netip"
 	"slices"
@@ -175,9 +174,43 @@ func Choose(ip netip.Addr, eligible []string, live func(string) bool, current, p
 	return ""
 }
 
-// HashKey is a stable 32-bit key for a name (namespaces' egress IDs in the flows): FNV-1a.
-func HashKey(name string) uint32 {
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(name))
-	return binary.BigEndian.Uint32(h.Sum(nil))
+// FromAPI builds the plan of the cluster's egress IPs from HostSubnets, NetNamespaces and the cluster
+// network (the controller, the agents and flowctl read them from their listers).
+func FromAPI(hss []*networkv1.HostSubnet, nns []*networkv1.NetNamespace, spec networkv1.ClusterNetworkSpec) Plan {
+	var inside []netip.Prefix
+	for _, c := range append(slices.Clone(spec.ClusterCIDRs), spec.ServiceNetwork) {
+		if p, err := netip.ParsePrefix(string(c)); err == nil {
+			inside = append(inside, p.Masked())
+		}
+	}
+	nodes := make([]Node, 0, len(hss))
+	for _, hs := range hss {
+		n := Node{Name: hs.Host}
+		n.IP, _ = netip.ParseAddr(hs.HostIP)
+		for _, a := range hs.EgressIPs {
+			if ip, err := netip.ParseAddr(string(a)); err == nil {
+				n.EgressIPs = append(n.EgressIPs, ip)
+			}
+		}
+		for _, s := range hs.EgressCIDRs {
+			if p, err := netip.ParsePrefix(string(s)); err == nil && p.Addr().Is4() {
+				n.EgressCIDRs = append(n.EgressCIDRs, p.Masked())
+			}
+		}
+		nodes = append(nodes, n)
+	}
+	namespaces := make([]Namespace, 0, len(nns))
+	for _, nn := range nns {
+		if len(nn.EgressIPs) == 0 {
+			continue
+		}
+		ns := Namespace{Name: nn.Name}
+		for _, a := range nn.EgressIPs {
+			if ip, err := netip.ParseAddr(string(a)); err == nil {
+				ns.EgressIPs = append(ns.EgressIPs, ip)
+			}
+		}
+		namespaces = append(namespaces, ns)
+	}
+	return Build(namespaces, nodes, inside)
 }
