@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ofsdn/ofsdn/agent/attach"
+	"github.com/ofsdn/ofsdn/agent/egress"
 	"github.com/ofsdn/ofsdn/agent/hostnet"
 	"github.com/ofsdn/ofsdn/agent/k8sobj"
 	"github.com/ofsdn/ofsdn/agent/nodenet"
@@ -60,6 +61,10 @@ type Config struct {
 	// UplinkLinger is how long br0's uplink port outlives a change from encapsulation none back to vxlan
 	// (hostnet.DefaultUplinkLinger), for peers that still send unencapsulated until they follow.
 	UplinkLinger time.Duration
+	// Egress IP membership (agent/egress): its UDP port on the node's address, the heartbeat interval,
+	// and how long a silent node stays alive; zero: the defaults.
+	EgressPort                      int
+	EgressInterval, EgressDeadAfter time.Duration
 	// MetricsAddress serves /metrics, /healthz and /readyz ("" = not served). DebugAddress serves the
 	// read-only debug API (debugapi/) over TCP for flowctl through the API server's node proxy ("" = not
 	// served); DebugSocket serves it on a root-only unix socket for flowctl on the node (default
@@ -155,6 +160,9 @@ type Agent struct {
 	health *health
 	// uplink keeps br0's uplink port for encapsulation none (hostnet/uplink.go); nil without OVSDB (unit tests).
 	uplink *hostnet.Uplink
+	// egressIPs holds and moves egress IPs with the other nodes; egressStatus records them (egress.go).
+	egressIPs    *egress.Job
+	egressStatus *egress.StatusWriter
 
 	netInformers  networkinformers.SharedInformerFactory
 	kubeInformers kubeinformers.SharedInformerFactory
@@ -207,7 +215,7 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	a.pods = attach.New(attach.Config{Bridge: cfg.Bridge, HostNetNS: cfg.HostNetNS, Netdev: cfg.DatapathType == "netdev",
 		StateDir: filepath.Join(cfg.StateDir, "ipam"), PendingDeletes: cni.PendingDeletesDirFor(cfg.CNISocket),
 		AbsentGrace: cfg.AbsentPodGrace, Logger: log.WithName("cni")},
-		attach.Deps{Node: a.view, Flows: a.fs, DB: deps.DB, Readiness: a.health.Ready,
+		attach.Deps{Node: a.view, Flows: egressAwareFlows{a.fs, a.view.egress}, DB: deps.DB, Readiness: a.health.Ready,
 			BridgeUp: func() bool { return a.sess != nil && a.sess.Connected() },
 			// Restore asks the pod informer (then the API server) whether a restored attachment's pod exists.
 			Pods: attach.APIPods{Cache: a.kubeInformers.Core().V1().Pods().Informer().GetStore(), Client: deps.Kube.CoreV1(), NodeName: cfg.NodeName}})
@@ -224,6 +232,7 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 			hostnet.UplinkDeps{View: a.view, Host: hostnet.Node{NetNS: cfg.HostNetNS}, OVS: deps.DB, Changed: a.fs.trigger, Warn: a.nodeEvent})
 	}
 	w := &watchNetwork{view: a.view, sync: a.fs, log: log, newPeer: newPeer, uplink: a.uplink}
+	we := a.newEgress()
 	ws := &watchServices{view: a.view, sync: a.fs, log: log.WithName("services")}
 	policyPods, policyNamespaces, policies := (&watchPolicies{view: a.view, sync: a.fs}).handlers()
 	net := a.netInformers.Network().V1()
@@ -246,6 +255,11 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 		{pods, handlers((&watchRemotePods{view: a.view, sync: a.fs}).pod)},
 		{a.kubeInformers.Core().V1().Namespaces().Informer(), policyNamespaces},
 		{a.kubeInformers.Networking().V1().NetworkPolicies().Informer(), policies},
+		// Egress IPs and firewalls (egress.go).
+		{net.NetNamespaces().Informer(), handlers(we.netNamespace)},
+		{net.HostSubnets().Informer(), handlers(we.hostSubnet)},
+		{net.EgressNetworkPolicies().Informer(), handlers(we.policy)},
+		{net.ClusterNetworks().Informer(), handlers(we.clusterNetwork)},
 	} {
 		reg, err := h.informer.AddEventHandler(h.handlers)
 		if err != nil {
@@ -310,6 +324,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		{"wait for the node's subnet", a.waitForNode},
 		{"set up the node", a.setUpNode},
 		{"restore pods", a.pods.Restore},
+		{"restore egress IPs", a.egressIPs.Restore},
 		{"install this round", a.installRound},
 		{"serve CNI", a.serveCNI},
 	}
@@ -501,6 +516,8 @@ func (a *Agent) serveCNI(ctx context.Context) error {
 	go a.pods.RunJanitor(ctx) // DELs the plugin left while no agent listened, from now on too
 	go a.fs.driftChecks(a.cfg.ResyncPeriod).Run(ctx)
 	go a.health.watch(ctx)
+	go a.egressIPs.Run(ctx)
+	go a.egressStatus.Run(ctx)
 	a.health.setStep("")
 	a.log.Info("agent running", "bridge", a.cfg.Bridge, "cniSocket", a.cfg.CNISocket)
 	return srv.Serve(ctx)

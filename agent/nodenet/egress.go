@@ -360,3 +360,23 @@ func tableInstalledNamed(c *nftables.Conn, name string, want []nftChain) (bool, 
 	}
 	return true, nil
 }
+
+// ListenUDP opens a UDP socket bound to addr in the node's namespace ("" the caller's).
+func ListenUDP(hostNetNS string, addr netip.AddrPort) (*net.UDPConn, error) {
+	listen := func() (*net.UDPConn, error) { return net.ListenUDP("udp4", net.UDPAddrFromAddrPort(addr)) }
+	if hostNetNS == "" {
+		return listen()
+	}
+	h, ns, err := handleAt(hostNetNS)
+	if err != nil {
+		return nil, err
+	}
+	h.Close()
+	defer ns.Close()
+	var c *net.UDPConn
+	err = inNetNS(ns, func() (err error) {
+		c, err = listen()
+		return err
+	})
+	return c, err
+}

@@ -1,0 +1,458 @@
+package egress
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/ofsdn/ofsdn/internal/atomicfile"
+	"github.com/ofsdn/ofsdn/internal/egressplan"
+	"github.com/ofsdn/ofsdn/internal/loop"
+	"k8s.io/klog/v2"
+)
+
+// Defaults of the membership's timers: a dead holder's IPs move within DeadAfter plus a pass.
+const (
+	DefaultPort      = 9107
+	DefaultInterval  = 50 * time.Millisecond
+	DefaultDeadAfter = 400 * time.Millisecond
+)
+
+// Config configures the job.
+type Config struct {
+	NodeName string
+	// Port is the membership's UDP port on every node's address.
+	Port      int
+	Interval  time.Duration
+	DeadAfter time.Duration
+	// StateFile records the egress IPs this node put on its uplink, so a restarted agent can tell them
+	// from addresses that are not ofsdn's.
+	StateFile string
+	// Announcements are the offsets at which a claim is announced (nodenet.Announcements).
+	Announcements []time.Duration
+	Logger        klog.Logger
+}
+
+// Cluster is the job's view of the API: the plan of egress IPs, the nodes' addresses and the
+// controller's placement of each IP.
+type Cluster interface {
+	Egress() (plan egressplan.Plan, nodes map[string]netip.Addr, placed map[netip.Addr]string)
+}
+
+// Flows makes br0 hand the held IPs' traffic to the host, and returns once the flows are installed.
+type Flows interface {
+	SetHeld(ctx context.Context, held []netip.Addr) error
+}
+
+// Host is the node's side of holding an IP (agent/nodenet).
+type Host interface {
+	NodeIP() netip.Addr
+	EnsureSNAT(held []netip.Addr) error
+	AddAddress(ip netip.Addr) error
+	DelAddress(ip netip.Addr) error
+	Announce(ip netip.Addr) error
+	UplinkAddresses() ([]netip.Addr, error)
+	ListenUDP(addr netip.AddrPort) (*net.UDPConn, error)
+}
+
+// Reporter is told what the API should hear: the holder of each IP after a claim or release, and IPs
+// no live node may hold.
+type Reporter interface {
+	Held(held []netip.Addr)
+	Unheld(ips []netip.Addr)
+}
+
+// Job is the node's egress IP job.
+type Job struct {
+	cfg      Config
+	log      klog.Logger
+	cluster  Cluster
+	flows    Flows
+	host     Host
+	reporter Reporter
+	clock    func() time.Time
+
+	mu       sync.Mutex // guards member
+	member   *Member
+	conn     *net.UDPConn
+	applied  map[netip.Addr]bool // claims carried out on the host (address and SNAT)
+	announce map[netip.Addr][]time.Time
+	unheld   []netip.Addr // last reported
+	tick     *loop.Loop
+	recv     *loop.Loop
+}
+
+// New builds the job; Restore and Run start it.
+func New(cfg Config, cluster Cluster, flows Flows, host Host, reporter Reporter) *Job {
+	if cfg.Port == 0 {
+		cfg.Port = DefaultPort
+	}
+	if cfg.Interval <= 0 {
+		cfg.Interval = DefaultInterval
+	}
+	if cfg.DeadAfter <= 0 {
+		cfg.DeadAfter = DefaultDeadAfter
+	}
+	if cfg.Logger.GetSink() == nil {
+		cfg.Logger = klog.Background()
+	}
+	j := &Job{cfg: cfg, log: cfg.Logger.WithName("egress"), cluster: cluster, flows: flows, host: host, reporter: reporter, clock: time.Now,
+		applied: map[netip.Addr]bool{}, announce: map[netip.Addr][]time.Time{}}
+	j.tick = loop.New(loop.Config{Name: "egress-membership", Period: cfg.Interval, Log: j.log, BackoffMin: cfg.Interval, BackoffMax: cfg.Interval},
+		j.pass)
+	j.recv = loop.New(loop.Config{Name: "egress-heartbeats", Log: j.log, BackoffMin: 100 * time.Millisecond, BackoffMax: 5 * time.Second}, j.receive)
+	return j
+}
+
+// Kick asks for a pass at once (the API's egress objects changed).
+func (j *Job) Kick() { j.tick.Kick() }
+
+// Restore takes back the egress IPs this node still has on its uplink from before a restart, when it may
+// still hold them, and removes those it may not: the first flow sync then keeps their flows and no
+// packet is lost. The membership decides from there (a peer that took an IP meanwhile keeps it).
+func (j *Job) Restore(ctx context.Context) error {
+	plan, _, _ := j.cluster.Egress()
+	found, err := j.host.UplinkAddresses()
+	if err != nil {
+		return err
+	}
+	recorded := j.readState()
+	var keep, drop []netip.Addr
+	for _, a := range found {
+		info := plan.IPs[a]
+		switch {
+		case info != nil && info.Usable() && slices.Contains(info.Eligible, j.cfg.NodeName):
+			keep = append(keep, a)
+		case info != nil || recorded[a]:
+			drop = append(drop, a)
+		}
+	}
+	for _, a := range drop {
+		if err := j.host.DelAddress(a); err != nil {
+			return err
+		}
+		j.log.Info("removed an egress IP this node may no longer hold", "ip", a)
+	}
+	if err := j.flows.SetHeld(ctx, keep); err != nil {
+		return err
+	}
+	if err := j.host.EnsureSNAT(keep); err != nil {
+		return err
+	}
+	j.mu.Lock()
+	j.member = NewMember(j.cfg.NodeName, j.cfg.DeadAfter, j.clock(), keep)
+	for _, a := range keep {
+		j.applied[a] = true
+	}
+	j.mu.Unlock()
+	j.writeState(keep)
+	if len(keep) > 0 {
+		j.log.Info("kept egress IPs found on the uplink", "ips", keep)
+	}
+	return nil
+}
+
+// Run runs the membership until ctx ends (after Restore).
+func (j *Job) Run(ctx context.Context) {
+	j.mu.Lock()
+	if j.member == nil {
+		j.member = NewMember(j.cfg.NodeName, j.cfg.DeadAfter, j.clock(), nil)
+	}
+	j.mu.Unlock()
+	go j.recv.Run(ctx)
+	j.tick.Run(ctx)
+}
+
+// listen opens the membership's socket on the node's address.
+func (j *Job) listen() (*net.UDPConn, error) {
+	j.mu.Lock()
+	c := j.conn
+	j.mu.Unlock()
+	if c != nil {
+		return c, nil
+	}
+	ip := j.host.NodeIP()
+	if !ip.IsValid() {
+		return nil, errors.New("egress: no node address yet")
+	}
+	c, err := j.host.ListenUDP(netip.AddrPortFrom(ip, uint16(j.cfg.Port)))
+	if err != nil {
+		return nil, fmt.Errorf("egress: membership socket: %w", err)
+	}
+	j.mu.Lock()
+	j.conn = c
+	j.mu.Unlock()
+	return c, nil
+}
+
+// receive reads heartbeats until the socket fails or ctx ends.
+func (j *Job) receive(ctx context.Context) (time.Duration, error) {
+	c, err := j.listen()
+	if err != nil {
+		return 0, err
+	}
+	stop := context.AfterFunc(ctx, func() { _ = c.SetReadDeadline(time.Now()) })
+	defer stop()
+	buf := make([]byte, maxHeartbeat+1)
+	for ctx.Err() == nil {
+		n, from, err := c.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			if ctx.Err() != nil {
+				return 0, nil
+			}
+			j.mu.Lock()
+			if j.conn == c {
+				j.conn = nil
+			}
+			j.mu.Unlock()
+			_ = c.Close()
+			return 0, fmt.Errorf("egress: read heartbeats: %w", err)
+		}
+		h, err := ParseHeartbeat(buf[:n])
+		if err != nil {
+			j.log.V(2).Info("dropped a datagram", "from", from, "err", err)
+			continue
+		}
+		j.mu.Lock()
+		changed, err := j.member.Receive(h, from.Addr().Unmap(), j.clock())
+		j.mu.Unlock()
+		if err != nil {
+			j.log.V(2).Info("dropped a heartbeat", "from", from, "err", err)
+		}
+		if changed {
+			j.tick.Kick()
+		}
+	}
+	return 0, nil
+}
+
+// pass is one round of the membership: heartbeats out, a decision, and carrying it out.
+func (j *Job) pass(ctx context.Context) (time.Duration, error) {
+	plan, nodes, placed := j.cluster.Egress()
+	members := map[string]netip.Addr{}
+	for _, ip := range plan.IPs {
+		if !ip.Usable() {
+			continue
+		}
+		for _, n := range ip.Eligible {
+			if a, ok := nodes[n]; ok {
+				members[n] = a
+			}
+		}
+	}
+	j.mu.Lock()
+	_, member := members[j.cfg.NodeName]
+	j.member.SetPeers(members)
+	hb := j.member.Heartbeat()
+	peers := j.member.Peers()
+	now := j.clock()
+	d := j.member.Decide(now, plan, placed)
+	held := j.member.Held()
+	live := j.member.Live()
+	j.mu.Unlock()
+
+	var errs []error
+	if member || len(hb.Holds) > 0 {
+		if err := j.send(hb, peers); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if d.Stalled {
+		j.log.Info("membership passes stalled; listening before claiming anything", "deadAfter", j.cfg.DeadAfter)
+	}
+	if len(d.Claim) > 0 || len(d.Release) > 0 {
+		j.log.Info("egress IPs move", "claim", d.Claim, "release", d.Release, "live", live, "quorum", d.Quorum)
+	}
+	if err := j.apply(ctx, held, d, now); err != nil {
+		errs = append(errs, err)
+	}
+	j.sendAnnouncements(now)
+	// One member tells the API of IPs nobody live may hold: the first live one by name.
+	if j.reporter != nil && (len(live) == 0 || j.cfg.NodeName < live[0]) && !slices.Equal(d.Unheld, j.unheld) {
+		j.unheld = slices.Clone(d.Unheld)
+		if len(d.Unheld) > 0 {
+			j.reporter.Unheld(d.Unheld)
+		}
+	}
+	return 0, errors.Join(errs...)
+}
+
+// send sends a heartbeat to every peer.
+func (j *Job) send(h Heartbeat, peers []netip.Addr) error {
+	c, err := j.listen()
+	if err != nil {
+		return err
+	}
+	b, err := h.Marshal()
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, p := range peers {
+		if _, err := c.WriteToUDPAddrPort(b, netip.AddrPortFrom(p, uint16(j.cfg.Port))); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 {
+		// A peer's address unreachable for a moment (no route, no neighbour yet) is the peer's problem.
+		j.log.V(2).Info("heartbeats not sent", "errors", errs)
+	}
+	return nil
+}
+
+// apply carries the held set out, releases first: the address goes (no more ARP answers), then the
+// SNAT (the host's drop rule then refuses what br0 still hands over), then the flows; claims in the
+// other order: flows, SNAT, address, announcement. What fails stays unapplied and is retried next pass.
+func (j *Job) apply(ctx context.Context, held []netip.Addr, d Decision, now time.Time) error {
+	var errs []error
+	want := map[netip.Addr]bool{}
+	for _, a := range held {
+		want[a] = true
+	}
+	var gone []netip.Addr
+	for a := range j.applied {
+		if !want[a] {
+			gone = append(gone, a)
+		}
+	}
+	changed := len(gone) > 0
+	for _, a := range gone {
+		if err := j.host.DelAddress(a); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		delete(j.applied, a)
+		delete(j.announce, a)
+	}
+	var fresh []netip.Addr
+	for _, a := range held {
+		if !j.applied[a] {
+			fresh = append(fresh, a)
+		}
+	}
+	if len(gone) > 0 || len(fresh) > 0 {
+		if err := j.host.EnsureSNAT(held); err != nil {
+			return errors.Join(append(errs, err)...)
+		}
+		if err := j.flows.SetHeld(ctx, held); err != nil {
+			return errors.Join(append(errs, err)...)
+		}
+	}
+	for _, a := range fresh {
+		if err := j.host.AddAddress(a); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		j.applied[a] = true
+		changed = true
+		for _, off := range j.cfg.Announcements {
+			j.announce[a] = append(j.announce[a], now.Add(off))
+		}
+	}
+	if len(d.Returned) > 0 {
+		// A node came back: whatever it answered for on its way back, the holders announce again.
+		for a := range j.applied {
+			for _, off := range j.cfg.Announcements {
+				j.announce[a] = append(j.announce[a], now.Add(off))
+			}
+		}
+	}
+	if changed {
+		var applied []netip.Addr
+		for a := range j.applied {
+			applied = append(applied, a)
+		}
+		sortAddrs(applied)
+		j.writeState(applied)
+		if j.reporter != nil {
+			j.reporter.Held(applied)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// sendAnnouncements sends the announcements that are due.
+func (j *Job) sendAnnouncements(now time.Time) {
+	for a, times := range j.announce {
+		var later []time.Time
+		due := false
+		for _, t := range times {
+			if now.Before(t) {
+				later = append(later, t)
+			} else {
+				due = true
+			}
+		}
+		if due {
+			if err := j.host.Announce(a); err != nil {
+				j.log.Error(err, "announce egress IP", "ip", a)
+			}
+		}
+		if len(later) == 0 {
+			delete(j.announce, a)
+		} else {
+			j.announce[a] = later
+		}
+	}
+}
+
+// Held returns what the node holds (its claims carried out).
+func (j *Job) Held() []netip.Addr {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.member == nil {
+		return nil
+	}
+	return j.member.Held()
+}
+
+// Status is the membership as the debug API shows it.
+type Status struct {
+	Held []netip.Addr `json:"held"`
+	Live []string     `json:"live"`
+}
+
+// State returns the membership's current picture.
+func (j *Job) State() Status {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.member == nil {
+		return Status{}
+	}
+	return Status{Held: j.member.Held(), Live: j.member.Live()}
+}
+
+func (j *Job) readState() map[netip.Addr]bool {
+	out := map[netip.Addr]bool{}
+	if j.cfg.StateFile == "" {
+		return out
+	}
+	b, err := os.ReadFile(j.cfg.StateFile)
+	if err != nil {
+		return out
+	}
+	var ips []netip.Addr
+	if json.Unmarshal(b, &ips) == nil {
+		for _, a := range ips {
+			out[a] = true
+		}
+	}
+	return out
+}
+
+func (j *Job) writeState(held []netip.Addr) {
+	if j.cfg.StateFile == "" {
+		return
+	}
+	b, _ := json.Marshal(held)
+	if err := atomicfile.Write(j.cfg.StateFile, b, 0o600); err != nil {
+		j.log.Error(err, "recording the egress IPs held here")
+	}
+}
