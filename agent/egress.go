@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/ofsdn/ofsdn/agent/egress"
 	"github.com/ofsdn/ofsdn/agent/nodenet"
@@ -18,6 +19,7 @@ import (
 	"github.com/ofsdn/ofsdn/flows/pipeline"
 	"github.com/ofsdn/ofsdn/flows/reconcile"
 	"github.com/ofsdn/ofsdn/internal/egressplan"
+	"github.com/ofsdn/ofsdn/unixctl"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
@@ -274,6 +276,8 @@ func (f egressAwareFlows) SyncThrough(ctx context.Context, gen uint64, owners ..
 type egressHost struct {
 	view *nodeView
 	cfg  nodenet.EgressConfig
+	// ovs is ovs-vswitchd's control socket on the userspace datapath, nil on the kernel's.
+	ovs *unixctl.Client
 }
 
 func (h egressHost) NodeIP() netip.Addr {
@@ -302,6 +306,28 @@ func (h egressHost) UplinkAddresses() ([]netip.Addr, error) {
 }
 func (h egressHost) ListenUDP(addr netip.AddrPort) (*net.UDPConn, error) {
 	return nodenet.ListenUDP(h.cfg.HostNetNS, addr)
+}
+func (h egressHost) UplinkMAC() (net.HardwareAddr, error) {
+	name, err := nodenet.Uplink(h.cfg.HostNetNS, h.NodeIP())
+	if err != nil {
+		return nil, err
+	}
+	return nodenet.LinkMAC(h.cfg.HostNetNS, name)
+}
+
+// SetTunnelNeighbor sets ovs-vswitchd's tunnel next hop for ip (userspace datapath only: the kernel
+// datapath's tunnels use the kernel's neighbour table, which every gratuitous ARP updates).
+func (h egressHost) SetTunnelNeighbor(ip netip.Addr, mac net.HardwareAddr) error {
+	if h.ovs == nil {
+		return nil
+	}
+	bridge, err := nodenet.Uplink(h.cfg.HostNetNS, h.NodeIP())
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	return h.ovs.SetTunnelNeighbor(ctx, bridge, ip, mac)
 }
 
 // egressReporter tells the API: the holder in NetNamespace status, and a Warning Event on the
@@ -344,6 +370,9 @@ func (a *Agent) newEgress() *watchEgress {
 	a.egressStatus = egress.NewStatusWriter(cfg.NodeName, a.deps.Net, lister, a.log)
 	host := egressHost{view: a.view, cfg: nodenet.EgressConfig{HostNetNS: cfg.HostNetNS, Tun0: pipeline.PortNameTun0,
 		MAC: pipeline.EgressMAC, MACPrefix: pipeline.EgressMACPrefix, Logger: a.log.WithName("nodenet")}}
+	if cfg.DatapathType == "netdev" {
+		host.ovs = unixctl.New(cfg.OVSRunDir, "ovs-vswitchd")
+	}
 	a.egressIPs = egress.New(egress.Config{NodeName: cfg.NodeName, Port: int(a.view.egress.port), Interval: cfg.EgressInterval,
 		DeadAfter: cfg.EgressDeadAfter, StateFile: filepath.Join(cfg.StateDir, "egress-held.json"), Announcements: nodenet.Announcements,
 		Logger: a.log}, a.view.egress, egressFlows{view: a.view, sync: a.fs}, host,

@@ -1,6 +1,7 @@
 package egress
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -60,6 +61,11 @@ type Host interface {
 	Announce(ip netip.Addr) error
 	UplinkAddresses() ([]netip.Addr, error)
 	ListenUDP(addr netip.AddrPort) (*net.UDPConn, error)
+	// UplinkMAC is the MAC of the interface holding the node's address.
+	UplinkMAC() (net.HardwareAddr, error)
+	// SetTunnelNeighbor points the tunnels' next hop for ip at mac (the userspace datapath's own ARP
+	// cache; a no-op where the kernel's neighbour table serves the tunnels).
+	SetTunnelNeighbor(ip netip.Addr, mac net.HardwareAddr) error
 }
 
 // Reporter is told what the API should hear: the holder of each IP after a claim or release, and IPs
@@ -85,8 +91,12 @@ type Job struct {
 	applied  map[netip.Addr]bool // claims carried out on the host (address and SNAT)
 	announce map[netip.Addr][]time.Time
 	unheld   []netip.Addr // last reported
-	tick     *loop.Loop
-	recv     *loop.Loop
+	// neigh is what the tunnels' next hop for each IP held elsewhere was set to, and when.
+	neigh   map[netip.Addr]neighborSet
+	holdsAt time.Time    // when the holds last went to the nodes that are not members
+	lastOut []netip.Addr // the holds sent then
+	tick    *loop.Loop
+	recv    *loop.Loop
 }
 
 // New builds the job; Restore and Run start it.
@@ -104,12 +114,24 @@ func New(cfg Config, cluster Cluster, flows Flows, host Host, reporter Reporter)
 		cfg.Logger = klog.Background()
 	}
 	j := &Job{cfg: cfg, log: cfg.Logger.WithName("egress"), cluster: cluster, flows: flows, host: host, reporter: reporter, clock: time.Now,
-		applied: map[netip.Addr]bool{}, announce: map[netip.Addr][]time.Time{}}
+		applied: map[netip.Addr]bool{}, announce: map[netip.Addr][]time.Time{}, neigh: map[netip.Addr]neighborSet{}}
 	j.tick = loop.New(loop.Config{Name: "egress-membership", Period: cfg.Interval, Log: j.log, BackoffMin: cfg.Interval, BackoffMax: cfg.Interval},
 		j.pass)
 	j.recv = loop.New(loop.Config{Name: "egress-heartbeats", Log: j.log, BackoffMin: 100 * time.Millisecond, BackoffMax: 5 * time.Second}, j.receive)
 	return j
 }
+
+// neighborSet is a tunnel next hop the job set.
+type neighborSet struct {
+	mac net.HardwareAddr
+	at  time.Time
+}
+
+// Re-checks of the tunnels' next hops, and of the holds sent to nodes that only observe.
+const (
+	neighborRefresh = 5 * time.Second
+	observerRefresh = time.Second
+)
 
 // Kick asks for a pass at once (the API's egress objects changed).
 func (j *Job) Kick() { j.tick.Kick() }
@@ -148,6 +170,9 @@ func (j *Job) Restore(ctx context.Context) error {
 	}
 	j.mu.Lock()
 	j.member = NewMember(j.cfg.NodeName, j.cfg.DeadAfter, j.clock(), keep)
+	if mac, err := j.host.UplinkMAC(); err == nil {
+		j.member.SetMAC(mac)
+	}
 	for _, a := range keep {
 		j.applied[a] = true
 	}
@@ -164,6 +189,9 @@ func (j *Job) Run(ctx context.Context) {
 	j.mu.Lock()
 	if j.member == nil {
 		j.member = NewMember(j.cfg.NodeName, j.cfg.DeadAfter, j.clock(), nil)
+		if mac, err := j.host.UplinkMAC(); err == nil {
+			j.member.SetMAC(mac)
+		}
 	}
 	j.mu.Unlock()
 	go j.recv.Run(ctx)
@@ -247,6 +275,13 @@ func (j *Job) pass(ctx context.Context) (time.Duration, error) {
 			}
 		}
 	}
+	var observers []netip.Addr // the other nodes: they follow the holders, not the membership
+	for n, a := range nodes {
+		if _, ok := members[n]; !ok && n != j.cfg.NodeName {
+			observers = append(observers, a)
+		}
+	}
+	sortAddrs(observers)
 	j.mu.Lock()
 	_, member := members[j.cfg.NodeName]
 	j.member.SetPeers(members)
@@ -260,10 +295,20 @@ func (j *Job) pass(ctx context.Context) (time.Duration, error) {
 
 	var errs []error
 	if member || len(hb.Holds) > 0 {
-		if err := j.send(hb, peers); err != nil {
+		to := peers
+		holds := make([]netip.Addr, 0, len(hb.Holds))
+		for _, h := range hb.Holds {
+			holds = append(holds, h.IP)
+		}
+		if len(observers) > 0 && (!slices.Equal(holds, j.lastOut) || now.Sub(j.holdsAt) >= observerRefresh) {
+			to = append(slices.Clone(peers), observers...)
+			j.lastOut, j.holdsAt = holds, now
+		}
+		if err := j.send(hb, to); err != nil {
 			errs = append(errs, err)
 		}
 	}
+	j.followHolders(d.Holders, now)
 	if d.Stalled {
 		j.log.Info("membership passes stalled; listening before claiming anything", "deadAfter", j.cfg.DeadAfter)
 	}
@@ -274,6 +319,10 @@ func (j *Job) pass(ctx context.Context) (time.Duration, error) {
 		errs = append(errs, err)
 	}
 	j.sendAnnouncements(now)
+	var again time.Duration
+	if len(d.Claim) > 0 {
+		again = time.Millisecond // the claim goes out in a heartbeat at once: the others' tunnels follow it
+	}
 	// One member tells the API of IPs nobody live may hold: the first live one by name.
 	if j.reporter != nil && (len(live) == 0 || j.cfg.NodeName < live[0]) && !slices.Equal(d.Unheld, j.unheld) {
 		j.unheld = slices.Clone(d.Unheld)
@@ -281,7 +330,32 @@ func (j *Job) pass(ctx context.Context) (time.Duration, error) {
 			j.reporter.Unheld(d.Unheld)
 		}
 	}
-	return 0, errors.Join(errs...)
+	return again, errors.Join(errs...)
+}
+
+// followHolders points the tunnels' next hop for every IP held elsewhere at its holder, when it
+// changed and every neighborRefresh: the userspace datapath learns next hops by snooping ARP, which a
+// cached datapath flow for an identical earlier announcement can keep from ever seeing a new one.
+func (j *Job) followHolders(holders map[netip.Addr]Holder, now time.Time) {
+	for ip, h := range holders {
+		prev, ok := j.neigh[ip]
+		if ok && bytes.Equal(prev.mac, h.MAC) && now.Sub(prev.at) < neighborRefresh {
+			continue
+		}
+		if err := j.host.SetTunnelNeighbor(ip, h.MAC); err != nil {
+			j.log.Error(err, "point the tunnels at an egress IP's holder", "ip", ip, "holder", h.Node)
+			continue
+		}
+		if !ok || !bytes.Equal(prev.mac, h.MAC) {
+			j.log.V(2).Info("tunnels follow an egress IP", "ip", ip, "holder", h.Node, "mac", h.MAC)
+		}
+		j.neigh[ip] = neighborSet{mac: h.MAC, at: now}
+	}
+	for ip := range j.neigh {
+		if _, ok := holders[ip]; !ok {
+			delete(j.neigh, ip)
+		}
+	}
 }
 
 // send sends a heartbeat to every peer.
@@ -356,7 +430,12 @@ func (j *Job) apply(ctx context.Context, held []netip.Addr, d Decision, now time
 			j.announce[a] = append(j.announce[a], now.Add(off))
 		}
 	}
-	if len(d.Returned) > 0 {
+	if d.Stalled || !d.Quorum {
+		// Announcements planned before a stall, or while cut off from the majority, may name IPs that
+		// moved meanwhile: never announce them; the membership decides again first.
+		clear(j.announce)
+	}
+	if d.Reannounce {
 		// A node came back: whatever it answered for on its way back, the holders announce again.
 		for a := range j.applied {
 			for _, off := range j.cfg.Announcements {

@@ -23,8 +23,10 @@
 package egress
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/netip"
 	"slices"
 	"time"
@@ -41,6 +43,9 @@ type Heartbeat struct {
 	Seq         uint64 `json:"s"`
 	// Holds are the IPs the sender holds, with their epochs.
 	Holds []Hold `json:"h,omitempty"`
+	// MAC is the sender's uplink MAC: where the IPs it holds are (nodes on the userspace datapath set
+	// their tunnels' next hop for them from it; see Decision.Holders).
+	MAC string `json:"m,omitempty"`
 }
 
 // Hold is one IP a member holds.
@@ -72,6 +77,11 @@ func ParseHeartbeat(b []byte) (Heartbeat, error) {
 			return h, fmt.Errorf("heartbeat from %s holds %v", h.Node, hd.IP)
 		}
 	}
+	if h.MAC != "" {
+		if mac, err := net.ParseMAC(h.MAC); err != nil || len(mac) != 6 {
+			return h, fmt.Errorf("heartbeat from %s: MAC %q", h.Node, h.MAC)
+		}
+	}
 	return h, nil
 }
 
@@ -85,6 +95,7 @@ type peer struct {
 	incarnation int64
 	seq         uint64
 	holds       map[netip.Addr]uint64
+	mac         net.HardwareAddr
 	live        bool // as of the last Decide
 }
 
@@ -100,8 +111,11 @@ type Member struct {
 	// holdDown: no new claim before it (after a start or a stall, listen first).
 	holdDown time.Time
 	lastPass time.Time
-	seq      uint64
-	inc      int64
+	// hadQuorum: the last pass saw a majority live.
+	hadQuorum bool
+	seq       uint64
+	inc       int64
+	mac       net.HardwareAddr // this node's uplink MAC, sent in heartbeats
 }
 
 // NewMember makes a member that listens for deadAfter before its first claim. held are the IPs the node
@@ -172,6 +186,9 @@ func (m *Member) Receive(h Heartbeat, src netip.Addr, now time.Time) (changed bo
 		changed = true
 	}
 	p.heard, p.incarnation, p.seq, p.holds = now, h.Incarnation, h.Seq, holds
+	if mac, err := net.ParseMAC(h.MAC); err == nil && !bytes.Equal(mac, p.mac) {
+		p.mac, changed = mac, true
+	}
 	return changed, nil
 }
 
@@ -191,6 +208,9 @@ func mapsEqual(a, b map[netip.Addr]uint64) bool {
 func (m *Member) Heartbeat() Heartbeat {
 	m.seq++
 	h := Heartbeat{Version: heartbeatVersion, Node: m.name, Incarnation: m.inc, Seq: m.seq}
+	if len(m.mac) == 6 {
+		h.MAC = m.mac.String()
+	}
 	for ip, e := range m.held {
 		h.Holds = append(h.Holds, Hold{IP: ip, Epoch: e})
 	}
@@ -202,16 +222,32 @@ func (m *Member) Heartbeat() Heartbeat {
 type Decision struct {
 	Claim   []netip.Addr // newly won
 	Release []netip.Addr // lost, or no longer usable here
-	// Returned are peers that came back to life (their neighbours' caches may have been told of them:
-	// this member announces what it holds again).
+	// Returned are peers that came back to life.
 	Returned []string
+	// Reannounce: a peer came back while this member was in the majority, so what it holds is still
+	// its own: it announces it again (the returned node may have answered for an IP on its way back).
+	// A member that was itself cut off or stalled does not: its claims may be stale.
+	Reannounce bool
 	// Unheld are usable IPs that no live member may hold (the namespace's traffic through them is dropped).
 	Unheld []netip.Addr
 	// Quorum says whether a majority of the members is live.
 	Quorum bool
+	// Holders are the other nodes' claims as this member last heard them, the best claim per IP (the
+	// highest epoch, ties by the ranking), with the holder's uplink MAC: a node on the userspace
+	// datapath points its tunnels' next hop for the IP there at once, whatever ARP it snooped.
+	Holders map[netip.Addr]Holder
 	// Stalled: this member's own passes stopped for longer than DeadAfter.
 	Stalled bool
 }
+
+// Holder is a node holding an IP, and its uplink MAC.
+type Holder struct {
+	Node string
+	MAC  net.HardwareAddr
+}
+
+// SetMAC sets this node's uplink MAC, sent in its heartbeats.
+func (m *Member) SetMAC(mac net.HardwareAddr) { m.mac = slices.Clone(mac) }
 
 // Decide runs a pass at now over plan: who is live, who wins each usable IP, and what this member must
 // claim or release. It records claims and releases as done: the job carries them out (and retries on
@@ -238,6 +274,8 @@ func (m *Member) Decide(now time.Time, plan egressplan.Plan, preferred map[netip
 	}
 	slices.Sort(d.Returned)
 	d.Quorum = 2*liveCount > members
+	d.Reannounce = len(d.Returned) > 0 && m.hadQuorum && !d.Stalled
+	m.hadQuorum = d.Quorum
 	live := func(n string) bool {
 		if n == m.name {
 			return true
@@ -305,10 +343,51 @@ func (m *Member) Decide(now time.Time, plan egressplan.Plan, preferred map[netip
 			d.Release = append(d.Release, ip)
 		}
 	}
+	d.Holders = m.holders(plan)
 	sortAddrs(d.Claim)
 	sortAddrs(d.Release)
 	sortAddrs(d.Unheld)
 	return d
+}
+
+// holders is the best claim of another node per usable IP, from what each last announced (live or
+// not: a newer claim has a higher epoch anyway).
+func (m *Member) holders(plan egressplan.Plan) map[netip.Addr]Holder {
+	out := map[netip.Addr]Holder{}
+	best := map[netip.Addr]uint64{}
+	for name, p := range m.peers {
+		if len(p.mac) != 6 {
+			continue
+		}
+		for ip, e := range p.holds {
+			info := plan.IPs[ip]
+			if info == nil || !info.Usable() {
+				continue
+			}
+			cur, ok := out[ip]
+			if ok && (e < best[ip] || (e == best[ip] && rankBefore(ip, info.Eligible, cur.Node, name))) {
+				continue
+			}
+			out[ip], best[ip] = Holder{Node: name, MAC: p.mac}, e
+		}
+	}
+	for ip := range m.held {
+		delete(out, ip) // held here: no tunnel to it
+	}
+	return out
+}
+
+// rankBefore reports whether a comes before b in ip's ranking.
+func rankBefore(ip netip.Addr, eligible []string, a, b string) bool {
+	r := egressplan.Rank(ip, eligible)
+	ia, ib := slices.Index(r, a), slices.Index(r, b)
+	if ia < 0 {
+		ia = len(r)
+	}
+	if ib < 0 {
+		ib = len(r)
+	}
+	return ia < ib || (ia == ib && a < b)
 }
 
 // Held returns the IPs this member holds, sorted.

@@ -1,7 +1,9 @@
 package egress
 
 import (
+	"bytes"
 	"fmt"
+	"net"
 	"maps"
 	"net/netip"
 	"slices"
@@ -27,11 +29,13 @@ type sim struct {
 	holders map[netip.Addr][]string // who holds each IP now, by the members' actions
 	log     []string                // claims and releases, in order
 	events  map[string][]Decision
+	last    map[string]Decision
 }
 
 func newSim(t *testing.T, nodes []string, ips ...string) *sim {
 	s := &sim{t: t, now: time.Unix(1000, 0), tick: 50 * time.Millisecond, addrs: map[string]netip.Addr{}, members: map[string]*Member{},
-		frozen: map[string]bool{}, cut: map[string]bool{}, holders: map[netip.Addr][]string{}, events: map[string][]Decision{}}
+		frozen: map[string]bool{}, cut: map[string]bool{}, holders: map[netip.Addr][]string{}, events: map[string][]Decision{},
+		last: map[string]Decision{}}
 	hs := make([]egressplan.Node, 0, len(nodes))
 	for i, n := range nodes {
 		s.addrs[n] = netip.AddrFrom4([4]byte{198, 51, 100, byte(11 + i)})
@@ -52,6 +56,7 @@ func newSim(t *testing.T, nodes []string, ips ...string) *sim {
 func (s *sim) start(n string, uplink []netip.Addr) {
 	m := NewMember(n, 400*time.Millisecond, s.now, uplink)
 	m.SetPeers(s.addrs)
+	m.SetMAC(macOf(s.addrs[n]))
 	s.members[n] = m
 }
 
@@ -88,6 +93,7 @@ func (s *sim) run(d time.Duration) {
 				continue
 			}
 			d := s.members[n].Decide(s.now, s.plan, nil)
+			s.last[n] = d
 			for _, ip := range d.Claim {
 				s.holders[ip] = append(s.holders[ip], n)
 				s.log = append(s.log, fmt.Sprintf("%s claims %s", n, ip))
@@ -96,7 +102,7 @@ func (s *sim) run(d time.Duration) {
 				s.holders[ip] = slices.DeleteFunc(s.holders[ip], func(x string) bool { return x == n })
 				s.log = append(s.log, fmt.Sprintf("%s releases %s", n, ip))
 			}
-			if len(d.Returned) > 0 || len(d.Unheld) > 0 || d.Stalled {
+			if len(d.Returned) > 0 || len(d.Unheld) > 0 || d.Stalled || d.Reannounce {
 				s.events[n] = append(s.events[n], d)
 			}
 		}
@@ -124,6 +130,11 @@ func (s *sim) takeLog() []string {
 }
 
 const eip = "198.51.100.40"
+
+func macOf(a netip.Addr) net.HardwareAddr {
+	b := a.As4()
+	return net.HardwareAddr{0x0a, 0x58, b[0], b[1], b[2], b[3]}
+}
 
 func rankOf(ip string, nodes ...string) []string {
 	return egressplan.Rank(netip.MustParseAddr(ip), nodes)
@@ -185,6 +196,19 @@ func TestMemberFailoverAndReturn(t *testing.T) {
 			if len(now) != 1 || now[0] != rest[0] {
 				t.Fatalf("held by %v after %s died, want %s (the next of %v)", s.holders[netip.MustParseAddr(eip)], first, rest[0], rankOf(eip, nodes...))
 			}
+			// Every other live node points its tunnels at the new holder's MAC once it heard the claim.
+			s.run(s.tick)
+			for _, n := range nodes {
+				if n == first || n == rest[0] {
+					continue
+				}
+				if h := s.last[n].Holders[netip.MustParseAddr(eip)]; h.Node != rest[0] || !bytes.Equal(h.MAC, macOf(s.addrs[rest[0]])) {
+					t.Errorf("%s follows %+v for %s, want %s at %s", n, h, eip, rest[0], macOf(s.addrs[rest[0]]))
+				}
+			}
+			if _, ok := s.last[rest[0]].Holders[netip.MustParseAddr(eip)]; ok {
+				t.Errorf("the holder %s points its tunnels for its own IP elsewhere", rest[0])
+			}
 			if how == "cut off" && !slices.Contains(s.holders[netip.MustParseAddr(eip)], first) {
 				t.Errorf("a node cut off from the others let go without a majority taking over")
 			}
@@ -200,12 +224,18 @@ func TestMemberFailoverAndReturn(t *testing.T) {
 			if len(log) > 1 || (how == "cut off" && (len(log) != 1 || log[0] != first+" releases "+eip)) {
 				t.Errorf("the return moved: %v", log)
 			}
-			returned := false
+			reannounce := false
 			for _, d := range s.events[rest[0]] {
-				returned = returned || slices.Contains(d.Returned, first)
+				reannounce = reannounce || (slices.Contains(d.Returned, first) && d.Reannounce)
 			}
-			if !returned {
-				t.Errorf("the new holder was not told %s came back (it announces again then)", first)
+			if !reannounce {
+				t.Errorf("the new holder was not told to announce again when %s came back", first)
+			}
+			// The returning node must not announce what it held: its claim is stale.
+			for _, d := range s.events[first] {
+				if d.Reannounce {
+					t.Errorf("the returning node %s was told to announce again (%+v)", first, d)
+				}
 			}
 		})
 	}
