@@ -3,8 +3,8 @@ package egress
 import (
 	"bytes"
 	"fmt"
-	"net"
 	"maps"
+	"net"
 	"net/netip"
 	"slices"
 	"strings"
