@@ -179,6 +179,10 @@ func (s *Sim) heartbeat(ctx context.Context) {
 // runtime: the simulator leaves such a pod alone (it neither runs nor finishes it).
 const UnmanagedAnnotation = "lab.ofsdn.io/unmanaged"
 
+// HelloAnnotation makes a pod's process, instead of serving, send its first datagrams to the address
+// the annotation names (HOST:PORT) the moment it starts, and exit (ofsdn-testpod hello).
+const HelloAnnotation = "lab.ofsdn.io/hello"
+
 // NetNSName is the network namespace the simulator creates for a pod.
 func NetNSName(prefix, namespace, name string) string {
 	sum := sha256.Sum256([]byte(namespace + "/" + name))
@@ -259,6 +263,9 @@ func (s *Sim) startPod(ctx context.Context, pod *corev1.Pod, sp *simPod) error {
 	}
 	args := []string{"serve", "--name", pod.Namespace + "/" + pod.Name, "--tcp", strings.Join(tcp, ","), "--udp", strings.Join(udp, ","),
 		"--sctp", strings.Join(sctp, ",")}
+	if dst, ok := pod.Annotations[HelloAnnotation]; ok {
+		args = []string{"hello", "--name", pod.Namespace + "/" + pod.Name, dst}
+	}
 	var cmd *exec.Cmd
 	if netnsPath != "" {
 		nsName := filepath.Base(netnsPath)
