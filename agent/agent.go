@@ -65,6 +65,8 @@ type Config struct {
 	// and how long a silent node stays alive; zero: the defaults.
 	EgressPort                      int
 	EgressInterval, EgressDeadAfter time.Duration
+	// EgressDNSServer (HOST:PORT) resolves EgressNetworkPolicy DNS names; "" the node's resolv.conf.
+	EgressDNSServer string
 	// MetricsAddress serves /metrics, /healthz and /readyz ("" = not served). DebugAddress serves the
 	// read-only debug API (debugapi/) over TCP for flowctl through the API server's node proxy ("" = not
 	// served); DebugSocket serves it on a root-only unix socket for flowctl on the node (default
@@ -163,6 +165,7 @@ type Agent struct {
 	// egressIPs holds and moves egress IPs with the other nodes; egressStatus records them (egress.go).
 	egressIPs    *egress.Job
 	egressStatus *egress.StatusWriter
+	egressDNS    *egress.Resolver
 
 	netInformers  networkinformers.SharedInformerFactory
 	kubeInformers kubeinformers.SharedInformerFactory
@@ -518,6 +521,7 @@ func (a *Agent) serveCNI(ctx context.Context) error {
 	go a.health.watch(ctx)
 	go a.egressIPs.Run(ctx)
 	go a.egressStatus.Run(ctx)
+	go a.egressDNS.Run(ctx)
 	a.health.setStep("")
 	a.log.Info("agent running", "bridge", a.cfg.Bridge, "cniSocket", a.cfg.CNISocket)
 	return srv.Serve(ctx)

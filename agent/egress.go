@@ -377,5 +377,16 @@ func (a *Agent) newEgress() *watchEgress {
 		DeadAfter: cfg.EgressDeadAfter, StateFile: filepath.Join(cfg.StateDir, "egress-held.json"), Announcements: nodenet.Announcements,
 		Logger: a.log}, a.view.egress, egressFlows{view: a.view, sync: a.fs}, host,
 		egressReporter{status: a.egressStatus, inputs: a.view.egress, events: a.events, node: cfg.NodeName, log: a.log.WithName("egress")})
-	return &watchEgress{view: a.view, sync: a.fs, changed: func() { a.egressIPs.Kick(); a.egressStatus.Kick() }}
+	we := &watchEgress{view: a.view, sync: a.fs, changed: func() { a.egressIPs.Kick(); a.egressStatus.Kick(); a.egressDNS.Kick() }}
+	a.egressDNS = egress.NewResolver(egress.DNSLookup(cfg.EgressDNSServer), a.view.egress.dnsNames, func(m map[string][]netip.Addr) {
+		we.apply(func(e *egressInputs) { e.resolved = m })
+	}, a.log)
+	return we
+}
+
+// dnsNames are the DNS names the firewalls use.
+func (e *egressInputs) dnsNames() []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return slices.Clone(e.names)
 }

@@ -37,6 +37,7 @@ type arrival struct {
 	at     time.Time
 	mac    string
 	src    netip.Addr
+	dst    netip.Addr
 	sender string
 	seq    int
 }
@@ -90,7 +91,8 @@ func captureExternal(t *testing.T, port uint16) *extCapture {
 			if _, err := fmt.Sscanf(string(ip[ihl+8:]), "%s %d", &sender, &seq); err != nil {
 				continue
 			}
-			a := arrival{at: time.Now(), mac: net.HardwareAddr(f[6:12]).String(), src: netip.AddrFrom4([4]byte(ip[12:16])), sender: sender, seq: seq}
+			a := arrival{at: time.Now(), mac: net.HardwareAddr(f[6:12]).String(), src: netip.AddrFrom4([4]byte(ip[12:16])),
+				dst: netip.AddrFrom4([4]byte(ip[16:20])), sender: sender, seq: seq}
 			c.mu.Lock()
 			c.arrivals = append(c.arrivals, a)
 			c.mu.Unlock()

@@ -19,7 +19,7 @@ package pipeline
 //	                     the service zone (its replies come back as replies), tun_dst = the egress IP
 //	                     (with several, a hash of the destination address picks one: a destination always
 //	                     sees one source per namespace) → 57. Egress IPs but none usable: drop.
-//	                     No egress IP (a firewall only): → 60, out through this node's address.
+//	                     No egress IP (a firewall only): commit, → 60, out through this node's address.
 //	57 egress-out        an egress IP held here: the packet goes to the host (tun0) with eth_src
 //	                     EgressMAC(IP), which the host's nf_tables SNATs to that IP (agent/nodenet);
 //	                     tunnelled traffic for an egress IP not held here is dropped (never sent from a
@@ -281,6 +281,11 @@ func renderEgressNamespace(ns EgressNamespace, id uint32, pods []PodState) []Flo
 	switch {
 	case ns.NoUsableIP:
 		out = append(out, F(TableEgressIP, egressIPPriority, M(append(IP, ours)...)))
+	case len(ns.IPs) == 0:
+		// A firewall only: out through this node's address, the connection committed all the same,
+		// so its replies are replies in 54 (never taken for a connection the outside opened) and
+		// every later packet meets the rules again.
+		out = append(out, F(TableEgressIP, egressIPPriority, M(append(IP, ours)...), commit, Goto{Table: TableRouting}))
 	case len(ns.IPs) == 1:
 		out = append(out, F(TableEgressIP, egressIPPriority, M(append(IP, ours)...), commit, SetTunDst(ns.IPs[0]), Goto{Table: TableEgressOut}))
 	case len(ns.IPs) > 1:

@@ -106,7 +106,7 @@ func egressModel(s NodeState, ns string, dst netip.Addr, proto string, dport uin
 
 func TestEgressPaths(t *testing.T) {
 	gwMAC := trace.MAC(net.HardwareAddr{0x0a, 0x58, 10, 128, 0, 1})
-	dsts := []string{"198.51.100.66", "198.51.100.7", "192.0.2.200", "192.0.2.201", "192.0.2.202", "203.0.113.9", "8.8.8.8",
+	dsts := []string{"198.51.100.66", "198.51.100.7", "192.0.2.200", "192.0.2.201", "192.0.2.202", "198.18.0.9", "8.8.8.8",
 		"10.128.2.7", "10.128.0.3", "172.30.0.53", "172.30.9.9", "192.0.2.12", "192.0.2.11", "10.130.0.1"}
 	for _, variant := range []struct {
 		mode  Mode

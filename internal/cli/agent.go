@@ -45,6 +45,8 @@ func Agent(args []string) int {
 	fs.IntVar(&cfg.EgressPort, "egress-port", egress.DefaultPort,
 		"UDP port on every node's address of the egress IP membership (heartbeats between the nodes that may hold egress IPs); pods cannot send to it")
 	fs.DurationVar(&cfg.EgressInterval, "egress-heartbeat-interval", egress.DefaultInterval, "how often a node that may hold egress IPs tells the others it lives")
+	fs.StringVar(&cfg.EgressDNSServer, "egress-dns-server", "",
+		"DNS server (HOST:PORT) the agent resolves EgressNetworkPolicy DNS names with (empty: the first nameserver of the node's /etc/resolv.conf)")
 	fs.DurationVar(&cfg.EgressDeadAfter, "egress-dead-after", egress.DefaultDeadAfter,
 		"how long a silent node counts as alive: its egress IPs move to another node after this")
 	fs.StringVar(&cfg.MetricsAddress, "metrics-address", ":9101", "address of /metrics, /healthz and /readyz (empty: not served)")
