@@ -289,7 +289,9 @@ func clusterDNS(t *testing.T, ctx context.Context, pod *cluster.Pod) netip.AddrP
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = lc.Client.CoreV1().Services(pod.Namespace).Delete(context.Background(), "dns", metav1.DeleteOptions{}) })
+	t.Cleanup(func() {
+		_ = lc.Client.CoreV1().Services(pod.Namespace).Delete(context.Background(), "dns", metav1.DeleteOptions{})
+	})
 	dst := netip.AddrPortFrom(netip.MustParseAddr(created.Spec.ClusterIP), 53)
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
