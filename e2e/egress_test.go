@@ -12,7 +12,10 @@ import (
 	"testing"
 	"time"
 
+	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
 	"github.com/ofsdn/ofsdn/e2e/cluster"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 )
 
 // Egress IPs on the lab: the external host sees every source address. Namespace e2e-egress leaves from
@@ -83,7 +86,8 @@ func seenBy(ctx context.Context, p *cluster.Pod, proto string) (netip.Addr, erro
 
 // TestEgressIPSources: every connection of the egress namespace's pods, from all three nodes, TCP and
 // UDP, arrives at the external host from the egress IP; the other namespace's from its node's address;
-// traffic inside the cluster keeps the pod's address. In both encapsulations.
+// traffic inside the cluster keeps the pod's address. In multitenant and networkpolicy modes, in both
+// encapsulations.
 func TestEgressIPSources(t *testing.T) {
 	ctx := ctxT(t, 10*time.Minute)
 	eip := egressLab(t, ctx)
@@ -93,6 +97,24 @@ func TestEgressIPSources(t *testing.T) {
 	}
 	t.Logf("egress IP %s held by %s", eip, holder)
 	pods := runPods(t, ctx, "src", []string{egressNS, noEgressNS}, lc.Nodes)
+	for _, mode := range []networkv1.PluginMode{networkv1.PluginModeMultitenant, networkv1.PluginModeNetworkPolicy} {
+		t.Run(string(mode), func(t *testing.T) {
+			if mode != networkv1.PluginModeMultitenant {
+				if err := lc.SetMode(ctx, mode); err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() {
+					if err := lc.SetMode(context.Background(), networkv1.PluginModeMultitenant); err != nil {
+						t.Error(err)
+					}
+				})
+			}
+			checkSources(t, ctx, eip, pods)
+		})
+	}
+}
+
+func checkSources(t *testing.T, ctx context.Context, eip netip.Addr, pods []*cluster.Pod) {
 	forEachEncapsulation(t, ctx, func(t *testing.T) {
 		for _, p := range pods {
 			want := lc.Node(p.Node).IP
@@ -129,4 +151,99 @@ func TestEgressIPSources(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestEgressBadInput: an egress IP no node may hold, the same IP claimed by two namespaces, a malformed
+// egress range: each is told (a status condition and an Event, or the API's refusal), the namespaces
+// it concerns lose their external traffic rather than leak it, and nothing else is broken.
+func TestEgressBadInput(t *testing.T) {
+	ctx := ctxT(t, 10*time.Minute)
+	eip := egressLab(t, ctx)
+	if _, err := lc.WaitEgressHolder(ctx, egressNS, eip, "", 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	const badNS = "e2e-egress-bad"
+	pods := runPods(t, ctx, "bad", []string{egressNS, badNS, noEgressNS}, lc.Nodes[:1])
+	t.Cleanup(func() { _ = lc.SetEgressIPs(context.Background(), badNS) })
+	podOf := map[string]*cluster.Pod{}
+	for _, p := range pods {
+		podOf[p.Namespace] = p
+	}
+	// sources probes each namespace's pod and returns what the external host saw ("" unreachable).
+	sources := func() map[string]string {
+		out := map[string]string{}
+		for ns, p := range podOf {
+			if r, err := p.Probe(ctx, "udp", netip.AddrPortFrom(lc.Lab.External.IP, extPort), 0); err == nil {
+				f := strings.Fields(r)
+				if ap, err := netip.ParseAddrPort(f[1]); err == nil {
+					out[ns] = ap.Addr().String()
+				}
+			} else {
+				out[ns] = ""
+			}
+		}
+		return out
+	}
+	expect := func(what string, want map[string]string) {
+		t.Helper()
+		var got map[string]string
+		for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(300 * time.Millisecond) {
+			if got = sources(); fmt.Sprint(got) == fmt.Sprint(want) {
+				return
+			}
+		}
+		t.Errorf("%s: the external host saw %v, want %v", what, got, want)
+	}
+	node := lc.Node(pods[0].Node).IP.String()
+	condition := func(ns, typ string) string {
+		nn, err := lc.Net.NetworkV1().NetNamespaces().Get(ctx, ns, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range nn.Status.Conditions {
+			if c.Type == typ {
+				return string(c.Status) + "/" + c.Reason
+			}
+		}
+		return ""
+	}
+	waitCondition := func(ns, typ, want string) {
+		t.Helper()
+		for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+			if condition(ns, typ) == want {
+				return
+			}
+		}
+		t.Errorf("NetNamespace %s: %s is %q, want %q", ns, typ, condition(ns, typ), want)
+	}
+	expect("to start with", map[string]string{egressNS: eip.String(), badNS: node, noEgressNS: node})
+
+	outside := lc.EgressIP(7).Next() // just past the egress range: no node may hold it
+	if err := lc.SetEgressIPs(ctx, badNS, outside); err != nil {
+		t.Fatal(err)
+	}
+	waitCondition(badNS, networkv1.ConditionEgressIPsValid, "False/"+networkv1.ReasonEgressIPNoEligibleNode)
+	waitEvent(t, ctx, "", badNS, "EgressIP"+networkv1.ReasonEgressIPNoEligibleNode)
+	expect("an egress IP no node may hold", map[string]string{egressNS: eip.String(), badNS: "", noEgressNS: node})
+
+	if err := lc.SetEgressIPs(ctx, badNS, eip); err != nil {
+		t.Fatal(err)
+	}
+	for _, ns := range []string{egressNS, badNS} {
+		waitCondition(ns, networkv1.ConditionEgressIPsValid, "False/"+networkv1.ReasonEgressIPConflict)
+		waitEvent(t, ctx, "", ns, "EgressIP"+networkv1.ReasonEgressIPConflict)
+	}
+	expect("one egress IP claimed twice: neither gets it", map[string]string{egressNS: "", badNS: "", noEgressNS: node})
+
+	if err := lc.SetEgressIPs(ctx, badNS); err != nil {
+		t.Fatal(err)
+	}
+	waitCondition(egressNS, networkv1.ConditionEgressIPsValid, "True/Valid")
+	expect("the conflict gone", map[string]string{egressNS: eip.String(), badNS: node, noEgressNS: node})
+
+	_, err := lc.Net.NetworkV1().HostSubnets().Patch(ctx, lc.Nodes[0].Name, types.MergePatchType, []byte(`{"egressCIDRs":["198.51.100.33/27"]}`), metav1.PatchOptions{})
+	if err == nil || !strings.Contains(err.Error(), "no host bits set") {
+		t.Errorf("a malformed egress range: %v, want a refusal that says why", err)
+	}
+	expect("after the refused range", map[string]string{egressNS: eip.String(), badNS: node, noEgressNS: node})
 }
