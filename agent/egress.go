@@ -16,6 +16,7 @@ import (
 	"github.com/ofsdn/ofsdn/agent/egress"
 	"github.com/ofsdn/ofsdn/agent/nodenet"
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
+	"github.com/ofsdn/ofsdn/debugapi"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
 	"github.com/ofsdn/ofsdn/flows/reconcile"
 	"github.com/ofsdn/ofsdn/internal/egressplan"
@@ -389,4 +390,23 @@ func (e *egressInputs) dnsNames() []string {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return slices.Clone(e.names)
+}
+
+// egressInfo is the debug API's picture of a node's egress state (nil when there is none).
+func egressInfo(e pipeline.EgressState) *debugapi.Egress {
+	if len(e.Namespaces) == 0 && len(e.Held) == 0 {
+		return nil
+	}
+	out := &debugapi.Egress{Held: slices.Clone(e.Held)}
+	for _, ns := range e.Namespaces {
+		en := debugapi.EgressNamespace{Name: ns.Name, IPs: slices.Clone(ns.IPs), NoUsableIP: ns.NoUsableIP}
+		if fw := ns.Firewall; fw != nil {
+			en.Policy, en.DenyAll = fw.Policy, fw.DenyAll
+			for _, r := range fw.Rules {
+				en.Rules = append(en.Rules, debugapi.EgressRule{Allow: r.Allow, DNSName: r.DNSName, Addresses: slices.Clone(r.Dsts)})
+			}
+		}
+		out.Namespaces = append(out.Namespaces, en)
+	}
+	return out
 }

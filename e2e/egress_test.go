@@ -14,6 +14,7 @@ import (
 
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
 	"github.com/ofsdn/ofsdn/e2e/cluster"
+	"github.com/ofsdn/ofsdn/flowctl"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 )
@@ -246,4 +247,47 @@ func TestEgressBadInput(t *testing.T) {
 		t.Errorf("a malformed egress range: %v, want a refusal that says why", err)
 	}
 	expect("after the refused range", map[string]string{egressNS: eip.String(), badNS: node, noEgressNS: node})
+}
+
+// TestEgressTrace: flowctl trace, live, from an egress namespace's pod on a node that does not hold
+// the egress IP to the external host names the egress IP and the node it leaves from (the trace follows
+// the tunnel to the holder); and a firewall's drop names its rule.
+func TestEgressTrace(t *testing.T) {
+	ctx := ctxT(t, 10*time.Minute)
+	eip := egressLab(t, ctx)
+	holder, err := lc.WaitEgressHolder(ctx, egressNS, eip, "", 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var src *cluster.Node
+	for _, n := range lc.Nodes {
+		if n.Name != holder {
+			src = n
+		}
+	}
+	pods := runPods(t, ctx, "tr", []string{egressNS}, []*cluster.Node{src})
+	dst := lc.Lab.External.IP.String()
+	res := traceJSON(t, ctx, pods[0].Key(), dst, "--port", fmt.Sprint(extPort))
+	if res.Verdict.Kind != flowctl.VerdictLeftCluster || res.Verdict.EgressIP != eip.String() || res.Verdict.Node != holder || len(res.Hops) != 2 {
+		t.Errorf("trace %s → %s: verdict %+v after %d hops; want it to leave from %s with egress IP %s", pods[0].Key(), dst, res.Verdict, len(res.Hops), holder, eip)
+	}
+	// A firewall's drop names its rule.
+	if err := lc.EnsureNamespace(ctx, fwNS); err != nil {
+		t.Fatal(err)
+	}
+	fwPods := runPods(t, ctx, "trfw", []string{fwNS}, []*cluster.Node{src})
+	t.Cleanup(func() {
+		_ = lc.Net.NetworkV1().EgressNetworkPolicies(fwNS).DeleteCollection(context.Background(), metav1.DeleteOptions{}, metav1.ListOptions{})
+	})
+	setPolicy(t, ctx, "fw", allow("192.0.2.0/24"), deny("0.0.0.0/0"))
+	var fw *flowctl.TraceResult
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
+		if fw = traceJSON(t, ctx, fwPods[0].Key(), dst, "--port", fmt.Sprint(extPort)); fw.Verdict.Firewall != "" {
+			break
+		}
+	}
+	if fw.Verdict.Kind != flowctl.VerdictDropped || fw.Verdict.Firewall != fwNS+"/fw rule 1" || !strings.Contains(fw.Verdict.Text, "Deny 0.0.0.0/0") {
+		t.Errorf("trace %s → %s under the firewall: verdict %+v; want a drop by rule 1 (Deny 0.0.0.0/0)", fwPods[0].Key(), dst, fw.Verdict)
+	}
+	t.Logf("egress IP: %s\nfirewall: %s", res.Verdict.Text, fw.Verdict.Text)
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"sort"
 	"sync"
 
 	"github.com/ofsdn/ofsdn/debugapi"
@@ -34,6 +35,8 @@ type world interface {
 	// nodeAddr resolves a node's name to its address, or an address to a node's name.
 	nodeByName(ctx context.Context, name string) (netip.Addr, bool, error)
 	nodeByIP(ctx context.Context, ip netip.Addr) (string, bool, error)
+	// nodeNames lists the nodes (to find the holder of an egress IP).
+	nodeNames(ctx context.Context) ([]string, error)
 	live() bool
 }
 
@@ -267,6 +270,19 @@ func (w *liveWorld) nodeByName(ctx context.Context, name string) (netip.Addr, bo
 	return ip, ok, nil
 }
 
+func (w *liveWorld) nodeNames(ctx context.Context) ([]string, error) {
+	list, err := w.kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]string, 0, len(list.Items))
+	for _, n := range list.Items {
+		out = append(out, n.Name)
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
 func (w *liveWorld) nodeByIP(ctx context.Context, ip netip.Addr) (string, bool, error) {
 	list, err := w.kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 	if err != nil {
@@ -395,6 +411,15 @@ func (w *offlineWorld) allNodes() map[string]netip.Addr {
 func (w *offlineWorld) nodeByName(_ context.Context, name string) (netip.Addr, bool, error) {
 	ip, ok := w.allNodes()[name]
 	return ip, ok, nil
+}
+
+func (w *offlineWorld) nodeNames(_ context.Context) ([]string, error) {
+	out := make([]string, 0, len(w.nodes))
+	for name := range w.nodes {
+		out = append(out, name)
+	}
+	sort.Strings(out)
+	return out, nil
 }
 
 func (w *offlineWorld) nodeByIP(_ context.Context, ip netip.Addr) (string, bool, error) {
