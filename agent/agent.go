@@ -166,6 +166,8 @@ type Agent struct {
 	egressIPs    *egress.Job
 	egressStatus *egress.StatusWriter
 	egressDNS    *egress.Resolver
+	// egressResolved takes the DNS names' addresses into the view (the resolver's output).
+	egressResolved func(map[string][]netip.Addr)
 
 	netInformers  networkinformers.SharedInformerFactory
 	kubeInformers kubeinformers.SharedInformerFactory

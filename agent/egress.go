@@ -247,13 +247,18 @@ type egressFlows struct {
 }
 
 func (f egressFlows) SetHeld(ctx context.Context, held []netip.Addr) error {
-	gen := f.view.update(func(v *nodeView) {
+	gen := f.setHeld(held)
+	_, err := f.sync.syncThrough(ctx, gen, pipeline.EgressOwner)
+	return err
+}
+
+// setHeld puts the held IPs into the view and returns the generation that has them.
+func (f egressFlows) setHeld(held []netip.Addr) uint64 {
+	return f.view.update(func(v *nodeView) {
 		v.egress.mu.Lock()
 		v.egress.held = slices.Clone(held)
 		v.egress.mu.Unlock()
 	})
-	_, err := f.sync.syncThrough(ctx, gen, pipeline.EgressOwner)
-	return err
 }
 
 // egressAwareFlows is what attachments wait on: a pod's flows, and its namespace's egress flows, so
@@ -379,9 +384,8 @@ func (a *Agent) newEgress() *watchEgress {
 		Logger: a.log}, a.view.egress, egressFlows{view: a.view, sync: a.fs}, host,
 		egressReporter{status: a.egressStatus, inputs: a.view.egress, events: a.events, node: cfg.NodeName, log: a.log.WithName("egress")})
 	we := &watchEgress{view: a.view, sync: a.fs, changed: func() { a.egressIPs.Kick(); a.egressStatus.Kick(); a.egressDNS.Kick() }}
-	a.egressDNS = egress.NewResolver(egress.DNSLookup(cfg.EgressDNSServer), a.view.egress.dnsNames, func(m map[string][]netip.Addr) {
-		we.apply(func(e *egressInputs) { e.resolved = m })
-	}, a.log)
+	a.egressResolved = func(m map[string][]netip.Addr) { we.apply(func(e *egressInputs) { e.resolved = m }) }
+	a.egressDNS = egress.NewResolver(egress.DNSLookup(cfg.EgressDNSServer), a.view.egress.dnsNames, a.egressResolved, a.log)
 	return we
 }
 
