@@ -43,16 +43,15 @@ func sampleEgressState() EgressState {
 
 // egressFate is where the independent model says a packet goes.
 type egressFate struct {
-	kind   string // "route": as without egress; "drop"; "tunnel" to an egress IP; "host" to leave from one
-	table  TableID
-	egress netip.Addr
+	kind  string // "route": as without egress; "drop"; "tunnel" to one of the namespace's egress IPs
+	table TableID
 }
 
 // egressModel says what egress does to a first packet of a local pod, from the API's meaning alone:
 // replies, services and destinations inside the cluster are untouched; the namespace's firewall
 // decides first (first matching rule, no match allows); then an egress IP: dropped when it has egress
-// IPs none of which is usable, held here → to the host, else tunnelled to it. pick says which of
-// several IPs the destination gets (the hash: any of them, the same for the same destination).
+// IPs none of which is usable; else one of its egress IPs (held here: to the host, else tunnelled to it;
+// with several, any of them, the same for the same destination), which the caller checks.
 func egressModel(s NodeState, ns string, dst netip.Addr, proto string, dport uint16, reply, dnat bool) egressFate {
 	if reply || dnat || (proto == "udp" && dport == DefaultTunnelPort) {
 		return egressFate{kind: "route"}
