@@ -6,8 +6,10 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -475,7 +477,12 @@ func (d *dnsRecords) serve(t *testing.T, at netip.AddrPort) {
 // serves again.
 func restartAgentServing(t *testing.T, ctx context.Context, n *cluster.Node, crash bool) time.Duration {
 	t.Helper()
-	before := strings.Count(lc.AgentLogTail(n, 100000), `"agent running"`)
+	// The log is appended to: the new agent's lines are those past its size now (a count over the
+	// log's tail would miss them once the log outgrows the tail).
+	var from int64
+	if fi, err := os.Stat(n.AgentLog); err == nil {
+		from = fi.Size()
+	}
 	start := time.Now()
 	lc.StopAgent(n, crash)
 	if err := lc.StartAgent(n); err != nil {
@@ -483,10 +490,38 @@ func restartAgentServing(t *testing.T, ctx context.Context, n *cluster.Node, cra
 	}
 	wctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	if err := proc.Until(wctx, 0, func() bool { return strings.Count(lc.AgentLogTail(n, 100000), `"agent running"`) > before }); err != nil {
+	if err := proc.Until(wctx, 0, func() bool { return logSince(n.AgentLog, from, `"agent running"`) }); err != nil {
 		t.Fatalf("agent on %s did not come back: %v\n%s", n.Name, err, lc.AgentLogTail(n, 30))
 	}
 	return time.Since(start)
+}
+
+// logSince reports whether the file at path holds want past its first from bytes.
+func logSince(path string, from int64, want string) bool {
+	return len(logLinesSince(path, from, want)) > 0
+}
+
+// logLinesSince returns the lines of the file at path past its first from bytes that hold want.
+func logLinesSince(path string, from int64, want string) []string {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	if _, err := f.Seek(from, io.SeekStart); err != nil {
+		return nil
+	}
+	b, err := io.ReadAll(f)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.Contains(line, want) {
+			out = append(out, line)
+		}
+	}
+	return out
 }
 
 // TestEgressAgentRestartNoLeak: while every node's agent restarts, gracefully and with kill -9, pods

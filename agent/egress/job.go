@@ -95,8 +95,23 @@ type Job struct {
 	neigh   map[netip.Addr]neighborSet
 	holdsAt time.Time    // when the holds last went to the nodes that are not members
 	lastOut []netip.Addr // the holds sent then
-	tick    *loop.Loop
-	recv    *loop.Loop
+
+	// What the membership decided, for the carry loop to carry out (under mu): the IPs to hold, where
+	// the others are, and whether to drop the announcements planned (a stall, no majority) or to
+	// announce again (a node came back).
+	want       []netip.Addr
+	holders    map[netip.Addr]Holder
+	quiet      bool
+	reannounce bool
+	decidedAt  time.Time // when the membership last decided (zero: not yet)
+
+	// tick decides and sends the heartbeats; carry carries the decisions out on the node (flows, SNAT,
+	// the address, announcements, the tunnels' next hops), which can take a while under load: in a loop
+	// of its own, so a slow claim never silences this node's heartbeats and makes the others think it
+	// dead.
+	tick  *loop.Loop
+	carry *loop.Loop
+	recv  *loop.Loop
 }
 
 // New builds the job; Restore and Run start it.
@@ -117,6 +132,8 @@ func New(cfg Config, cluster Cluster, flows Flows, host Host, reporter Reporter)
 		applied: map[netip.Addr]bool{}, announce: map[netip.Addr][]time.Time{}, neigh: map[netip.Addr]neighborSet{}}
 	j.tick = loop.New(loop.Config{Name: "egress-membership", Period: cfg.Interval, Log: j.log, BackoffMin: cfg.Interval, BackoffMax: cfg.Interval},
 		j.pass)
+	j.carry = loop.New(loop.Config{Name: "egress-claims", Period: cfg.Interval, Log: j.log, BackoffMin: cfg.Interval, BackoffMax: time.Second},
+		j.carryOut)
 	j.recv = loop.New(loop.Config{Name: "egress-heartbeats", Log: j.log, BackoffMin: 100 * time.Millisecond, BackoffMax: 5 * time.Second}, j.receive)
 	return j
 }
@@ -195,6 +212,7 @@ func (j *Job) Run(ctx context.Context) {
 	}
 	j.mu.Unlock()
 	go j.recv.Run(ctx)
+	go j.carry.Run(ctx)
 	j.tick.Run(ctx)
 }
 
@@ -291,6 +309,10 @@ func (j *Job) pass(ctx context.Context) (time.Duration, error) {
 	d := j.member.Decide(now, plan, placed)
 	held := j.member.Held()
 	live := j.member.Live()
+	changed := !slices.Equal(held, j.want) || !holdersEqual(d.Holders, j.holders) || d.Reannounce
+	j.want, j.holders, j.decidedAt = held, d.Holders, now
+	j.quiet = j.quiet || d.Stalled || !d.Quorum
+	j.reannounce = j.reannounce || d.Reannounce
 	j.mu.Unlock()
 
 	var errs []error
@@ -308,17 +330,24 @@ func (j *Job) pass(ctx context.Context) (time.Duration, error) {
 			errs = append(errs, err)
 		}
 	}
-	j.followHolders(d.Holders, now)
+	if changed {
+		j.carry.Kick()
+	}
 	if d.Stalled {
 		j.log.Info("membership passes stalled; listening before claiming anything", "deadAfter", j.cfg.DeadAfter)
 	}
+	if len(d.Returned) > 0 {
+		j.mu.Lock()
+		gaps := j.member.SlowGaps(now, d.Returned)
+		j.mu.Unlock()
+		j.log.Info("egress members heard again", "silentFor", gaps)
+	}
 	if len(d.Claim) > 0 || len(d.Release) > 0 {
-		j.log.Info("egress IPs move", "claim", d.Claim, "release", d.Release, "live", live, "quorum", d.Quorum)
+		j.mu.Lock()
+		silence := j.member.Silence(now)
+		j.mu.Unlock()
+		j.log.Info("egress IPs move", "claim", d.Claim, "release", d.Release, "live", live, "quorum", d.Quorum, "others", silence)
 	}
-	if err := j.apply(ctx, held, d, now); err != nil {
-		errs = append(errs, err)
-	}
-	j.sendAnnouncements(now)
 	var again time.Duration
 	if len(d.Claim) > 0 {
 		again = time.Millisecond // the claim goes out in a heartbeat at once: the others' tunnels follow it
@@ -331,6 +360,44 @@ func (j *Job) pass(ctx context.Context) (time.Duration, error) {
 		}
 	}
 	return again, errors.Join(errs...)
+}
+
+// carryOut carries the membership's last decision out on the node: the tunnels' next hops, the claims
+// and releases, the announcements that are due. It carries out only a fresh decision: before the first
+// pass there is none (the IPs Restore kept stay), and after a stall of the whole agent (frozen,
+// starved) the last one may be stale — the other nodes may have moved its IPs meanwhile — so the
+// announcements planned before are dropped, unsent, and the membership decides again first (both
+// loops wake from a stall together, in no given order).
+func (j *Job) carryOut(ctx context.Context) (time.Duration, error) {
+	j.mu.Lock()
+	if now := j.clock(); j.decidedAt.IsZero() || now.Sub(j.decidedAt) > j.cfg.DeadAfter {
+		j.mu.Unlock()
+		clear(j.announce)
+		j.tick.Kick()
+		return 0, nil
+	}
+	held, holders := slices.Clone(j.want), j.holders
+	d := Decision{Quorum: !j.quiet, Reannounce: j.reannounce}
+	j.quiet, j.reannounce = false, false
+	j.mu.Unlock()
+	j.followHolders(holders, j.clock())
+	err := j.apply(ctx, held, d, j.clock())
+	j.sendAnnouncements(j.clock())
+	return 0, err
+}
+
+// holdersEqual reports whether two decisions place every IP held elsewhere on the same node.
+func holdersEqual(a, b map[netip.Addr]Holder) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for ip, h := range a {
+		o, ok := b[ip]
+		if !ok || o.Node != h.Node || !bytes.Equal(o.MAC, h.MAC) {
+			return false
+		}
+	}
+	return true
 }
 
 // followHolders points the tunnels' next hop for every IP held elsewhere at its holder, when it
@@ -386,6 +453,12 @@ func (j *Job) send(h Heartbeat, peers []netip.Addr) error {
 // other order: flows, SNAT, address, announcement. What fails stays unapplied and is retried next pass.
 func (j *Job) apply(ctx context.Context, held []netip.Addr, d Decision, now time.Time) error {
 	var errs []error
+	if d.Stalled || !d.Quorum {
+		// Announcements planned before a stall, or while cut off from the majority, may name IPs that
+		// moved meanwhile: never announce them; the membership decides again first. (Before this
+		// pass's own claims: a decision that claims had a majority and no stall.)
+		clear(j.announce)
+	}
 	want := map[netip.Addr]bool{}
 	for _, a := range held {
 		want[a] = true
@@ -429,11 +502,6 @@ func (j *Job) apply(ctx context.Context, held []netip.Addr, d Decision, now time
 		for _, off := range j.cfg.Announcements {
 			j.announce[a] = append(j.announce[a], now.Add(off))
 		}
-	}
-	if d.Stalled || !d.Quorum {
-		// Announcements planned before a stall, or while cut off from the majority, may name IPs that
-		// moved meanwhile: never announce them; the membership decides again first.
-		clear(j.announce)
 	}
 	if d.Reannounce {
 		// A node came back: whatever it answered for on its way back, the holders announce again.
@@ -482,7 +550,7 @@ func (j *Job) sendAnnouncements(now time.Time) {
 	}
 }
 
-// Held returns what the node holds (its claims carried out).
+// Held returns what the node holds as the membership decided (the claims loop carries it out).
 func (j *Job) Held() []netip.Addr {
 	j.mu.Lock()
 	defer j.mu.Unlock()

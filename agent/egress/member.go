@@ -97,6 +97,20 @@ type peer struct {
 	holds       map[netip.Addr]uint64
 	mac         net.HardwareAddr
 	live        bool // as of the last Decide
+	// slowGap is the longest wait between two of its heartbeats seen at slowAt, within gapWindow.
+	slowGap time.Duration
+	slowAt  time.Time
+}
+
+// gapWindow is how long a peer's slowest heartbeat gap is remembered.
+const gapWindow = 10 * time.Second
+
+// recentSlowGap is the longest gap between p's heartbeats within gapWindow of now.
+func (p *peer) recentSlowGap(now time.Time) time.Duration {
+	if now.Sub(p.slowAt) > gapWindow {
+		return 0
+	}
+	return p.slowGap
 }
 
 // Member is one node's view of the membership and its claims. It is not safe for concurrent use; the
@@ -185,6 +199,11 @@ func (m *Member) Receive(h Heartbeat, src netip.Addr, now time.Time) (changed bo
 	if !mapsEqual(holds, p.holds) {
 		changed = true
 	}
+	if !p.heard.IsZero() && h.Incarnation == p.incarnation {
+		if gap := now.Sub(p.heard); gap > p.recentSlowGap(now) {
+			p.slowGap, p.slowAt = gap, now
+		}
+	}
 	p.heard, p.incarnation, p.seq, p.holds = now, h.Incarnation, h.Seq, holds
 	if mac, err := net.ParseMAC(h.MAC); err == nil && !bytes.Equal(mac, p.mac) {
 		p.mac, changed = mac, true
@@ -202,6 +221,35 @@ func mapsEqual(a, b map[netip.Addr]uint64) bool {
 		}
 	}
 	return true
+}
+
+// Silence describes the peers that are not live: how long each has been silent, and the longest gap
+// between its heartbeats before (for logs).
+func (m *Member) Silence(now time.Time) map[string]string {
+	out := map[string]string{}
+	for name, p := range m.peers {
+		if p.live {
+			continue
+		}
+		if p.heard.IsZero() {
+			out[name] = "never heard"
+			continue
+		}
+		out[name] = fmt.Sprintf("silent %v, slowest gap before %v", now.Sub(p.heard).Round(time.Millisecond), p.recentSlowGap(now).Round(time.Millisecond))
+	}
+	return out
+}
+
+// SlowGaps returns the named peers' longest recent gaps between heartbeats (for logs: how long a peer
+// that came back was silent).
+func (m *Member) SlowGaps(now time.Time, names []string) map[string]string {
+	out := map[string]string{}
+	for _, n := range names {
+		if p := m.peers[n]; p != nil {
+			out[n] = p.recentSlowGap(now).Round(time.Millisecond).String()
+		}
+	}
+	return out
 }
 
 // Heartbeat is this member's next heartbeat.

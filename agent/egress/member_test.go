@@ -327,3 +327,37 @@ func TestReceiveRefusesForgeries(t *testing.T) {
 		}
 	}
 }
+
+// TestMemberRemembersSlowGaps: the longest wait between a peer's heartbeats is kept for gapWindow (the
+// logs of a move and of a return say how long the peer was silent), then forgotten.
+func TestMemberRemembersSlowGaps(t *testing.T) {
+	now := time.Unix(1000, 0)
+	m := NewMember("n1", 400*time.Millisecond, now, nil)
+	m.SetPeers(map[string]netip.Addr{"n1": netip.MustParseAddr("198.51.100.11"), "n2": netip.MustParseAddr("198.51.100.12")})
+	seq := uint64(0)
+	hear := func(after time.Duration) {
+		now = now.Add(after)
+		seq++
+		if _, err := m.Receive(Heartbeat{Version: heartbeatVersion, Node: "n2", Incarnation: 7, Seq: seq}, netip.MustParseAddr("198.51.100.12"), now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	steps := []struct {
+		gaps []time.Duration
+		want string
+	}{
+		{[]time.Duration{0, 50 * time.Millisecond, 60 * time.Millisecond}, "60ms"},
+		{[]time.Duration{700 * time.Millisecond, 50 * time.Millisecond}, "700ms"},
+		{[]time.Duration{9 * time.Second}, "9s"},                             // a longer one replaces it
+		{slices.Repeat([]time.Duration{time.Second}, 11), "1s"},              // 9 s forgotten after gapWindow
+		{slices.Repeat([]time.Duration{50 * time.Millisecond}, 300), "50ms"}, // and so is 1 s
+	}
+	for i, st := range steps {
+		for _, g := range st.gaps {
+			hear(g)
+		}
+		if got := m.SlowGaps(now, []string{"n2"})["n2"]; got != st.want {
+			t.Errorf("step %d: slowest gap %s, want %s", i, got, st.want)
+		}
+	}
+}
