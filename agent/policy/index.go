@@ -564,14 +564,23 @@ func onlyNamed(ports []pipeline.NamedPort, used []namedPortKey) []pipeline.Named
 	return out
 }
 
+// comparePeers orders peers by address, length, excepts, named ports. It stops at the first difference
+// (cmp.Or would evaluate every argument, walking both slices for every pair a sort compares).
 func comparePeers(a, b pipeline.PolicyPeer) int {
-	return cmp.Or(a.Net.Addr().Compare(b.Net.Addr()), cmp.Compare(a.Net.Bits(), b.Net.Bits()),
-		slices.CompareFunc(a.Except, b.Except, func(x, y netip.Prefix) int {
-			return cmp.Or(x.Addr().Compare(y.Addr()), cmp.Compare(x.Bits(), y.Bits()))
-		}),
-		slices.CompareFunc(a.NamedPorts, b.NamedPorts, func(x, y pipeline.NamedPort) int {
-			return cmp.Or(cmp.Compare(x.Name, y.Name), cmp.Compare(x.Protocol, y.Protocol), cmp.Compare(x.Port, y.Port))
-		}))
+	if c := a.Net.Addr().Compare(b.Net.Addr()); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(a.Net.Bits(), b.Net.Bits()); c != 0 {
+		return c
+	}
+	if c := slices.CompareFunc(a.Except, b.Except, func(x, y netip.Prefix) int {
+		return cmp.Or(x.Addr().Compare(y.Addr()), cmp.Compare(x.Bits(), y.Bits()))
+	}); c != 0 {
+		return c
+	}
+	return slices.CompareFunc(a.NamedPorts, b.NamedPorts, func(x, y pipeline.NamedPort) int {
+		return cmp.Or(cmp.Compare(x.Name, y.Name), cmp.Compare(x.Protocol, y.Protocol), cmp.Compare(x.Port, y.Port))
+	})
 }
 
 func protoName(p uint8) string { return strings.ToUpper(openflow.ProtoName(p)) }
