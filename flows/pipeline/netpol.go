@@ -181,13 +181,13 @@ func isolationFlows(p PodState) []Flow {
 // within an OpenFlow message.
 const maxConjunctionsPerPriority = 3000
 
-// policyMemo is one policy's last render: its input, the priorities and IDs it was given, its output.
+// policyMemo is one policy's last render: the key of its input, the priorities and IDs it was given,
+// its output.
 type policyMemo struct {
-	st       PolicyState
+	memo
 	priority uint16
 	extra    []uint16 // the priorities of its further chunks (see maxConjunctionsPerPriority)
 	ids      []idGrant
-	out      reconcile.OwnerState
 }
 
 // chunkKey names a policy's further priority for the band allocator.
@@ -225,7 +225,8 @@ func (r *Renderer) renderPolicies(s NodeState, out map[reconcile.Owner]reconcile
 			failed[it.owner] = err
 			continue
 		}
-		if m, ok := r.policies[it.owner]; ok && m.priority == prio && policyEqual(&m.st, it.st) && m.regrantBands(bands, it.key) && m.regrant(ids) {
+		key := keyOf(it.st.writeKey)
+		if m, ok := r.policies[it.owner]; ok && m.priority == prio && m.key == key && m.regrantBands(bands, it.key) && m.regrant(ids) {
 			out[it.owner] = m.out
 			memos[it.owner] = m
 			continue
@@ -247,7 +248,7 @@ func (r *Renderer) renderPolicies(s NodeState, out map[reconcile.Owner]reconcile
 		if len(st.Flows) > 0 {
 			out[it.owner] = st
 		}
-		memos[it.owner] = policyMemo{st: clonePolicy(it.st), priority: prio, extra: extra, ids: slices.Clone(ids.record), out: st}
+		memos[it.owner] = policyMemo{memo: memo{key: key, out: st}, priority: prio, extra: extra, ids: slices.Clone(ids.record)}
 	}
 	r.policies = memos
 }
@@ -704,26 +705,4 @@ func (b *bandAllocator) peek(key string) uint16 {
 		}
 	}
 	return 0
-}
-
-func policyEqual(a, b *PolicyState) bool {
-	return a.Namespace == b.Namespace && a.Name == b.Name && a.Ingress == b.Ingress && a.Egress == b.Egress &&
-		slices.EqualFunc(a.Pods, b.Pods, func(x, y PolicyPod) bool { return x.OFPort == y.OFPort && slices.Equal(x.NamedPorts, y.NamedPorts) }) &&
-		slices.EqualFunc(a.IngressRules, b.IngressRules, ruleEqual) && slices.EqualFunc(a.EgressRules, b.EgressRules, ruleEqual)
-}
-
-func ruleEqual(a, b PolicyRule) bool {
-	return a.AllPeers == b.AllPeers && slices.Equal(a.Ports, b.Ports) &&
-		slices.EqualFunc(a.Peers, b.Peers, func(x, y PolicyPeer) bool {
-			return x.Net == y.Net && slices.Equal(x.Except, y.Except) && slices.Equal(x.NamedPorts, y.NamedPorts)
-		})
-}
-
-// clonePolicy copies a policy deep enough that the memo does not share slices the agent may reuse.
-func clonePolicy(p *PolicyState) PolicyState {
-	c := *p
-	c.Pods = slices.Clone(p.Pods)
-	c.IngressRules = slices.Clone(p.IngressRules)
-	c.EgressRules = slices.Clone(p.EgressRules)
-	return c
 }
