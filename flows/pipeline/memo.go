@@ -27,11 +27,9 @@ var keySeeds = [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()}
 // keyWriter encodes an input canonically into the two hashes of its digest.
 type keyWriter struct{ h [2]maphash.Hash }
 
-func newKeyWriter() *keyWriter {
-	w := &keyWriter{}
+func (w *keyWriter) init() {
 	w.h[0].SetSeed(keySeeds[0])
 	w.h[1].SetSeed(keySeeds[1])
-	return w
 }
 
 func (w *keyWriter) bytes(b []byte) {
@@ -64,8 +62,21 @@ func (w *keyWriter) boolean(v bool) {
 }
 
 func (w *keyWriter) addr(a netip.Addr) {
-	b, _ := a.MarshalBinary() // never fails; the zero Addr is empty, IPv4 4 bytes, IPv6 16 (+ zone)
-	w.bytes(b)
+	switch {
+	case !a.IsValid():
+		w.u64(0)
+	case a.Is4():
+		b := a.As4()
+		w.u64(4)
+		_, _ = w.h[0].Write(b[:])
+		_, _ = w.h[1].Write(b[:])
+	default:
+		b := a.As16()
+		w.u64(6)
+		_, _ = w.h[0].Write(b[:])
+		_, _ = w.h[1].Write(b[:])
+		w.str(a.Zone())
+	}
 }
 
 func (w *keyWriter) prefix(p netip.Prefix) {
@@ -77,10 +88,46 @@ func (w *keyWriter) mac(m net.HardwareAddr) { w.bytes(m) }
 
 func (w *keyWriter) sum() digest { return digest{w.h[0].Sum64(), w.h[1].Sum64()} }
 
-// keyOf runs a key function on a fresh writer.
+// keyOf runs a key function on a fresh writer. (The hot paths call their key functions on a writer
+// of their own, on the stack: a function value makes the writer escape to the heap.)
 func keyOf(write func(w *keyWriter)) digest {
-	w := newKeyWriter()
-	write(w)
+	var w keyWriter
+	w.init()
+	write(&w)
+	return w.sum()
+}
+
+// memoKey is the key of a pod's owner: the pod, and whether its isolation flows are rendered.
+func (p PodState) memoKey(isolation bool) digest {
+	var w keyWriter
+	w.init()
+	p.writeKey(&w)
+	w.boolean(isolation)
+	return w.sum()
+}
+
+// memoKey is the key of a remote node's owner: the node, and what of this node its flows read.
+func (n RemoteNode) memoKey(s *NodeState) digest {
+	var w keyWriter
+	w.init()
+	s.writeRemoteNodeContext(&w)
+	n.writeKey(&w)
+	return w.sum()
+}
+
+// memoKey is the key of a policy's owner.
+func (p *PolicyState) memoKey() digest {
+	var w keyWriter
+	w.init()
+	p.writeKey(&w)
+	return w.sum()
+}
+
+// nodeKey is the key of the node-wide owners.
+func (s *NodeState) nodeKey() digest {
+	var w keyWriter
+	w.init()
+	s.writeNodeKey(&w)
 	return w.sum()
 }
 
@@ -184,7 +231,7 @@ func writeNamedPorts(w *keyWriter, ports []NamedPort) {
 // tunnel guard, the services' base flows) and every remote node's flows render from: the node state
 // but for the per-owner collections, which have keys of their own (the remote nodes' subnets are in:
 // the tunnel guard matches every gateway).
-func (s NodeState) writeNodeKey(w *keyWriter) {
+func (s *NodeState) writeNodeKey(w *keyWriter) {
 	w.str(string(s.Mode))
 	w.str(s.NodeName)
 	w.addr(s.NodeIP)

@@ -218,7 +218,7 @@ func TestMemoKeysReadEveryField(t *testing.T) {
 	})
 	t.Run("NodeState", func(t *testing.T) {
 		paths, vs := variants(filled[NodeState])
-		check(t, "NodeState", len(vs), func(i int) digest { return keyOf(vs[i].writeNodeKey) }, keyOf(filled[NodeState]().writeNodeKey), paths,
+		check(t, "NodeState", len(vs), func(i int) digest { return vs[i].nodeKey() }, func() digest { s := filled[NodeState](); return s.nodeKey() }(), paths,
 			nodeKeyLeavesOut)
 	})
 }
@@ -248,9 +248,9 @@ func TestRenderDependsOnlyOnKeys(t *testing.T) {
 	}
 	owners := []keyed{
 		{"a remote node", func(s NodeState) digest {
-			return keyOf(func(w *keyWriter) { s.writeRemoteNodeContext(w); s.RemoteNodes[0].writeKey(w) })
+			return s.RemoteNodes[0].memoKey(&s)
 		}, func(s NodeState) string { return flowLines(RenderRemoteNode(s, s.RemoteNodes[0])) }},
-		{"a service port", func(s NodeState) digest { return servicePortKey(s, s.Services[0], s.Services[0].Ports[0]) },
+		{"a service port", func(s NodeState) digest { return servicePortKey(&s, &s.Services[0], &s.Services[0].Ports[0]) },
 			func(s NodeState) string {
 				st, err := renderServicePort(s, s.Services[0], s.Services[0].Ports[0], newIDAllocator())
 				return fmt.Sprint(flowLines(st.Flows), st.Groups, err)
@@ -258,7 +258,7 @@ func TestRenderDependsOnlyOnKeys(t *testing.T) {
 	}
 	for name, render := range map[string]func(NodeState) []Flow{"pipeline": renderPipeline, "local": renderLocal,
 		"tunnel-guard": renderTunnelGuard, "services-base": renderServicesBase} {
-		owners = append(owners, keyed{name, func(s NodeState) digest { return keyOf(s.writeNodeKey) },
+		owners = append(owners, keyed{name, func(s NodeState) digest { return s.nodeKey() },
 			func(s NodeState) string { return flowLines(render(s)) }})
 	}
 	for _, o := range owners {

@@ -109,11 +109,13 @@ type Renderer struct {
 	nodes    memos
 	services map[reconcile.Owner]serviceMemo
 	policies map[reconcile.Owner]policyMemo
+	// policyScratch is the policy renders' working space, reused from one policy to the next.
+	policyScratch policyScratch
 }
 
 // writeRemoteNodeContext writes what of the node's own state a remote node's flows depend on (besides
 // the remote node itself): TestRenderDependsOnlyOnKeys holds RenderRemoteNode to it.
-func (s NodeState) writeRemoteNodeContext(w *keyWriter) {
+func (s *NodeState) writeRemoteNodeContext(w *keyWriter) {
 	w.str(string(s.Mode))
 	w.str(string(s.Encapsulation))
 	w.boolean(s.Uplink)
@@ -130,7 +132,7 @@ func (r *Renderer) Render(s NodeState) (owners map[reconcile.Owner]reconcile.Own
 	}
 	out := make(map[reconcile.Owner]reconcile.OwnerState, 5+len(s.Pods)+len(s.RemoteNodes)+len(s.Services)+len(s.Policies))
 	failed = map[reconcile.Owner]error{}
-	nodeKey := keyOf(s.writeNodeKey)
+	nodeKey := s.nodeKey()
 	node := make(memos, 4)
 	for o, render := range map[reconcile.Owner]func(NodeState) []Flow{
 		PipelineOwner: renderPipeline, LocalOwner: renderLocal, TunnelGuardOwner: renderTunnelGuard, ServicesOwner: renderServicesBase,
@@ -143,7 +145,7 @@ func (r *Renderer) Render(s NodeState) (owners map[reconcile.Owner]reconcile.Own
 	isolation := s.Mode == ModeNetworkPolicy
 	for _, p := range s.Pods {
 		o := PodOwner(p.Namespace, p.Name)
-		key := keyOf(func(w *keyWriter) { p.writeKey(w); w.boolean(isolation) })
+		key := p.memoKey(isolation)
 		out[o] = r.pods.render(pods, o, key, func() reconcile.OwnerState {
 			flows := RenderPod(p)
 			if isolation {
@@ -168,7 +170,7 @@ func (r *Renderer) Render(s NodeState) (owners map[reconcile.Owner]reconcile.Own
 			continue
 		}
 		o := NodeOwner(n.Name)
-		key := keyOf(func(w *keyWriter) { s.writeRemoteNodeContext(w); n.writeKey(w) })
+		key := n.memoKey(&s)
 		out[o] = r.nodes.render(nodes, o, key, func() reconcile.OwnerState { return reconcile.OwnerState{Flows: RenderRemoteNode(s, n)} })
 	}
 	r.nodes = nodes

@@ -291,16 +291,17 @@ type serviceMemo struct {
 
 // servicePortKey is the key of what a service port's owner renders from: the service (its other ports
 // aside), the port, and of the node its gateway and NodePort addresses (frontends, the reject target).
-func servicePortKey(s NodeState, svc ServiceState, p ServicePort) digest {
-	return keyOf(func(w *keyWriter) {
-		svc.writeKey(w)
-		p.writeKey(w)
-		w.prefix(s.LocalSubnet)
-		w.u64(uint64(len(s.NodePortAddresses)))
-		for _, a := range s.NodePortAddresses {
-			w.addr(a)
-		}
-	})
+func servicePortKey(s *NodeState, svc *ServiceState, p *ServicePort) digest {
+	var w keyWriter
+	w.init()
+	svc.writeKey(&w)
+	p.writeKey(&w)
+	w.prefix(s.LocalSubnet)
+	w.u64(uint64(len(s.NodePortAddresses)))
+	for _, a := range s.NodePortAddresses {
+		w.addr(a)
+	}
+	return w.sum()
 }
 
 // idGrant is one ID an owner's render asked the allocator for.
@@ -362,7 +363,7 @@ func (r *Renderer) renderServices(s NodeState, out map[reconcile.Owner]reconcile
 		if failed[it.owner] != nil {
 			continue
 		}
-		key := servicePortKey(s, *it.svc, *it.port)
+		key := servicePortKey(&s, it.svc, it.port)
 		if m, ok := r.services[it.owner]; ok && m.reusable(key, ids) {
 			out[it.owner] = m.out
 			memos[it.owner] = m
