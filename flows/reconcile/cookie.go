@@ -54,6 +54,9 @@ const (
 	// CategoryLearned marks flows the switch learns itself (sessionAffinity): no owner renders them, so
 	// the Reconciler leaves them alone instead of deleting them as strays.
 	CategoryLearned Category = 9
+	// CategoryNetwork is one Network's own flows (flows/pipeline/networks.go); its pods' attachments
+	// are CategoryPod ("pod/ns/name@net1").
+	CategoryNetwork Category = 11
 )
 
 // categories is the registry of categories, by number: the name owner keys, dumps and metrics use.
@@ -64,7 +67,7 @@ var categories = []struct {
 }{
 	{CategoryNone, "none"}, {CategoryPipeline, "pipeline"}, {CategoryPod, "pod"}, {CategoryNode, "node"},
 	{CategoryTenant, "vnid"}, {CategoryService, "svc"}, {CategoryNetPol, "netpol"},
-	{CategoryTest, "test"}, {CategoryLearned, "learned"},
+	{CategoryTest, "test"}, {CategoryLearned, "learned"}, {CategoryNetwork, "net"},
 }
 
 // Categories lists every category in use, by number.
