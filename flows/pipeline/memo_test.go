@@ -270,12 +270,12 @@ func TestRenderDependsOnlyOnKeys(t *testing.T) {
 			if i >= len(s.Networks) {
 				return digest{}
 			}
-			return s.Networks[i].memoKey(s.networkPeers(&s.Networks[i]))
+			return s.Networks[i].memoKey(s.NetworkPeers(&s.Networks[i]))
 		}, func(s NodeState) string {
 			if i >= len(s.Networks) {
 				return ""
 			}
-			return flowLines(RenderNetwork(s.Networks[i], s.networkPeers(&s.Networks[i])))
+			return flowLines(RenderNetwork(s.Networks[i], s.NetworkPeers(&s.Networks[i])))
 		}})
 	}
 	owners = append(owners, keyed{"an attachment", func(s NodeState) digest { return s.Attachments[0].memoKey() },

@@ -118,11 +118,11 @@ func renderNetworksBase() []Flow {
 	}
 }
 
-// networkPeers returns the networks n exchanges traffic with, in n.CrossTalk's order. Two networks talk
+// NetworkPeers returns the networks n (one of s.Networks) exchanges traffic with, in n.CrossTalk's order. Two networks talk
 // when each names the other (status.crossTalk is symmetric), their addresses do not overlap, and
 // neither has another candidate whose addresses overlap the other's: a destination address must name
 // one network, and the rule gives the same answer from either side.
-func (s *NodeState) networkPeers(n *NetworkState) []*NetworkState {
+func (s *NodeState) NetworkPeers(n *NetworkState) []*NetworkState {
 	var out []*NetworkState
 	for _, p := range s.talkCandidates(n) {
 		if !overlapsAnyBut(s.talkCandidates(n), p, p.CIDR) && !overlapsAnyBut(s.talkCandidates(p), n, n.CIDR) {
@@ -165,7 +165,7 @@ func overlapsAnyBut(nets []*NetworkState, but *NetworkState, p netip.Prefix) boo
 }
 
 // RenderNetwork renders a network's own flows: its tunnels from and to the nodes that have a subnet of
-// it, cross-talk with peers (the networks it talks to, as networkPeers gives them), its gateway's
+// it, cross-talk with peers (the networks it talks to, as NetworkPeers gives them), its gateway's
 // proxy ARP and its delivery into its conntrack zone.
 func RenderNetwork(n NetworkState, peers []*NetworkState) []Flow {
 	vni := n.VNI
@@ -293,7 +293,7 @@ func (r *Renderer) renderNetworks(s NodeState, out map[reconcile.Owner]reconcile
 			continue
 		}
 		present[n.Name] = n.VNI
-		peers := s.networkPeers(n)
+		peers := s.NetworkPeers(n)
 		o := NetworkOwner(n.Name)
 		out[o] = r.networks.render(nets, o, n.memoKey(peers), func() reconcile.OwnerState {
 			return reconcile.OwnerState{Flows: RenderNetwork(*n, peers)}

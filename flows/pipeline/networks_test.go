@@ -253,7 +253,7 @@ func TestNetworkPeersAreSymmetric(t *testing.T) {
 	want := map[string][]string{"grey": {"white"}, "white": {"grey"}}
 	for i := range s.Networks {
 		var got []string
-		for _, p := range s.networkPeers(&s.Networks[i]) {
+		for _, p := range s.NetworkPeers(&s.Networks[i]) {
 			got = append(got, p.Name)
 		}
 		if !slices.Equal(got, want[s.Networks[i].Name]) {
