@@ -319,6 +319,7 @@ func (p *Handler) Add(ctx context.Context, req *cni.Request) (*current.Result, e
 	if err != nil {
 		return nil, cni.Errorf(cni.ErrInternal, "attach %s to %s: %v", hostVeth, p.bridge, err)
 	}
+	ported := time.Now()
 	gen := p.node.Attach(Pod{Namespace: req.PodNamespace(), Name: req.PodName(),
 		SandboxID: req.ContainerID, IfName: req.IfName, NetNS: req.Netns, IP: ip, MAC: mac, OFPort: uint32(ofport), HostVeth: hostVeth})
 	owners := []reconcile.Owner{pipeline.PodOwner(req.PodNamespace(), req.PodName())}
@@ -338,7 +339,8 @@ func (p *Handler) Add(ctx context.Context, req *cni.Request) (*current.Result, e
 	p.notify()
 	// Where an ADD's time went, for whoever chases CNI latency.
 	p.log.V(2).Info("pod attached", "pod", k8sobj.PodKey(req.PodNamespace(), req.PodName()), "ip", ip, "ofport", ofport, "networks", len(nets),
-		"total", time.Since(start), "ipam", allocated.Sub(start), "veth", wired.Sub(allocated), "ovsdb+networks", attached.Sub(wired), "flows", time.Since(attached))
+		"total", time.Since(start), "ipam", allocated.Sub(start), "veth", wired.Sub(allocated), "ovsdb", ported.Sub(wired),
+		"networks", attached.Sub(ported), "flows", time.Since(attached))
 	res := p.result(req, hostVeth, mac, ip, subnet, gw, clusterNets, mtu)
 	p.appendNetResults(res, req.Netns, nets, mtu)
 	return res, nil
