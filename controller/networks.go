@@ -44,7 +44,6 @@ import (
 	coreinformers "k8s.io/client-go/informers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
-	"k8s.io/utils/ptr"
 )
 
 // networkIndex indexes NetworkSubnets by their Network's name.
@@ -603,14 +602,22 @@ func (c *Controller) planNetworkSubnetsLocked(n *networkv1.Network, st *netAlloc
 }
 
 func ownedBy(s *networkv1.NetworkSubnet, n *networkv1.Network) bool {
-	return slices.ContainsFunc(s.OwnerReferences, func(r metav1.OwnerReference) bool { return r.UID == n.UID })
+	return s.Annotations[networkUIDAnnotation] == string(n.UID)
 }
 
-// setOwner makes the Network the NetworkSubnet's one owner: kubectl shows the link; the controller, not
-// the garbage collector, deletes it (blockOwnerDeletion false).
+// networkUIDAnnotation ties a NetworkSubnet to the Network (by UID) it was made for: one left by a
+// deleted Network of the same name is not this one's. An annotation, not an owner reference: the
+// garbage collector must never delete a NetworkSubnet (a foreground deletion of the Network would, and
+// the attachment counts that hold the Network's deletion would go with it); the controller does.
+const networkUIDAnnotation = "network.ofsdn.io/network-uid"
+
+// setOwner ties the NetworkSubnet to its Network.
 func setOwner(s *networkv1.NetworkSubnet, n *networkv1.Network) {
-	s.OwnerReferences = []metav1.OwnerReference{{APIVersion: networkv1.SchemeGroupVersion.String(), Kind: "Network",
-		Name: n.Name, UID: n.UID, Controller: ptr.To(true), BlockOwnerDeletion: ptr.To(false)}}
+	if s.Annotations == nil {
+		s.Annotations = map[string]string{}
+	}
+	s.Annotations[networkUIDAnnotation] = string(n.UID)
+	s.OwnerReferences = nil
 }
 
 // writeNetworkSubnets creates and updates NetworkSubnets; kept learns what the API holds now. A fresh

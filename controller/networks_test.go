@@ -235,9 +235,9 @@ func checkNetworkSubnets(t *testing.T, got map[string]networkv1.NetworkSubnet, n
 			}
 		}
 		seen[p] = node
-		if len(s.OwnerReferences) != 1 || s.OwnerReferences[0].UID != n.UID || s.OwnerReferences[0].Kind != "Network" ||
-			s.OwnerReferences[0].BlockOwnerDeletion == nil || *s.OwnerReferences[0].BlockOwnerDeletion {
-			t.Errorf("%s: NetworkSubnet %s owners %+v, want the Network (uid %s) without blockOwnerDeletion", n.Name, s.Name, s.OwnerReferences, n.UID)
+		if len(s.OwnerReferences) != 0 || s.Annotations["network.ofsdn.io/network-uid"] != string(n.UID) {
+			t.Errorf("%s: NetworkSubnet %s owners %+v, annotations %v: want no owner reference (the garbage collector must not delete it) and the Network's uid %s",
+				n.Name, s.Name, s.OwnerReferences, s.Annotations, n.UID)
 		}
 	}
 }

@@ -52,6 +52,7 @@ const (
 // +kubebuilder:printcolumn:name="Cross Talk",type=string,JSONPath=`.status.crossTalk`
 // +kubebuilder:printcolumn:name="Pods",type=integer,JSONPath=`.status.attachments`
 // +kubebuilder:printcolumn:name="Valid",type=string,JSONPath=`.status.conditions[?(@.type=="Valid")].status`
+// +kubebuilder:validation:XValidation:rule="size(self.metadata.name) <= 63 && self.metadata.name.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')",message="a Network's name is a DNS label (no dots): its NetworkSubnets are named <network>.<node>"
 type Network struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
@@ -80,6 +81,7 @@ type NetworkSpec struct {
 	// controller picks one when it is not given.
 	// +kubebuilder:validation:Minimum=16773120
 	// +kubebuilder:validation:Maximum=16777215
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="vni is immutable: the pods' traffic carries it"
 	// +optional
 	VNI uint32 `json:"vni,omitempty"`
 
