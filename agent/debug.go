@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
@@ -208,17 +209,86 @@ func (d debugBackend) Node(ctx context.Context) (*debugapi.NodeInfo, error) {
 			return nil, fmt.Errorf("ports of %s: %w", a.cfg.Bridge, err)
 		}
 		for _, p := range ports {
-			port := debugapi.Port{Name: p.Name, Type: p.Type, OFPort: p.OFPort, MAC: p.MAC, Error: p.Error}
-			if ns, name := p.ExternalIDs[attach.ExtPodNamespace], p.ExternalIDs[attach.ExtPodName]; ns != "" && name != "" {
-				port.Pod = k8sobj.PodKey(ns, name)
-			}
-			if ip, err := netip.ParseAddr(p.ExternalIDs[attach.ExtIP]); err == nil {
-				port.IP = ip
-			}
-			info.Ports = append(info.Ports, port)
+			info.Ports = append(info.Ports, portInfo(p))
 		}
 	}
+	info.Networks, info.Attachments = networksInfo(st, a.view.netAttachmentStatuses())
 	return info, nil
+}
+
+// portInfo is a port of the bridge as OVSDB records it. A pod's interface on a Network is named
+// namespace/name@net1, never namespace/name: that is the pod's cluster-network interface, the one
+// flowctl sends a pod's packets from.
+func portInfo(p ovsdb.PortInfo) debugapi.Port {
+	port := debugapi.Port{Name: p.Name, Type: p.Type, OFPort: p.OFPort, MAC: p.MAC, Error: p.Error}
+	ids := p.ExternalIDs
+	if ns, name := ids[attach.ExtPodNamespace], ids[attach.ExtPodName]; ns != "" && name != "" {
+		port.Pod, port.Interface = k8sobj.PodKey(ns, name), ids[attach.ExtIfName]
+		if network := ids[attach.ExtNetwork]; network != "" {
+			port.Network, port.Pod = network, ""
+			if port.Interface != "" {
+				port.Pod = attach.NetAttachmentKey(ns, name, port.Interface)
+			}
+		}
+	}
+	if ip, err := netip.ParseAddr(ids[attach.ExtIP]); err == nil {
+		port.IP = ip
+	}
+	return port
+}
+
+// networksInfo is what the debug API says of Networks: st's (the last synced state: what br0 holds),
+// and every pod interface on them, of st and of the view. An attachment carries traffic when its
+// flows are in st (as pipeline.Render keeps them); any other says why not, so an interface that is
+// attached but not admitted shows as such.
+func networksInfo(st pipeline.NodeState, view []netAttachmentStatus) ([]debugapi.Network, []debugapi.Attachment) {
+	var nets []debugapi.Network
+	rendered := map[string]uint32{} // network → VNI, for those Render gives flows
+	for i := range st.Networks {
+		n := &st.Networks[i]
+		if pipeline.IsNetworkVNI(n.VNI) && n.CIDR.IsValid() {
+			rendered[n.Name] = n.VNI
+		}
+		d := debugapi.Network{Name: n.Name, VNI: n.VNI, CIDR: n.CIDR, Subnet: n.LocalSubnet}
+		if n.LocalSubnet.IsValid() {
+			d.Gateway = pipeline.Gateway(n.LocalSubnet)
+		}
+		for _, r := range n.Remotes {
+			d.Remotes = append(d.Remotes, debugapi.NetworkRemote{Node: r.Node, NodeIP: r.NodeIP, Subnet: r.Subnet})
+		}
+		for _, p := range st.NetworkPeers(n) {
+			d.CrossTalk = append(d.CrossTalk, p.Name)
+		}
+		nets = append(nets, d)
+	}
+	atts := map[string]debugapi.Attachment{}
+	for _, a := range st.Attachments {
+		if vni, ok := rendered[a.Network]; ok && vni == a.VNI && a.OFPort != 0 && a.IP.IsValid() {
+			key := attach.NetAttachmentKey(a.Namespace, a.Name, a.Interface)
+			atts[key] = debugapi.Attachment{Namespace: a.Namespace, Name: a.Name, Interface: a.Interface, Network: a.Network,
+				IP: a.IP, MAC: a.MAC.String(), OFPort: a.OFPort, VNI: a.VNI, Carrying: true}
+		}
+	}
+	for _, s := range view {
+		a := s.NetAttachment
+		d, carrying := atts[a.Key()]
+		if !carrying || d.Network != a.Network || d.OFPort != a.OFPort {
+			d = debugapi.Attachment{Namespace: a.Namespace, Name: a.Name, Interface: a.IfName, Network: a.Network,
+				IP: a.IP, MAC: a.MAC.String(), OFPort: a.OFPort, Reason: s.whyNot}
+			switch {
+			case d.Reason != "":
+			case a.OFPort == 0:
+				d.Reason = "its port on the bridge has no OpenFlow number yet"
+			default:
+				d.Reason = "its flows are not on br0 yet (the flow loop has not synced it)"
+			}
+		}
+		d.Prefix = a.Prefix
+		atts[a.Key()] = d
+	}
+	out := slices.Collect(maps.Values(atts))
+	sort.Slice(out, func(i, j int) bool { return out[i].Key() < out[j].Key() })
+	return nets, out
 }
 
 func (d debugBackend) Desired(context.Context) (*debugapi.Desired, error) {

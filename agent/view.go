@@ -139,6 +139,24 @@ func (v *nodeView) AllNetAttachments() []attach.NetAttachment {
 	return slices.Collect(maps.Values(v.netAttachments))
 }
 
+// netAttachmentStatus is a pod's interface on a Network and, when it carries no traffic, why.
+type netAttachmentStatus struct {
+	attach.NetAttachment
+	whyNot string // "" when its Network renders and admits it
+}
+
+// netAttachmentStatuses lists the attachments with why each carries no traffic, for the debug API.
+func (v *nodeView) netAttachmentStatuses() []netAttachmentStatus {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	out := make([]netAttachmentStatus, 0, len(v.netAttachments))
+	for _, a := range v.netAttachments {
+		why := v.networks.WhyNotCarrying(networks.Attachment{Namespace: a.Namespace, Name: a.Name, Interface: a.IfName, Network: a.Network})
+		out = append(out, netAttachmentStatus{NetAttachment: a, whyNot: why})
+	}
+	return out
+}
+
 // Placement says how a pod of namespace attaches to a Network on this node (attach.Networks).
 func (v *nodeView) Placement(network, namespace string) (networks.Placement, error) {
 	v.mu.Lock()

@@ -251,12 +251,26 @@ type Attachment = pipeline.AttachmentState
 func (x *Index) Carrying(atts []Attachment) []Attachment {
 	out := make([]Attachment, 0, len(atts))
 	for _, a := range atts {
-		n, ok := x.nets[a.Network]
-		if !ok || n.VNI == 0 || !n.selector.Matches(x.nsLabel[a.Namespace]) {
+		if x.WhyNotCarrying(a) != "" {
 			continue
 		}
-		a.VNI = n.VNI
+		a.VNI = x.nets[a.Network].VNI
 		out = append(out, a)
 	}
 	return out
+}
+
+// WhyNotCarrying says why Carrying leaves an attachment out, in words for an operator ("" when it
+// keeps it).
+func (x *Index) WhyNotCarrying(a Attachment) string {
+	n, ok := x.nets[a.Network]
+	switch {
+	case !ok:
+		return fmt.Sprintf("Network %s does not exist here (deleted, or its spec is invalid)", a.Network)
+	case n.VNI == 0:
+		return fmt.Sprintf("Network %s has no VNI yet", a.Network)
+	case !n.selector.Matches(x.nsLabel[a.Namespace]):
+		return fmt.Sprintf("Network %s does not admit namespace %s (its namespaceSelector is %s)", a.Network, a.Namespace, n.selector)
+	}
+	return ""
 }

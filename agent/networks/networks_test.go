@@ -121,6 +121,13 @@ func TestStatesAndCarrying(t *testing.T) {
 	if len(got) != 2 || got[0].Interface != "net1" || got[0].VNI != 0xfff001 || got[1].Network != "blue" || got[1].VNI != 0xfff002 {
 		t.Fatalf("carrying %+v", got)
 	}
+	// Each one left out says why (the debug API shows it beside the attachment).
+	for i, want := range []string{"", "Network red does not admit namespace b", "", "Network new has no VNI yet", "Network gone does not exist"} {
+		why := x.WhyNotCarrying(atts[i])
+		if (want == "") != (why == "") || !strings.HasPrefix(why, want) {
+			t.Errorf("%s: why not carrying %q, want %q", atts[i].Interface+"/"+atts[i].Network, why, want)
+		}
+	}
 	x.SetNamespace("a", nil)
 	if got := x.Carrying(atts); len(got) != 1 {
 		t.Fatalf("after a's labels went: %+v", got)
