@@ -176,8 +176,9 @@ func (c *Controller) queueNetworkOf(obj any) {
 	c.queueNetworks(func(*networkv1.Network) bool { return true }) // a tombstone without its object
 }
 
-// queueNetworkAndPeers queues a Network and every Network whose cross-talk depends on it: those it names
-// and those that name it.
+// queueNetworkAndPeers queues a Network and every Network whose cross-talk may depend on it: pairing is
+// cluster-wide (talkPairsLocked: a new pair can be ambiguous with a third Network's), so every Network
+// that asks for cross-talk or has some.
 func (c *Controller) queueNetworkAndPeers(n *networkv1.Network) {
 	if n == nil {
 		return
@@ -186,7 +187,7 @@ func (c *Controller) queueNetworkAndPeers(n *networkv1.Network) {
 	for _, peer := range n.Spec.CrossTalk {
 		c.nets.queue.Add(peer)
 	}
-	c.queueNetworks(func(m *networkv1.Network) bool { return slices.Contains(m.Spec.CrossTalk, n.Name) })
+	c.queueNetworks(func(m *networkv1.Network) bool { return len(m.Spec.CrossTalk) > 0 || len(m.Status.CrossTalk) > 0 })
 }
 
 // queueNetworks queues the Networks the informer shows for which pick says so.
@@ -744,8 +745,10 @@ func attachments(kept map[string]*networkv1.NetworkSubnet) (int64, []string) {
 }
 
 // crossTalkLocked is a Network's effective cross-talk (sorted) and its CrossTalk condition: every
-// Network either side's spec.crossTalk names, that exists, holds a VNI, is not being deleted and whose
-// CIDR does not overlap this one's. An inactive Network (invalid or deleted) has none. c.mu is held.
+// Network either side's spec.crossTalk names, that exists, holds a VNI, is not being deleted, whose CIDR
+// does not overlap this one's, and that the cluster-wide pairing (talkPairsLocked) keeps: a Network's
+// peers never overlap each other, so an address names one network. An inactive Network (invalid or
+// deleted) has none. c.mu is held.
 func (c *Controller) crossTalkLocked(n *networkv1.Network, st *netAlloc, deleting bool) ([]string, metav1.Condition) {
 	cond := metav1.Condition{Type: networkv1.ConditionCrossTalk, ObservedGeneration: n.Generation}
 	switch {
@@ -770,14 +773,21 @@ func (c *Controller) crossTalkLocked(n *networkv1.Network, st *netAlloc, deletin
 			candidates[m.Name] = m
 		}
 	}
-	var effective, overlapping, unknown []string
+	kept, ambiguous := c.talkPairsLocked(others)
+	var effective, overlapping, unknown, conflicting []string
 	for name, m := range candidates {
-		switch reason, why := c.peerLocked(n, st, name, m); {
+		reason, why := c.peerLocked(n, st, name, m)
+		if reason == "" && !kept[pairOf(n.Name, name)] {
+			reason, why = "Ambiguous", fmt.Sprintf("%s (%s)", name, ambiguous[pairOf(n.Name, name)])
+		}
+		switch {
 		case reason == "":
 			effective = append(effective, name)
 		case !asked[name]: // named only by the other side: nothing this Network asked for is missing
 		case reason == "Overlapping":
 			overlapping = append(overlapping, why)
+		case reason == "Ambiguous":
+			conflicting = append(conflicting, why)
 		default:
 			unknown = append(unknown, why)
 		}
@@ -785,16 +795,19 @@ func (c *Controller) crossTalkLocked(n *networkv1.Network, st *netAlloc, deletin
 	slices.Sort(effective)
 	slices.Sort(overlapping)
 	slices.Sort(unknown)
+	slices.Sort(conflicting)
 	switch {
 	case len(overlapping) > 0:
 		cond.Status, cond.Reason = metav1.ConditionFalse, "Overlapping"
+	case len(conflicting) > 0:
+		cond.Status, cond.Reason = metav1.ConditionFalse, "Ambiguous"
 	case len(unknown) > 0:
 		cond.Status, cond.Reason = metav1.ConditionFalse, "UnknownNetwork"
 	default:
 		cond.Status, cond.Reason = metav1.ConditionTrue, "Effective"
 	}
 	if cond.Status == metav1.ConditionFalse {
-		cond.Message = "no cross-talk with " + strings.Join(append(overlapping, unknown...), ", ")
+		cond.Message = "no cross-talk with " + strings.Join(append(append(overlapping, conflicting...), unknown...), ", ")
 		if len(effective) > 0 {
 			cond.Message += "; cross-talk with " + strings.Join(effective, ", ")
 		}
@@ -804,6 +817,91 @@ func (c *Controller) crossTalkLocked(n *networkv1.Network, st *netAlloc, deletin
 		cond.Message = "no cross-talk asked for"
 	}
 	return effective, cond
+}
+
+// pairOf names an unordered pair of Networks.
+func pairOf(a, b string) [2]string {
+	if a > b {
+		a, b = b, a
+	}
+	return [2]string{a, b}
+}
+
+// talkPairsLocked decides, cluster-wide, which pairs of Networks exchange traffic: of the pairs either
+// side asks for whose Networks are live, valid and apart (peerLocked), one is kept unless it would give
+// one of the two a second peer whose addresses overlap an existing peer's (then an address would name
+// two networks: the pair is ambiguous, and the note names the peer it collides with). First come,
+// first served: pairs already in effect (in both Networks' status.crossTalk) are kept before new ones,
+// so a new request never takes an existing pair's traffic away; among new pairs, by name. c.mu is held.
+func (c *Controller) talkPairsLocked(nets []*networkv1.Network) (kept map[[2]string]bool, ambiguous map[[2]string]string) {
+	byName := make(map[string]*networkv1.Network, len(nets))
+	for _, m := range nets {
+		byName[m.Name] = m
+	}
+	type pair struct {
+		p           [2]string
+		established bool
+	}
+	var pairs []pair
+	seen := map[[2]string]bool{}
+	for _, a := range nets {
+		if a.DeletionTimestamp != nil {
+			continue
+		}
+		st := c.nets.allocs[a.Name]
+		if st == nil {
+			// Not synced yet: claimed now, so the pairing does not depend on which Network syncs first.
+			c.claimLocked(a, false)
+			if st = c.nets.allocs[a.Name]; st == nil {
+				continue // not valid
+			}
+		}
+		for _, name := range a.Spec.CrossTalk {
+			b := byName[name]
+			p := pairOf(a.Name, name)
+			if b == nil || seen[p] {
+				continue
+			}
+			if reason, _ := c.peerLocked(a, st, name, b); reason != "" {
+				continue
+			}
+			seen[p] = true
+			pairs = append(pairs, pair{p, slices.Contains(a.Status.CrossTalk, name) && slices.Contains(b.Status.CrossTalk, a.Name)})
+		}
+	}
+	slices.SortFunc(pairs, func(x, y pair) int {
+		if x.established != y.established {
+			if x.established {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(x.p[0]+"\x00"+x.p[1], y.p[0]+"\x00"+y.p[1])
+	})
+	kept, ambiguous = map[[2]string]bool{}, map[[2]string]string{}
+	peers := map[string][]string{}
+	clash := func(of, with string) string { // a peer of `of` overlapping `with`
+		for _, q := range peers[of] {
+			if qa, wa := c.nets.allocs[q], c.nets.allocs[with]; qa != nil && wa != nil && qa.cidr.Overlaps(wa.cidr) {
+				return q
+			}
+		}
+		return ""
+	}
+	for _, x := range pairs {
+		a, b := x.p[0], x.p[1]
+		if q := clash(a, b); q != "" {
+			ambiguous[x.p] = fmt.Sprintf("%s talks to %s already, whose addresses overlap %s's", a, q, b)
+			continue
+		}
+		if q := clash(b, a); q != "" {
+			ambiguous[x.p] = fmt.Sprintf("%s talks to %s already, whose addresses overlap %s's", b, q, a)
+			continue
+		}
+		kept[x.p] = true
+		peers[a], peers[b] = append(peers[a], b), append(peers[b], a)
+	}
+	return kept, ambiguous
 }
 
 // peerLocked says why a Network cannot exchange traffic with another (m: nil when it does not exist):
@@ -886,7 +984,7 @@ func (c *Controller) writeNetworkStatus(ctx context.Context, n *networkv1.Networ
 			turns = append(turns, turn{corev1.EventTypeNormal, "Deleting", "deletion waits: " + cond.Message})
 		case cond.Status == metav1.ConditionFalse && (cond.Type == networkv1.ConditionValid && cond.Reason != "Deleting" ||
 			cond.Type == networkv1.ConditionSubnetsAvailable && cond.Reason == "Exhausted" ||
-			cond.Type == networkv1.ConditionCrossTalk && (cond.Reason == "Overlapping" || cond.Reason == "UnknownNetwork")):
+			cond.Type == networkv1.ConditionCrossTalk && (cond.Reason == "Overlapping" || cond.Reason == "UnknownNetwork" || cond.Reason == "Ambiguous")):
 			turns = append(turns, turn{corev1.EventTypeWarning, cond.Reason, cond.Message})
 		}
 		meta.SetStatusCondition(&status.Conditions, cond)

@@ -644,6 +644,45 @@ func TestNetworkCrossTalk(t *testing.T) {
 	}
 }
 
+// TestNetworkCrossTalkAmbiguous: a Network's peers never overlap each other (a destination address must
+// name one network). A pair in effect keeps its traffic when another Network with the same addresses as
+// one side asks for the other: the newcomer is refused as Ambiguous, naming the pair it collides with;
+// once the established pair goes, the newcomer gets its turn.
+func TestNetworkCrossTalkAmbiguous(t *testing.T) {
+	established := func(peers ...string) netOpt { return func(n *networkv1.Network) { n.Status.CrossTalk = peers } }
+	red := netw("red", "10.1.0.0/16", 8, talksTo("green"), established("green"))
+	green := netw("green", "10.3.0.0/16", 8, established("red"))
+	blue := netw("blue", "10.1.0.0/16", 8, talksTo("green")) // red's addresses; "blue" < "red" by name
+	f := newNetFixture(t, fixtureOpts{}, objs(cluster(1), []runtime.Object{red, green, blue})...)
+	f.converge()
+	for name, want := range map[string][]string{"red": {"green"}, "green": {"red"}, "blue": nil} {
+		if got := f.network(name).Status.CrossTalk; !slices.Equal(got, want) {
+			t.Errorf("%s: crossTalk %v, want %v", name, got, want)
+		}
+	}
+	c := wantCondition(t, f.network("blue"), networkv1.ConditionCrossTalk, metav1.ConditionFalse, "Ambiguous")
+	if !strings.Contains(c.Message, "green (") || !strings.Contains(c.Message, "red") {
+		t.Errorf("blue's CrossTalk message %q names neither green nor the red pair it collides with", c.Message)
+	}
+	wantCondition(t, f.network("green"), networkv1.ConditionCrossTalk, metav1.ConditionTrue, "Effective")
+	ev := f.events.take()
+	if !slices.ContainsFunc(ev, func(e event) bool { return e.object == "blue" && e.reason == "Ambiguous" }) {
+		t.Errorf("no Ambiguous Warning Event on blue: %+v", ev)
+	}
+	// red stops asking: blue and green talk.
+	r := f.network("red").DeepCopy()
+	r.Spec.CrossTalk = nil
+	if _, err := f.net.NetworkV1().Networks().Update(f.ctx, r, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.converge()
+	for name, want := range map[string][]string{"red": nil, "green": {"blue"}, "blue": {"green"}} {
+		if got := f.network(name).Status.CrossTalk; !slices.Equal(got, want) {
+			t.Errorf("after red let go: %s: crossTalk %v, want %v", name, got, want)
+		}
+	}
+}
+
 func cmpOr(s, def string) string {
 	if s == "" {
 		return def
