@@ -475,6 +475,49 @@ func TestNetworks(t *testing.T) {
 	t.Run("bad input", func(t *testing.T) { networkBadInput(t, ctx, o, nodes) })
 
 	t.Run("deletion waits for pods", func(t *testing.T) { networkDeletion(t, ctx, o, nodes[0]) })
+
+	t.Run("DEL leaves nothing", func(t *testing.T) {
+		for _, p := range append(append([]*cluster.Pod(nil), podsA...), podsB...) {
+			if err := lc.DeletePod(ctx, p.Namespace, p.Name); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, ns := range []string{nsA, nsB} {
+			list, err := lc.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var names []string
+			for _, p := range list.Items {
+				_ = lc.DeletePod(ctx, ns, p.Name)
+				names = append(names, p.Name)
+			}
+			for _, p := range append(append([]*cluster.Pod(nil), podsA...), podsB...) {
+				if p.Namespace == ns {
+					names = append(names, p.Name)
+				}
+			}
+			for _, n := range nodes {
+				if l := networkCensus(t, ctx, n, ns, names); l != "" {
+					t.Errorf("%s keeps, of namespace %s's deleted pods: %s", n.Name, ns, l)
+				}
+			}
+		}
+		// And the Networks' counts came down to zero.
+		for _, name := range []string{"e2e-red", "e2e-blue", "e2e-green"} {
+			deadline := time.Now().Add(30 * time.Second)
+			for {
+				n, err := lc.Net.NetworkV1().Networks().Get(ctx, name, metav1.GetOptions{})
+				if err == nil && n.Status.Attachments == 0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("Network %s still counts attachments after every pod went: %v %+v", name, err, n.Status)
+				}
+				time.Sleep(200 * time.Millisecond)
+			}
+		}
+	})
 }
 
 // multusStyle calls the plugin binary exactly as Multus does for one attachment: the
@@ -688,7 +731,7 @@ func networkBadInput(t *testing.T, ctx context.Context, o *netObjects, nodes []*
 			if ev := waitPodEvent(ctx, ns, spec.Name, "NetworkAttachmentRefused"); !strings.Contains(ev, tc.says) {
 				t.Errorf("Warning Event %q does not say %q", ev, tc.says)
 			}
-			if l := networkCensus(t, ctx, tc.node, ns); l != "" {
+			if l := networkCensus(t, ctx, tc.node, ns, []string{spec.Name}); l != "" {
 				t.Errorf("a refused ADD left on %s: %s", tc.node.Name, l)
 			}
 		})
@@ -756,7 +799,7 @@ func waitPodEvent(ctx context.Context, ns, name, reason string) string {
 
 // networkCensus lists what a node holds of a namespace's pods: Network address reservations, OVS
 // ports, attachment flows ("" nothing).
-func networkCensus(t *testing.T, ctx context.Context, n *cluster.Node, ns string) string {
+func networkCensus(t *testing.T, ctx context.Context, n *cluster.Node, ns string, pods []string) string {
 	t.Helper()
 	var found []string
 	root := filepath.Join(n.StateDir, "networks")
@@ -787,14 +830,12 @@ func networkCensus(t *testing.T, ctx context.Context, n *cluster.Node, ns string
 	if err != nil {
 		t.Fatal(err)
 	}
-	list, _ := lc.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
 	owners := map[uint32]string{}
-	for _, p := range list.Items {
-		owners[pipeline.PodOwner(p.Namespace, p.Name).Hash()] = p.Name
-		for i := 1; i <= 3; i++ {
-			owners[pipeline.AttachmentOwner(p.Namespace, p.Name, fmt.Sprintf("net%d", i)).Hash()] = p.Name
+	for _, name := range pods {
+		owners[pipeline.PodOwner(ns, name).Hash()] = name
+		for _, ifName := range []string{"net1", "net2", "net3", "net4", "net5", "x1", "blue0"} { // every name the suite uses
+			owners[pipeline.AttachmentOwner(ns, name, ifName).Hash()] = name
 		}
-		owners[pipeline.AttachmentOwner(p.Namespace, p.Name, "x1").Hash()] = p.Name
 	}
 	for _, m := range cookieRE.FindAllStringSubmatch(dump, -1) {
 		var v uint64
