@@ -26,6 +26,7 @@ import (
 	"github.com/ofsdn/ofsdn/e2e/cluster"
 	"github.com/ofsdn/ofsdn/e2e/nodesim"
 	"github.com/ofsdn/ofsdn/e2e/testpod"
+	"github.com/ofsdn/ofsdn/flowctl"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
 	"github.com/ofsdn/ofsdn/flows/reconcile"
 	corev1 "k8s.io/api/core/v1"
@@ -426,6 +427,8 @@ func TestNetworks(t *testing.T) {
 
 	t.Run("matrix", func(t *testing.T) { waitNetMatrix(t, ctx, o.model, all, 30*time.Second) })
 
+	t.Run("conntrack zones apart", func(t *testing.T) { conntrackZonesApart(t, ctx, ifA, nodes) })
+
 	t.Run("cluster network unaffected", func(t *testing.T) {
 		pods := append(append([]*cluster.Pod(nil), podsA...), podsB...)
 		netids, err := lc.NetIDs(ctx, nsA, nsB)
@@ -441,6 +444,8 @@ func TestNetworks(t *testing.T) {
 			t.Fatalf("cluster network matrix:\n%s", strings.Join(diff, "\n"))
 		}
 	})
+
+	t.Run("flowctl trace", func(t *testing.T) { traceNetworks(t, ctx, ifA, ifB) })
 
 	t.Run("cross-talk live", func(t *testing.T) {
 		setCrossTalk(t, ctx, "e2e-red", []string{"e2e-green"})
@@ -518,6 +523,106 @@ func TestNetworks(t *testing.T) {
 			}
 		}
 	})
+}
+
+// traceNetworks: flowctl trace, live across the nodes, follows a pod's interface on a Network to the
+// pod that has the address on that Network (not the same address on the other Network), and says where
+// a Network stops.
+func traceNetworks(t *testing.T, ctx context.Context, ifA, ifB []netIface) {
+	var red, blue, remoteRed, remoteBlue, green netIface
+	for _, i := range ifA {
+		switch {
+		case i.pod.Node == lc.Nodes[0].Name && i.network == "e2e-red":
+			red = i
+		case i.pod.Node == lc.Nodes[0].Name && i.network == "e2e-blue":
+			blue = i
+		case i.pod.Node == lc.Nodes[1].Name && i.network == "e2e-red":
+			remoteRed = i
+		case i.pod.Node == lc.Nodes[1].Name && i.network == "e2e-blue":
+			remoteBlue = i
+		}
+	}
+	for _, i := range ifB {
+		if i.network == "e2e-green" {
+			green = i
+		}
+	}
+	if remoteRed.ip != remoteBlue.ip {
+		t.Fatalf("the remote pod's red and blue addresses differ (%s, %s): the overlap is not traced", remoteRed.ip, remoteBlue.ip)
+	}
+	for _, tc := range []struct {
+		from     netIface
+		to       string
+		kind     string
+		pod, say string
+	}{
+		{red, remoteRed.ip.String(), flowctl.VerdictDelivered, remoteRed.key(), "(Network e2e-red)"},
+		{blue, remoteBlue.ip.String(), flowctl.VerdictDelivered, remoteBlue.key(), "(Network e2e-blue)"},
+		{red, remoteBlue.key(), flowctl.VerdictDelivered, remoteRed.key(), ""}, // the address is red's pod's on red
+		{red, green.ip.String(), flowctl.VerdictDropped, "", "table 130"},
+	} {
+		t.Run(tc.from.key()+"→"+tc.to, func(t *testing.T) {
+			res := traceJSON(t, ctx, "--proto", "udp", "--port", fmt.Sprint(nodesim.NetworksPort), tc.from.key(), tc.to)
+			v := res.Verdict
+			if v.Kind != tc.kind || (tc.pod != "" && v.Pod != tc.pod) || !strings.Contains(v.Text, tc.say) {
+				t.Fatalf("verdict %+v, want %s to %q saying %q", v, tc.kind, tc.pod, tc.say)
+			}
+		})
+	}
+}
+
+// conntrackZonesApart: the same connection (addresses, ports) on red and on blue is two conntrack
+// entries on the receiving node, one in each Network's zone, and none in the cluster network's zones.
+func conntrackZonesApart(t *testing.T, ctx context.Context, ifA []netIface, nodes []*cluster.Node) {
+	find := func(node, network string) netIface {
+		for _, i := range ifA {
+			if i.pod.Node == node && i.network == network {
+				return i
+			}
+		}
+		t.Fatalf("no %s interface on %s", network, node)
+		return netIface{}
+	}
+	dst := nodes[1]
+	var want []string
+	for _, network := range []string{"e2e-red", "e2e-blue"} {
+		from, to := find(nodes[0].Name, network), find(dst.Name, network)
+		// One source port for both: the same 5-tuple on both Networks.
+		out, err := exec.CommandContext(ctx, "ip", "netns", "exec", from.pod.NetNS, filepath.Join(lc.BinDir, "ofsdn-testpod"), "probe", "udp",
+			netip.AddrPortFrom(to.ip, nodesim.NetworksPort).String(), "--dev", from.ifName, "--sport", "41234").CombinedOutput()
+		if err != nil || !strings.HasPrefix(string(out), to.key()+" ") {
+			t.Fatalf("%s → %s: %v: %s", from.key(), to.key(), err, out)
+		}
+		n, err := lc.Net.NetworkV1().Networks().Get(ctx, network, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		zone := pipeline.NetworkZone(n.Status.VNI)
+		ct, err := dst.VswitchdAppctl(ctx, "dpctl/dump-conntrack", "netdev@ovs-netdev", fmt.Sprintf("zone=%d", zone))
+		if err != nil {
+			t.Fatal(err)
+		}
+		entry := fmt.Sprintf("src=%s,dst=%s,sport=41234,dport=%d", from.ip, to.ip, nodesim.NetworksPort)
+		if !strings.Contains(ct, entry) {
+			t.Errorf("%s's zone %d on %s lacks %s:\n%s", network, zone, dst.Name, entry, ct)
+		}
+		want = append(want, fmt.Sprintf("%s zone %d", network, zone))
+	}
+	all, err := dst.VswitchdAppctl(ctx, "dpctl/dump-conntrack", "netdev@ovs-netdev")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(all, "\n") {
+		if strings.Contains(line, "sport=41234") && !strings.Contains(line, "zone=") {
+			t.Errorf("a Network's connection in conntrack's default zone: %s", line)
+		}
+		for _, z := range []uint16{pipeline.ZoneService, pipeline.ZoneHairpin, pipeline.ZoneMasquerade} {
+			if strings.Contains(line, "sport=41234") && strings.Contains(line, fmt.Sprintf("zone=%d", z)) {
+				t.Errorf("a Network's connection in the cluster network's zone %d: %s", z, line)
+			}
+		}
+	}
+	t.Logf("the same 5-tuple on both Networks: one entry in each of %v on %s", want, dst.Name)
 }
 
 // multusStyle calls the plugin binary exactly as Multus does for one attachment: the

@@ -149,8 +149,15 @@ func probeTCP(ctx context.Context, d *net.Dialer, addr string, payload int) (Rep
 // tunnel neighbour can be lost while OVS resolves ARP); an ICMP port unreachable ends it at once
 // (ECONNREFUSED).
 func ProbeUDP(ctx context.Context, addr string) (Reply, error) {
-	return probeUDP(ctx, dialer(), addr)
+	d := dialer()
+	if LocalPort > 0 {
+		d.LocalAddr = &net.UDPAddr{Port: LocalPort}
+	}
+	return probeUDP(ctx, d, addr)
 }
+
+// LocalPort, when set, is the source port of UDP probes (ProbeUDP): one 5-tuple for several probes.
+var LocalPort int
 
 func probeUDP(ctx context.Context, d *net.Dialer, addr string) (Reply, error) {
 	c, err := d.DialContext(ctx, "udp", addr)

@@ -3,7 +3,7 @@
 //
 //	ofsdn-testpod serve --name ns/pod --tcp 8080 --udp 8080 [--sctp 8080] [--networks 8081]
 //	                                                    (--networks: TCP and UDP on each Network interface, net1..., bound to it)
-//	ofsdn-testpod probe tcp|udp|sctp HOST:PORT [--payload 1400] [--timeout 2s] [--dev net1]
+//	ofsdn-testpod probe tcp|udp|sctp HOST:PORT [--payload 1400] [--timeout 2s] [--dev net1] [--sport 41234]
 //	ofsdn-testpod probe-all [--timeout 1s] [--dev net1] tcp|udp|sctp/HOST:PORT...     (JSON result per target, all at once)
 //	ofsdn-testpod repeat tcp|udp|sctp HOST:PORT [--want ns/pod] [--interval 10ms] [--timeout 500ms] [--duration 10s] [--dev net1]
 //	                                                                                  (a new single-attempt connection per interval; JSON counts)
@@ -91,6 +91,7 @@ func run(args []string) error {
 		payload := fs.Int("payload", 0, "TCP: bytes to send and expect echoed")
 		timeout := fs.Duration("timeout", 2*time.Second, "give up after")
 		fs.StringVar(&testpod.BindDevice, "dev", "", "send from this interface (SO_BINDTODEVICE)")
+		fs.IntVar(&testpod.LocalPort, "sport", 0, "UDP: send from this source port")
 		if len(args) < 3 {
 			return fmt.Errorf("usage: probe tcp|udp HOST:PORT")
 		}
