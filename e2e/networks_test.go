@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -24,11 +25,13 @@ import (
 	nadclient "github.com/k8snetworkplumbingwg/network-attachment-definition-client/pkg/client/clientset/versioned"
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
 	"github.com/ofsdn/ofsdn/e2e/cluster"
+	"github.com/ofsdn/ofsdn/e2e/lab"
 	"github.com/ofsdn/ofsdn/e2e/nodesim"
 	"github.com/ofsdn/ofsdn/e2e/testpod"
 	"github.com/ofsdn/ofsdn/flowctl"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
 	"github.com/ofsdn/ofsdn/flows/reconcile"
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -446,6 +449,8 @@ func TestNetworks(t *testing.T) {
 	})
 
 	t.Run("flowctl trace", func(t *testing.T) { traceNetworks(t, ctx, ifA, ifB) })
+
+	t.Run("attacks", func(t *testing.T) { networkAttacks(t, ctx, ifA, ifB) })
 
 	t.Run("cross-talk live", func(t *testing.T) {
 		setCrossTalk(t, ctx, "e2e-red", []string{"e2e-green"})
@@ -1159,4 +1164,170 @@ func BenchmarkCNIAddNetworks(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.ReportMetric(ms(percentile(phases["networks"], 0.99)), "agent-networks-p99-ms")
+}
+
+// networkAttacks: a hostile pod on blue and green (and on the cluster network) tries to reach red's
+// pods: through the address red and blue share, with red's MAC, spoofing a blue neighbour's address or
+// MAC or ARP, from green without cross-talk, and with VXLAN forged with red's VNI from its Network
+// interface and from eth0. Red's interfaces, watched by raw sockets, must see none of it. Controls show
+// the watch sees what arrives: the same datagram reaches blue's interface at that address, an ordinary
+// red datagram reaches red's, and the forged VXLAN sent from a node's host (the trusted underlay) is
+// delivered.
+func networkAttacks(t *testing.T, ctx context.Context, ifA, ifB []netIface) {
+	on := func(ifs []netIface, node int, network string) netIface {
+		for _, i := range ifs {
+			if i.pod.Node == lc.Nodes[node].Name && i.network == network {
+				return i
+			}
+		}
+		t.Fatalf("no %s interface on %s", network, lc.Nodes[node].Name)
+		return netIface{}
+	}
+	vni := map[string]uint32{}
+	for _, name := range []string{"e2e-red", "e2e-blue", "e2e-green"} {
+		n, err := lc.Net.NetworkV1().Networks().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		vni[name] = n.Status.VNI
+	}
+	macOf := func(i netIface) net.HardwareAddr {
+		var mac net.HardwareAddr
+		err := lab.InNetNS(i.pod.NetNS, func() error {
+			ifc, err := net.InterfaceByName(i.ifName)
+			if err == nil {
+				mac = ifc.HardwareAddr
+			}
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return mac
+	}
+	blueAtk, greenAtk := on(ifB, 0, "e2e-blue"), on(ifB, 0, "e2e-green")
+	redV, blueV := on(ifA, 1, "e2e-red"), on(ifA, 1, "e2e-blue") // one address, two Networks
+	redL, blueL := on(ifA, 0, "e2e-red"), on(ifA, 0, "e2e-blue")
+	if redV.ip != blueV.ip || redL.ip != blueL.ip {
+		t.Fatalf("victims' red and blue addresses differ: %s/%s, %s/%s", redV.ip, blueV.ip, redL.ip, blueL.ip)
+	}
+	run := fmt.Sprint(time.Now().UnixNano())
+	atkMAC, redVMAC, blueLMAC := macOf(blueAtk), macOf(redV), macOf(blueL)
+	seen := watchIfaces(t, run, []watchedIface{
+		{redV.key(), redV.pod.NetNS, redV.ifName}, {redL.key(), redL.pod.NetNS, redL.ifName},
+		{blueV.key(), blueV.pod.NetNS, blueV.ifName}, {blueL.key(), blueL.pod.NetNS, blueL.ifName},
+	}, map[string][]spoofedARP{
+		redV.key(): {{spa: blueL.ip, sha: atkMAC}}, redL.key(): {{spa: blueL.ip, sha: atkMAC}},
+		blueV.key(): {{spa: blueL.ip, sha: atkMAC}}, blueL.key(): {{spa: blueL.ip, sha: atkMAC}},
+	})
+	udp := func(src, dst netip.Addr, name string) []byte {
+		return ipv4UDP(src, dst, 40000, atkInnerPort, marker(run, name))
+	}
+	tunnelPort := uint16(networkv1.DefaultVXLANPort)
+	forged := func(name string) []byte { // red's VNI, an inner frame from node 1's red subnet to redV
+		inner := ether(redVMAC, podMAC(redL.ip.Next()), unix.ETH_P_IP, udp(redL.ip.Next(), redV.ip, name))
+		return vxlanPayload(vni["e2e-red"], inner)
+	}
+	type netProbe struct {
+		name          string
+		send          func() error
+		red, blueOnly bool // red: red may see it (a control); blueOnly: only blue's interfaces may
+	}
+	count := atkPerProbe
+	frame := func(from netIface, f []byte) func() error {
+		return func() error { return sendFramesOn(from.pod.NetNS, from.ifName, [][]byte{f}, count, 0) }
+	}
+	probes := []netProbe{
+		// Controls.
+		{name: "net-legit-red", red: true, send: func() error {
+			return sendUDPOn(redL.pod.NetNS, redL.ifName, netip.AddrPortFrom(redV.ip, atkInnerPort), marker(run, "net-legit-red"), count)
+		}},
+		{name: "net-underlay-red", red: true, send: func() error {
+			return sendUDP(lc.Nodes[0].NetNS, netip.AddrPortFrom(lc.Nodes[1].IP, tunnelPort), forged("net-underlay-red"), count, 5*time.Millisecond)
+		}},
+		// The address red and blue share, from blue: blue's interface has it, red's never sees it.
+		{name: "net-blue-to-shared-address", blueOnly: true, send: func() error {
+			return sendUDPOn(blueAtk.pod.NetNS, blueAtk.ifName, netip.AddrPortFrom(redV.ip, atkInnerPort), marker(run, "net-blue-to-shared-address"), count)
+		}},
+		{name: "net-red-mac", blueOnly: true, send: frame(blueAtk, ether(redVMAC, atkMAC, unix.ETH_P_IP, udp(blueAtk.ip, redV.ip, "net-red-mac")))},
+		// Spoofing on blue: a neighbour's address, its MAC, ARP claiming its address.
+		{name: "net-spoof-ip", send: frame(blueAtk, ether(podMAC(redV.ip), atkMAC, unix.ETH_P_IP, udp(blueL.ip, redV.ip, "net-spoof-ip")))},
+		{name: "net-spoof-ip-mac", send: frame(blueAtk, ether(podMAC(redV.ip), blueLMAC, unix.ETH_P_IP, udp(blueL.ip, redV.ip, "net-spoof-ip-mac")))},
+		{name: "net-spoof-arp", send: frame(blueAtk, arpFrame(net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, 2, atkMAC, blueL.ip,
+			net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, blueL.ip))},
+		// Green does not talk to red: not by address, not through green's gateway.
+		{name: "net-green-to-red", send: frame(greenAtk, ether(pipeline.NetworkGatewayMAC(vni["e2e-green"]), macOf(greenAtk), unix.ETH_P_IP,
+			udp(greenAtk.ip, redV.ip, "net-green-to-red")))},
+		// VXLAN forged with red's VNI, to the node holding the victim: from blue's interface (through its
+		// gateway) and from the cluster network.
+		{name: "net-vxlan-from-blue", send: frame(blueAtk, ether(pipeline.NetworkGatewayMAC(vni["e2e-blue"]), atkMAC, unix.ETH_P_IP,
+			ipv4UDP(blueAtk.ip, lc.Nodes[1].IP, 40000, tunnelPort, forged("net-vxlan-from-blue"))))},
+		{name: "net-vxlan-from-eth0", send: func() error {
+			return sendUDP(blueAtk.pod.NetNS, netip.AddrPortFrom(lc.Nodes[1].IP, tunnelPort), forged("net-vxlan-from-eth0"), count, 0)
+		}},
+	}
+	for _, p := range probes {
+		if err := p.send(); err != nil {
+			t.Fatalf("%s: %v", p.name, err)
+		}
+	}
+	time.Sleep(time.Second)
+	seen.close()
+	reds, blues := []string{redV.key(), redL.key()}, []string{blueV.key(), blueL.key()}
+	attacks := 0
+	for _, p := range probes {
+		var redSaw, blueSaw int
+		for _, k := range reds {
+			redSaw += seen.seenBy(k, p.name)
+		}
+		for _, k := range blues {
+			blueSaw += seen.seenBy(k, p.name)
+		}
+		switch {
+		case p.red:
+			if redSaw < count-1 {
+				t.Errorf("control %s: red's interfaces saw %d of %d: the watch or the datagram is broken", p.name, redSaw, count)
+			}
+		case p.blueOnly:
+			attacks++
+			if redSaw > 0 {
+				t.Errorf("attack %s: red's interfaces saw %d", p.name, redSaw)
+			}
+			if p.name == "net-blue-to-shared-address" && blueSaw < count-1 {
+				t.Errorf("control %s: blue's interface at the shared address saw %d of %d", p.name, blueSaw, count)
+			}
+		default:
+			attacks++
+			if redSaw+blueSaw > 0 {
+				t.Errorf("attack %s: red saw %d, blue %d", p.name, redSaw, blueSaw)
+			}
+		}
+	}
+	for _, k := range append(reds, blues...) {
+		if n := seen.seenBy(k, "arp-spoofed"); n > 0 {
+			t.Errorf("%s saw %d ARP packets claiming %s with the attacker's MAC", k, n, blueL.ip)
+		}
+	}
+	t.Logf("%d attacks (%d frames and datagrams) on red's pods from blue, green and the cluster network: 0 delivered; controls: %d ordinary red, %d underlay forgeries to red",
+		attacks, attacks*count, seen.seenBy(redV.key(), "net-legit-red"), seen.seenBy(redV.key(), "net-underlay-red"))
+}
+
+// sendUDPOn sends payload count times from a socket bound to an interface of netns.
+func sendUDPOn(netns, ifName string, dst netip.AddrPort, payload []byte, count int) error {
+	return lab.InNetNS(netns, func() error {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		if err := unix.BindToDevice(fd, ifName); err != nil {
+			return err
+		}
+		to := &unix.SockaddrInet4{Port: int(dst.Port()), Addr: dst.Addr().As4()}
+		for range count {
+			_ = unix.Sendto(fd, payload, 0, to) // an ICMP error from an earlier one fails a later send; keep going
+			time.Sleep(5 * time.Millisecond)
+		}
+		return nil
+	})
 }
