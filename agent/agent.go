@@ -298,11 +298,19 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := checkPrerequisites(ctx, cfg, cfg.Logger.WithName("agent").WithValues("node", cfg.NodeName)); err != nil {
 		return err
 	}
-	kube, err := kubernetes.NewForConfig(cfg.RestConfig)
+	rc := rest.CopyConfig(cfg.RestConfig)
+	if rc.QPS == 0 {
+		// client-go's default (5/s, bursts of 10) would queue a node's pod-start burst behind its own
+		// writes: a pod the informer has not seen yet is read from the API server by its ADD (its
+		// networks), and each attached pod gets its network-status. Reads of this rate are the
+		// kubelet's order, per node.
+		rc.QPS, rc.Burst = 50, 100
+	}
+	kube, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}
-	net, err := networkclient.NewForConfig(cfg.RestConfig)
+	net, err := networkclient.NewForConfig(rc)
 	if err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}
@@ -311,7 +319,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("agent: %w", err)
 	}
 	defer db.Close()
-	nad, err := nadclient.NewForConfig(cfg.RestConfig)
+	nad, err := nadclient.NewForConfig(rc)
 	if err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}

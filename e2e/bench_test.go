@@ -175,7 +175,7 @@ func BenchmarkCNIAddRuntimeOnly(b *testing.B) {
 
 var (
 	podAttachedPod   = regexp.MustCompile(`"pod attached".*\bpod="([^"]+)"`)
-	podAttachedPhase = regexp.MustCompile(`\b(total|ipam|veth|ovsdb|networks|flows)="?([0-9.]+(?:ns|µs|us|ms|s))"?`)
+	podAttachedPhase = regexp.MustCompile(`\b(total|ipam|veth|ovsdb|networks-wait|flows)="?([0-9.]+(?:ns|µs|us|ms|s))"?`)
 )
 
 // addPhases reads the agent's "pod attached" lines for pods whose key starts with prefix and returns the

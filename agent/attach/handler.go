@@ -296,6 +296,15 @@ func (p *Handler) Add(ctx context.Context, req *cni.Request) (*current.Result, e
 			}
 		}
 	}()
+	// The Networks' interfaces are plumbed beside eth0's, each on a goroutine of its own: a pod with three
+	// interfaces waits for the slowest, not for the sum. A failed ADD waits for them before its undo
+	// (deferred calls run last first).
+	waitNets := p.attachNetworks(ctx, req, plans, mtu)
+	defer func() {
+		if !ok {
+			_, _, _ = waitNets()
+		}
+	}()
 	// A port an unfinished ADD of this sandbox left is bound to the veth about to be replaced: OVS would
 	// keep its number for a binding that no longer carries anything. Attach anew.
 	if err := p.db.DeletePort(ctx, p.bridge, hostVeth); err != nil {
@@ -323,13 +332,13 @@ func (p *Handler) Add(ctx context.Context, req *cni.Request) (*current.Result, e
 	gen := p.node.Attach(Pod{Namespace: req.PodNamespace(), Name: req.PodName(),
 		SandboxID: req.ContainerID, IfName: req.IfName, NetNS: req.Netns, IP: ip, MAC: mac, OFPort: uint32(ofport), HostVeth: hostVeth})
 	owners := []reconcile.Owner{pipeline.PodOwner(req.PodNamespace(), req.PodName())}
-	var nets []NetAttachment
-	for _, plan := range plans {
-		a, g, err := p.attachNetwork(ctx, req, plan, mtu)
-		if err != nil {
-			return nil, err
-		}
-		nets, gen, owners = append(nets, a), g, append(owners, a.Owner())
+	nets, netGen, err := waitNets()
+	if err != nil {
+		return nil, err
+	}
+	gen = max(gen, netGen)
+	for _, a := range nets {
+		owners = append(owners, a.Owner())
 	}
 	attached := time.Now()
 	if err := p.flows.SyncThrough(ctx, gen, owners...); err != nil {
@@ -338,9 +347,9 @@ func (p *Handler) Add(ctx context.Context, req *cni.Request) (*current.Result, e
 	ok = true
 	p.notify()
 	// Where an ADD's time went, for whoever chases CNI latency.
-	p.log.V(2).Info("pod attached", "pod", k8sobj.PodKey(req.PodNamespace(), req.PodName()), "ip", ip, "ofport", ofport, "networks", len(nets),
+	p.log.V(2).Info("pod attached", "pod", k8sobj.PodKey(req.PodNamespace(), req.PodName()), "ip", ip, "ofport", ofport, "interfaces", 1+len(nets),
 		"total", time.Since(start), "ipam", allocated.Sub(start), "veth", wired.Sub(allocated), "ovsdb", ported.Sub(wired),
-		"networks", attached.Sub(ported), "flows", time.Since(attached))
+		"networks-wait", attached.Sub(ported), "flows", time.Since(attached))
 	res := p.result(req, hostVeth, mac, ip, subnet, gw, clusterNets, mtu)
 	p.appendNetResults(res, req.Netns, nets, mtu)
 	return res, nil

@@ -23,6 +23,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"sync"
 	"time"
 
 	current "github.com/containernetworking/cni/pkg/types/100"
@@ -243,6 +244,33 @@ func (p *Handler) attachNetwork(ctx context.Context, req *cni.Request, plan netP
 	a := NetAttachment{Namespace: req.PodNamespace(), Name: req.PodName(), SandboxID: req.ContainerID, IfName: r.Interface, NetNS: req.Netns,
 		Network: pl.Network, NAD: r.NAD, IP: ip, Prefix: prefix, MAC: mac, MTU: mtu, OFPort: uint32(ofport), HostVeth: hostVeth}
 	return a, p.node.AttachNetwork(a), nil
+}
+
+// attachNetworks starts attaching every planned interface, each on a goroutine of its own, and returns
+// the wait for them: the attachments in plan order, the view's generation holding all of them, and the
+// first error (the caller's undo of the sandbox removes whatever was attached).
+func (p *Handler) attachNetworks(ctx context.Context, req *cni.Request, plans []netPlan, mtu int) (wait func() ([]NetAttachment, uint64, error)) {
+	atts := make([]NetAttachment, len(plans))
+	gens := make([]uint64, len(plans))
+	errs := make([]error, len(plans))
+	var wg sync.WaitGroup
+	for i, plan := range plans {
+		wg.Go(func() { atts[i], gens[i], errs[i] = p.attachNetwork(ctx, req, plan, mtu) })
+	}
+	var once sync.Once
+	return func() ([]NetAttachment, uint64, error) {
+		once.Do(wg.Wait)
+		for _, err := range errs {
+			if err != nil {
+				return nil, 0, err
+			}
+		}
+		var gen uint64
+		for _, g := range gens {
+			gen = max(gen, g)
+		}
+		return atts, gen, nil
+	}
 }
 
 // podnetError maps podnet's errors to CNI codes.
