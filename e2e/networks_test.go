@@ -452,6 +452,32 @@ func TestNetworks(t *testing.T) {
 
 	t.Run("attacks", func(t *testing.T) { networkAttacks(t, ctx, ifA, ifB) })
 
+	t.Run("encapsulation none", func(t *testing.T) {
+		// The cluster network goes unencapsulated; Networks stay in VXLAN (their addresses overlap) and
+		// keep every pair of the matrix, and the cluster network its own.
+		t.Cleanup(func() {
+			if _, err := lc.SetEncapsulation(context.Background(), networkv1.EncapsulationVXLAN); err != nil {
+				t.Errorf("back to vxlan: %v", err)
+			}
+		})
+		if _, err := lc.SetEncapsulation(ctx, networkv1.EncapsulationNone); err != nil {
+			t.Fatal(err)
+		}
+		waitNetMatrix(t, ctx, o.model, all, 30*time.Second)
+		pods := append(append([]*cluster.Pod(nil), podsA...), podsB...)
+		netids, err := lc.NetIDs(ctx, nsA, nsB)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cn, err := lc.Net.NetworkV1().ClusterNetworks().Get(ctx, networkv1.ClusterNetworkName, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, diff, _ := lc.WaitMatrix(ctx, pods, cluster.Expected(pods, netids, cn.Spec.PluginMode), 30*time.Second); len(diff) > 0 {
+			t.Fatalf("cluster network matrix in encapsulation none:\n%s", strings.Join(diff, "\n"))
+		}
+	})
+
 	t.Run("cross-talk live", func(t *testing.T) {
 		setCrossTalk(t, ctx, "e2e-red", []string{"e2e-green"})
 		o.model.pairs[talkPair("e2e-red", "e2e-green")] = true
