@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"slices"
 	"sort"
+	"strings"
 
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
 	"github.com/ofsdn/ofsdn/debugapi"
@@ -107,7 +108,7 @@ func (s *uiServer) nodeRows(ctx context.Context, o *clusterObjects) uiNodes {
 				}
 			}
 			sort.Strings(tunnels)
-			row.Tunnel = fmt.Sprint(tunnels)
+			row.Tunnel = strings.Join(tunnels, ", ")
 			if v.Mode != "" && info.Mode != string(v.Mode) {
 				v.Attention = append(v.Attention, fmt.Sprintf("node %s: its agent renders %s mode, the ClusterNetwork says %s", n.Name, info.Mode, v.Mode))
 			}

@@ -288,7 +288,11 @@ func (s *uiServer) overview(ctx context.Context, _ *http.Request, p *uiPage) {
 		v.Policies = len(l.Items)
 	}
 	if o.cn != nil && o.cn.Spec.PluginMode != networkv1.PluginModeNetworkPolicy && v.Policies > 0 {
-		v.Attention = append(v.Attention, fmt.Sprintf("%d NetworkPolicies exist, but the cluster runs in %s mode: they are not enforced", v.Policies, o.cn.Spec.PluginMode))
+		what := fmt.Sprintf("%d NetworkPolicies exist", v.Policies)
+		if v.Policies == 1 {
+			what = "1 NetworkPolicy exists"
+		}
+		v.Attention = append(v.Attention, what+", but the cluster runs in "+string(o.cn.Spec.PluginMode)+" mode: not enforced")
 	}
 	p.Data = v
 }

@@ -272,16 +272,22 @@ type agentAnswer[T any] struct {
 // OK says whether the agent answered.
 func (a agentAnswer[T]) OK() bool { return a.Value != nil }
 
-// askAgents asks every node's agent at once, each bounded by the agent limit: an agent that does not
-// answer in time is reported as such and never holds the page longer.
+// agentsAtOnce bounds how many agents one page asks at a time (through the API server's proxy).
+const agentsAtOnce = 16
+
+// askAgents asks the nodes' agents, up to agentsAtOnce at a time, each bounded by the agent limit: an
+// agent that does not answer in time is reported as such and never holds the page longer.
 func askAgents[T any](ctx context.Context, s *uiServer, nodes []string, ask func(context.Context, debugapi.Backend) (*T, error)) map[string]agentAnswer[T] {
 	out := make(map[string]agentAnswer[T], len(nodes))
 	var mu sync.Mutex
 	var wg sync.WaitGroup
+	slots := make(chan struct{}, agentsAtOnce)
 	for _, n := range nodes {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			slots <- struct{}{}
+			defer func() { <-slots }()
 			a := askAgent(ctx, s, n, ask)
 			mu.Lock()
 			out[n] = a

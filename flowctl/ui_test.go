@@ -230,7 +230,7 @@ func TestUIPages(t *testing.T) {
 	}{
 		{"/", 200, []string{"2 / 2 agents answering", "5 tenants (NetNamespaces) on 5 NETIDs, 1 global", "1 Networks", "2 NetworkPolicies",
 			"tenant green: request \"join:blue\" not carried out yet", "Network alpha: CrossTalk is False (UnknownNetwork): gamma: no such Network",
-			"2 NetworkPolicies exist, but the cluster runs in multitenant mode: they are not enforced", "Plugin mode multitenant", "10.128.0.0/14",
+			"2 NetworkPolicies exist, but the cluster runs in multitenant mode: not enforced", "Plugin mode multitenant", "10.128.0.0/14",
 			"2 of 512 allocated", "Valid: True"}, []string{"could not be read"}},
 		{"/networks", 200, []string{"alpha", "10.200.0.0/16", "16773121", "namespaces team=blue: blue", "asked: gamma", "CrossTalk: False"}, nil},
 		{"/networks/alpha", 200, []string{"10.200.1.0/24", "198.51.100.11", "blue/a@net1", "yes", "gamma: no such Network"}, nil},
@@ -240,7 +240,7 @@ func TestUIPages(t *testing.T) {
 			"Namespaces without a NetNamespace yet (the controller has not given them a NETID; their pods cannot start): fresh",
 			"NetNamespaces whose namespace is gone (the controller removes them): gone"}, nil},
 		{"/nodes", 200, []string{"n1 Ready 198.51.100.11 10.128.0.0/23 answers", "n2 Ready 198.51.100.12 10.128.2.0/23 answers",
-			fmt.Sprintf("this flowctl reads pipeline version %d", pipeline.PipelineVersion), "[vxlan0]"}, []string{"Needs attention"}},
+			fmt.Sprintf("this flowctl reads pipeline version %d", pipeline.PipelineVersion), "vxlan0"}, []string{"Needs attention"}},
 		{"/nodes/n1", 200, []string{"Bridge br0", "Round 7", "blue/a 10.128.0.3", "n2 198.51.100.12 10.128.2.0/23", "Drift", "none — 40 flows",
 			"red 14"}, nil},
 		{"/nodes/n9", 404, []string{"reading node n9"}, nil},
