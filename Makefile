@@ -56,7 +56,7 @@ e2e: deps k8s-bins build sweep
 ## ui-test: the web console's browser tests alone (headless Chromium): the accessibility checker, the
 ## console on fakes, then on the 3-node lab; screenshots in $(OUT)/ui-screenshots/.
 ui-test: deps k8s-bins build sweep
-	$(GOTEST) -run 'TestAccessibilityChecker|TestUIInBrowser' ./internal/browser/ ./flowctl/
+	$(GOTEST) -run 'TestAccessibilityChecker|TestLoopbackOnly|TestUIInBrowser' ./internal/browser/ ./flowctl/
 	$(GOTEST) -tags e2e -timeout 20m -run 'TestConsole' ./e2e/
 
 ## bench: benchmarks that print their figures (ratios against baselines measured in the same run);

@@ -105,3 +105,30 @@ func TestAccessibilityChecker(t *testing.T) {
 		t.Errorf("want 2 contrast violations, got %d:\n%s", contrast, bad)
 	}
 }
+
+// The browser reaches nothing but loopback: a page of another host goes to the dead proxy at
+// 127.0.0.1:9 (so no packet leaves the machine, and no name is looked up), while loopback pages load.
+func TestLoopbackOnly(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts Chromium")
+	}
+	exe := Require(t)
+	b, err := Start(t.Context(), exe, t.Logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	ctx, cancel := b.Tab()
+	defer cancel()
+	ctx, cancel2 := context.WithTimeout(ctx, time.Minute)
+	defer cancel2()
+	// .invalid never resolves anywhere (RFC 2606); and were the proxy not in force, the name would
+	// still not be looked up: host-resolver-rules maps every name but localhost to NOTFOUND.
+	err = chromedp.Do(ctx, chromedp.Navigate("http://ofsdn-browser-test.invalid/"))
+	if err == nil || !strings.Contains(err.Error(), "ERR_PROXY_CONNECTION_FAILED") {
+		t.Errorf("a page of another host: %v, want the dead proxy's ERR_PROXY_CONNECTION_FAILED", err)
+	}
+	if err := chromedp.Do(ctx, chromedp.Navigate(serve(t, goodPage))); err != nil {
+		t.Errorf("a loopback page: %v", err)
+	}
+}
