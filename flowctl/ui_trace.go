@@ -176,6 +176,7 @@ func init() {
 		return ""
 	}
 	uiFuncs["traceURL"] = traceURL
+	uiFuncs["sub"] = func(a, b int) int { return a - b }
 	uiFuncs["verdictClass"] = func(kind string) string {
 		switch kind {
 		case VerdictDelivered, VerdictLeftCluster, VerdictHost:
