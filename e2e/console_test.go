@@ -35,6 +35,13 @@ import (
 func TestConsole(t *testing.T) {
 	ctx := ctxT(t, 10*time.Minute)
 	exe := browser.Require(t)
+	cn, err := lc.Net.NetworkV1().ClusterNetworks().Get(ctx, networkv1.ClusterNetworkName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cn.Spec.PluginMode != networkv1.PluginModeMultitenant {
+		t.Fatalf("the lab runs in %s mode: this test's expectations (tenants isolate, policies are not enforced) are multitenant's, as TestMain starts it", cn.Spec.PluginMode)
+	}
 	const blue, red, green = "e2e-ui-blue", "e2e-ui-red", "e2e-ui-green"
 	n1, n2 := lc.Nodes[0], lc.Nodes[1]
 	for _, ns := range []string{blue, red, green} {

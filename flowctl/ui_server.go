@@ -339,7 +339,9 @@ func agentError(err error) string {
 		case http.StatusServiceUnavailable:
 			return "the agent is starting or the node proxy cannot reach it (HTTP 503): " + body
 		case http.StatusForbidden:
-			return "forbidden (HTTP 403): reading agents needs get on nodes/proxy: " + body
+			return "forbidden (HTTP 403): your kubeconfig's user may not read this node's agent (the node proxy needs get on nodes/proxy): " + body
+		case http.StatusUnauthorized:
+			return "unauthorized (HTTP 401): your credentials were not accepted on the way to the agent: " + body
 		}
 		return fmt.Sprintf("HTTP %d: %s", re.Status, body)
 	}

@@ -660,3 +660,21 @@ func contrast(t *testing.T, a, b string) float64 {
 	x, y := lum(a), lum(b)
 	return (math.Max(x, y) + 0.05) / (math.Min(x, y) + 0.05)
 }
+
+// What a node shows when its agent cannot be read: the node proxy's refusals said in words.
+func TestUIAgentError(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		says string
+	}{
+		{&debugapi.ResponseError{Status: 503, Body: "no endpoints"}, "the agent is starting or the node proxy cannot reach it (HTTP 503): no endpoints"},
+		{&debugapi.ResponseError{Status: 403, Body: `nodes "n1" is forbidden`}, "may not read this node's agent (the node proxy needs get on nodes/proxy)"},
+		{&debugapi.ResponseError{Status: 401, Body: "Unauthorized"}, "unauthorized (HTTP 401)"},
+		{&debugapi.ResponseError{Status: 500, Body: strings.Repeat("x", 1000)}, "HTTP 500: " + strings.Repeat("x", 300) + "…"},
+		{fmt.Errorf("debug API of node n1: %w", errors.New("dial tcp: connection refused")), "debug API of node n1: dial tcp: connection refused"},
+	} {
+		if got := agentError(tc.err); !strings.Contains(got, tc.says) {
+			t.Errorf("%v: %q, want it to say %q", tc.err, got, tc.says)
+		}
+	}
+}
