@@ -373,8 +373,9 @@ var uiFuncs = template.FuncMap{
 		}
 		return fmt.Sprintf("%d %s", n, many)
 	},
-	"clock": func(t time.Time) string { return t.Format("15:04:05") },
-	"stamp": func(t time.Time) string { return t.UTC().Format(time.RFC3339) },
+	"clock":    func(t time.Time) string { return t.Format("15:04:05") },
+	"utcClock": func(t time.Time) string { return t.UTC().Format("15:04:05") },
+	"stamp":    func(t time.Time) string { return t.UTC().Format(time.RFC3339) },
 }
 
 // ago says how long ago t was, coarsely.

@@ -66,7 +66,7 @@
     src.addEventListener('drop', function (ev) {
       var d = JSON.parse(ev.data);
       var tr = document.createElement('tr');
-      cell(tr, new Date(d.time).toLocaleTimeString(), 'mono');
+      cell(tr, new Date(d.time).toISOString().substr(11, 8), 'mono'); // UTC, as the server writes it
       cell(tr, d.node);
       cell(tr, d.src, 'mono');
       cell(tr, d.dst, 'mono');
