@@ -162,8 +162,13 @@ func newLiveWorld(nf nodeFlags) (*liveWorld, error) {
 	if err != nil {
 		return nil, err
 	}
-	w := &liveWorld{kube: kube, cfg: cfg, nf: nf, nodes: map[string]*traceNode{}, agents: map[string]debugapi.Backend{}}
-	return w, nil
+	return liveWorldOf(cfg, kube, nf), nil
+}
+
+// liveWorldOf is a fresh live world on a client that exists already (flowctl ui makes one per trace,
+// so every trace reads the nodes as they are now).
+func liveWorldOf(cfg *rest.Config, kube kubernetes.Interface, nf nodeFlags) *liveWorld {
+	return &liveWorld{kube: kube, cfg: cfg, nf: nf, nodes: map[string]*traceNode{}, agents: map[string]debugapi.Backend{}}
 }
 
 func (w *liveWorld) live() bool { return true }
