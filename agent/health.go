@@ -2,8 +2,11 @@ package agent
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
+	stdlog "log"
 	"net"
 	"net/http"
 	"net/http/pprof"
@@ -256,16 +259,25 @@ func (a *Agent) metricsHandler() http.Handler {
 	return mux
 }
 
-// serveHTTP serves handler on an already bound listener until ctx ends.
-func serveHTTP(ctx context.Context, ln net.Listener, handler http.Handler, log func(error)) {
-	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second}
+// serveHTTP serves handler on an already bound listener until ctx ends, over TLS with tlsConfig (nil:
+// plain HTTP, for the unix socket).
+func serveHTTP(ctx context.Context, ln net.Listener, tlsConfig *tls.Config, handler http.Handler, log func(error)) {
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second, TLSConfig: tlsConfig,
+		// TLS handshake errors (a scanner, a plain-HTTP probe) are the caller's, not the agent's.
+		ErrorLog: stdlog.New(io.Discard, "", 0)}
 	context.AfterFunc(ctx, func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		_ = srv.Shutdown(sctx)
 	})
 	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		var err error
+		if tlsConfig != nil {
+			err = srv.ServeTLS(ln, "", "") // the certificate comes from tlsConfig
+		} else {
+			err = srv.Serve(ln)
+		}
+		if err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log(err)
 		}
 	}()

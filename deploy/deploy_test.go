@@ -330,6 +330,10 @@ func TestAgentProbesMatchItsFlags(t *testing.T) {
 		if g.Path != p.path || g.Port.String() != "metrics" || g.Host != "" {
 			t.Errorf("%s probe asks %s:%s%s; want the pod's (node's) address, port metrics, %s", p.name, g.Host, g.Port.String(), g.Path, p.path)
 		}
+		// The metrics address speaks only TLS (agent/nodeauth).
+		if g.Scheme != corev1.URISchemeHTTPS {
+			t.Errorf("%s probe's scheme is %q; the metrics address speaks HTTPS", p.name, g.Scheme)
+		}
 	}
 	if _, err := time.ParseDuration(flag("--drift-check-period")); err != nil {
 		t.Errorf("--drift-check-period: %v", err)
