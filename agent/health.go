@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"io"
 	stdlog "log"
 	"net"
 	"net/http"
@@ -259,12 +258,22 @@ func (a *Agent) metricsHandler() http.Handler {
 	return mux
 }
 
+// serverErrors takes net/http's own error lines (a handler's panic, say) to log, except failed TLS
+// handshakes: those are a caller's doing (a scanner, plain HTTP to the TLS port), nothing of the agent's.
+type serverErrors func(error)
+
+func (s serverErrors) Write(p []byte) (int, error) {
+	if msg := strings.TrimSpace(string(p)); !strings.Contains(msg, "TLS handshake error") {
+		s(errors.New(msg))
+	}
+	return len(p), nil
+}
+
 // serveHTTP serves handler on an already bound listener until ctx ends, over TLS with tlsConfig (nil:
 // plain HTTP, for the unix socket).
 func serveHTTP(ctx context.Context, ln net.Listener, tlsConfig *tls.Config, handler http.Handler, log func(error)) {
 	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second, TLSConfig: tlsConfig,
-		// TLS handshake errors (a scanner, a plain-HTTP probe) are the caller's, not the agent's.
-		ErrorLog: stdlog.New(io.Discard, "", 0)}
+		ErrorLog: stdlog.New(serverErrors(log), "", 0)}
 	context.AfterFunc(ctx, func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()

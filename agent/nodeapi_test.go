@@ -10,15 +10,16 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
+	"github.com/go-logr/logr/funcr"
 	"github.com/ofsdn/ofsdn/debugapi"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
-	"k8s.io/klog/v2"
 )
 
 // TestNodeAPIServersAreGuarded: the metrics address and the debug address, as serveObservability wires
@@ -53,9 +54,16 @@ func TestNodeAPIServersAreGuarded(t *testing.T) {
 		}
 		return true, sar, nil
 	})
+	var logs strings.Builder
+	var logMu sync.Mutex
+	log := funcr.New(func(prefix, args string) {
+		logMu.Lock()
+		defer logMu.Unlock()
+		fmt.Fprintln(&logs, prefix, args)
+	}, funcr.Options{})
 	a := &Agent{cfg: Config{NodeName: "n1", StateDir: dir, MetricsAddress: "127.0.0.1:0", DebugAddress: "127.0.0.1:0",
 		DebugSocket: filepath.Join(dir, "br0.ofsdn.sock"), Profiling: true},
-		log: klog.Background(), health: newHealth(nil, nil), metrics: NewMetrics(nil), deps: Deps{Kube: kube}}
+		log: log, health: newHealth(nil, nil), metrics: NewMetrics(nil), deps: Deps{Kube: kube}}
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	if err := a.serveObservability(ctx); err != nil {
@@ -108,10 +116,16 @@ func TestNodeAPIServersAreGuarded(t *testing.T) {
 			t.Errorf("GET %s with %q: HTTP %d %.200q, want %d with %q", tc.url, tc.token, code, body, tc.code, tc.body)
 		}
 	}
-	// Plain HTTP gets nothing but the TLS server's complaint.
+	// Plain HTTP gets nothing but the TLS server's complaint, which is the caller's business: no error
+	// in the agent's log.
 	if code, body := get(http.DefaultClient, "http://"+a.debugAddr+debugapi.PathDesired, "reader-token"); code != 400 || strings.Contains(body, reached) {
 		t.Errorf("plain HTTP to the debug address: HTTP %d %q", code, body)
 	}
+	logMu.Lock()
+	if strings.Contains(logs.String(), "handshake") {
+		t.Errorf("a failed handshake was logged:\n%s", logs.String())
+	}
+	logMu.Unlock()
 	// The unix socket: root's file mode is the guard, no token asked.
 	if st, err := os.Stat(a.cfg.DebugSocket); err != nil || st.Mode().Perm() != 0o600 {
 		t.Fatalf("debug socket: %v %v", st, err)
