@@ -85,6 +85,8 @@ func clientIn(netns string) *http.Client {
 }
 
 // ask sends one request with header "Name: value" (none when empty); err is a failure to get an answer.
+// An endpoint that streams (a drop stream following live) has answered once its status is in: its body
+// is read until c's timeout cuts it.
 func ask(ctx context.Context, c *http.Client, method, url, header string) (int, string, error) {
 	req, err := http.NewRequestWithContext(ctx, method, url, nil)
 	if err != nil {
