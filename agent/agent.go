@@ -64,15 +64,20 @@ type Config struct {
 	// UplinkLinger is how long br0's uplink port outlives a change from encapsulation none back to vxlan
 	// (hostnet.DefaultUplinkLinger), for peers that still send unencapsulated until they follow.
 	UplinkLinger time.Duration
-	// MetricsAddress serves /metrics, /healthz and /readyz ("" = not served). DebugAddress serves the
-	// read-only debug API (debugapi/) over TCP for flowctl through the API server's node proxy ("" = not
-	// served); DebugSocket serves it on a root-only unix socket for flowctl on the node (default
+	// MetricsAddress serves /metrics, /healthz and /readyz over TLS ("" = not served). DebugAddress
+	// serves the read-only debug API (debugapi/) over TLS, for flowctl through the API server's node
+	// proxy ("" = not served). Both answer only callers the API server authenticates and authorizes
+	// (agent/nodeauth; the probes' paths are open). DebugSocket serves the debug API on a root-only unix
+	// socket for flowctl on the node, its file mode its only guard (default
 	// <ovs-rundir>/<bridge>.ofsdn.sock; "-" = not served).
 	MetricsAddress string
 	DebugAddress   string
 	DebugSocket    string
-	// Profiling adds Go's /debug/pprof/ to the metrics address: off by default, as that address is
-	// unauthenticated and a CPU profile costs the node CPU.
+	// TLSCertFile and TLSKeyFile are a serving certificate of the operator's (PEM); without them the
+	// agent makes a self-signed one in <state-dir>/pki (nodeauth.SelfSignedCert).
+	TLSCertFile, TLSKeyFile string
+	// Profiling adds Go's /debug/pprof/ to the metrics address (off by default: a CPU profile costs the
+	// node CPU); it needs nodes/pprof of network.ofsdn.io like any other caller's request.
 	Profiling bool
 	Logger    klog.Logger
 }
@@ -133,6 +138,9 @@ type Deps struct {
 	Events record.EventRecorder
 	// Metrics; nil: a fresh registry.
 	Metrics *Metrics
+	// Reviews makes the TokenReviews and SubjectAccessReviews that guard the node API; nil: Kube. Run
+	// gives it a client of its own, so callers with bad tokens cannot use up the agent's request rate.
+	Reviews kubernetes.Interface
 }
 
 // Agent is one node's agent: informers and CNI requests feed its nodeView; flowSync renders it onto
@@ -174,6 +182,9 @@ type Agent struct {
 	kubeInformers kubeinformers.SharedInformerFactory
 	// handlersSynced report whether each handler has seen every object its informer listed at start.
 	handlersSynced []cache.InformerSynced
+
+	// Where the metrics and debug servers listen (serveObservability), "" when not served.
+	metricsAddr, debugAddr string
 
 	// Set by Run's first step.
 	sess  *ofswitch.Session
@@ -323,7 +334,13 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}
-	a, err := New(cfg, Deps{Kube: kube, Net: net, NAD: nad, DB: db, DialSwitch: func(ctx context.Context) (*ofswitch.Session, error) {
+	rr := rest.CopyConfig(cfg.RestConfig)
+	rr.QPS, rr.Burst = reviewQPS, reviewBurst
+	reviews, err := kubernetes.NewForConfig(rr)
+	if err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	a, err := New(cfg, Deps{Kube: kube, Net: net, NAD: nad, DB: db, Reviews: reviews, DialSwitch: func(ctx context.Context) (*ofswitch.Session, error) {
 		return ofswitch.Dial(ctx, ofswitch.Config{Socket: filepath.Join(cfg.OVSRunDir, cfg.Bridge+".mgmt"), Bridge: cfg.Bridge, Logger: cfg.Logger})
 	}})
 	if err != nil {

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"maps"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/ofsdn/ofsdn/agent/attach"
 	"github.com/ofsdn/ofsdn/agent/k8sobj"
+	"github.com/ofsdn/ofsdn/agent/nodeauth"
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
 	"github.com/ofsdn/ofsdn/debugapi"
 	"github.com/ofsdn/ofsdn/flows/openflow"
@@ -28,7 +30,18 @@ import (
 
 // The agent's observability: the metrics and health server, and the read-only debug API flowctl asks
 // (debugapi/), served on a root-only unix socket and, for flowctl through the API server's node proxy,
-// on a TCP port of the node.
+// on a TCP port of the node. Both TCP servers speak TLS and go through one nodeauth.Guard: whatever
+// they serve, now or later (a drop stream), answers only callers the API server authenticates and
+// authorizes; only the probes' paths are open (agent/nodeauth says what each path needs, and why a
+// token in a header of its own rather than the API server's identity). The unix socket's file mode
+// (root only) is its authorization.
+
+// Rate of the node API's reviews (Deps.Reviews): a client of their own, so a flood of bad tokens slows
+// only other callers of the node API, never the agent's own requests.
+const (
+	reviewQPS   = 20
+	reviewBurst = 40
+)
 
 // DefaultDebugSocket is where the agent serves its debug API on the node: beside the bridge's OpenFlow
 // management socket and owner index, so flowctl --rundir finds all three.
@@ -42,13 +55,28 @@ func (a *Agent) serveObservability(ctx context.Context) error {
 	logErr := func(what string) func(error) {
 		return func(err error) { a.log.Error(err, "serving "+what) }
 	}
+	var tlsConfig *tls.Config
+	var guard *nodeauth.Guard
+	if a.cfg.MetricsAddress != "" || a.cfg.DebugAddress != "" {
+		cert, err := a.servingCert()
+		if err != nil {
+			return err
+		}
+		tlsConfig = cert.TLSConfig()
+		reviews := a.deps.Reviews
+		if reviews == nil {
+			reviews = a.deps.Kube
+		}
+		guard = nodeauth.NewGuard(a.cfg.NodeName, reviews, a.log.WithName("node-api"))
+	}
 	if a.cfg.MetricsAddress != "" {
 		ln, err := net.Listen("tcp", a.cfg.MetricsAddress)
 		if err != nil {
 			return fmt.Errorf("metrics and health: %w", err)
 		}
-		serveHTTP(ctx, ln, a.metricsHandler(), logErr("metrics"))
-		a.log.Info("serving /metrics, /healthz and /readyz", "address", ln.Addr().String())
+		a.metricsAddr = ln.Addr().String()
+		serveHTTP(ctx, ln, tlsConfig, guard.Wrap(a.metricsHandler()), logErr("metrics"))
+		a.log.Info("serving /metrics, /healthz and /readyz over TLS", "address", ln.Addr().String(), "profiling", a.cfg.Profiling)
 	}
 	api := debugapi.Handler(debugBackend{a}, a.log.WithName("debug-api"))
 	if a.cfg.DebugSocket != "" && a.cfg.DebugSocket != "-" {
@@ -56,7 +84,7 @@ func (a *Agent) serveObservability(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("debug API: %w", err)
 		}
-		serveHTTP(ctx, ln, api, logErr("the debug API"))
+		serveHTTP(ctx, ln, nil, api, logErr("the debug API"))
 		context.AfterFunc(ctx, func() { _ = os.Remove(a.cfg.DebugSocket) })
 	}
 	if a.cfg.DebugAddress != "" {
@@ -64,10 +92,32 @@ func (a *Agent) serveObservability(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("debug API: %w", err)
 		}
-		serveHTTP(ctx, ln, api, logErr("the debug API"))
-		a.log.Info("serving the read-only debug API", "address", ln.Addr().String(), "socket", a.cfg.DebugSocket)
+		a.debugAddr = ln.Addr().String()
+		serveHTTP(ctx, ln, tlsConfig, guard.Wrap(api), logErr("the debug API"))
+		a.log.Info("serving the read-only debug API over TLS", "address", ln.Addr().String(), "socket", a.cfg.DebugSocket)
 	}
 	return nil
+}
+
+// servingCert is the operator's certificate, else the agent's own for the node's name and the
+// addresses it serves on.
+func (a *Agent) servingCert() (*nodeauth.ServingCert, error) {
+	if a.cfg.TLSCertFile != "" || a.cfg.TLSKeyFile != "" {
+		return nodeauth.CertFiles(a.cfg.TLSCertFile, a.cfg.TLSKeyFile)
+	}
+	var ips []net.IP
+	for _, addr := range []string{a.cfg.DebugAddress, a.cfg.MetricsAddress} {
+		if host, _, err := net.SplitHostPort(addr); err == nil {
+			if ip := net.ParseIP(host); ip != nil && !ip.IsUnspecified() && !slices.ContainsFunc(ips, ip.Equal) {
+				ips = append(ips, ip)
+			}
+		}
+	}
+	cert, err := nodeauth.SelfSignedCert(filepath.Join(a.cfg.StateDir, "pki"), a.cfg.NodeName, ips)
+	if err != nil {
+		return nil, fmt.Errorf("node API: %w", err)
+	}
+	return cert, nil
 }
 
 // listenUnix listens on a socket only root may open, replacing a stale one.

@@ -56,6 +56,9 @@
 //   - debug.go: the read-only debug API flowctl asks (debugapi/): the node's view with OVSDB's ports,
 //     desired flows by owner, the drift report, the bridge's dump, ofproto/trace through unixctl; served
 //     on a root-only socket beside the bridge and on the node's address for the API server's node proxy.
+//     The node's addresses (debug API, metrics, pprof) speak TLS and go through nodeauth/ (its own
+//     package): a bearer token reviewed by the API server, a SubjectAccessReview for what the path needs,
+//     and why the token travels in a header of its own through the node proxy.
 //
 // Tests: informers_test.go and services_test.go run the agent's own informers on fake clientsets and
 // check the view (make unit); flowsync_ovs_test.go runs flowSync against a real bridge.

@@ -5,10 +5,11 @@
 // the bridge's flows and groups, and ofproto/trace runs on the node's ovs-vswitchd.
 //
 // Nothing in it changes anything. The agent serves it over HTTP on a root-only unix socket on the node
-// (<ovs-rundir>/<bridge>.ofsdn.sock) and, for flowctl elsewhere, on a TCP port of the node that flowctl
-// reaches through the API server's node proxy (/api/v1/nodes/<node>:<port>/proxy/...), which needs the
-// nodes/proxy permission a cluster admin has. Traces run one at a time per node and bodies are
-// bounded, so the API cannot load ovs-vswitchd.
+// (<ovs-rundir>/<bridge>.ofsdn.sock) and, for flowctl elsewhere, over TLS on a TCP port of the node that
+// flowctl reaches through the API server's node proxy (/api/v1/nodes/https:<node>:<port>/proxy/...),
+// answering only tokens the API server vouches for and authorizes (agent/nodeauth; auth.go is the
+// caller's side). Traces run one at a time per node and bodies are bounded, so the API cannot load
+// ovs-vswitchd.
 package debugapi
 
 import (

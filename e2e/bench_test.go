@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
+	"github.com/ofsdn/ofsdn/agent/nodeauth"
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
 	"github.com/ofsdn/ofsdn/e2e/cluster"
 	"github.com/ofsdn/ofsdn/e2e/lab"
@@ -31,6 +32,7 @@ import (
 	"github.com/ofsdn/ofsdn/ofswitch"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -101,8 +103,9 @@ func BenchmarkCNIAdd(b *testing.B) {
 	}
 }
 
-// profileEnv names a directory: when set, the lab's agents serve pprof and the CNI benchmarks save the
-// agent's CPU profile over their timed part there (go tool pprof -top <file>).
+// profileEnv names a directory: when set, the CNI benchmarks save the agent's CPU profile over their
+// timed part there (go tool pprof -top <file>), read as an operator would: over TLS with a token allowed
+// nodes/pprof (README, "The node API").
 const profileEnv = "OFSDN_E2E_PROFILE"
 
 // profileAgent starts a CPU profile of n's agent of the given length when profileEnv is set, and returns
@@ -112,16 +115,34 @@ func profileAgent(b *testing.B, n *cluster.Node, name string, seconds int) (wait
 	if dir == "" {
 		return func() {}
 	}
+	ctx := context.Background()
+	if _, err := lc.Client.RbacV1().ClusterRoles().Create(ctx, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "e2e-bench-profiler"},
+		Rules: []rbacv1.PolicyRule{{APIGroups: []string{nodeauth.Group}, Resources: []string{"nodes/" + nodeauth.SubresourcePprof}, Verbs: []string{"get"}}}},
+		metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		b.Fatal(err)
+	}
+	token, err := lc.NodeAPIToken(ctx, "bench-profiler", "e2e-bench-profiler")
+	if err != nil {
+		b.Fatal(err)
+	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		var data []byte
 		err := lab.InNetNS(n.NetNS, func() error {
-			resp, err := http.Get(fmt.Sprintf("http://%s:9101/debug/pprof/profile?seconds=%d", n.IP, seconds))
+			req, err := http.NewRequest(http.MethodGet, fmt.Sprintf("https://%s:9101/debug/pprof/profile?seconds=%d", n.IP, seconds), nil)
+			if err != nil {
+				return err
+			}
+			req.Header.Set("Authorization", "Bearer "+token)
+			resp, err := cluster.AgentHTTPClient(time.Duration(seconds+30) * time.Second).Do(req)
 			if err != nil {
 				return err
 			}
 			defer resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				return fmt.Errorf("pprof: %s", resp.Status)
+			}
 			data, err = io.ReadAll(resp.Body)
 			return err
 		})
