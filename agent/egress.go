@@ -271,7 +271,7 @@ type egressAwareFlows struct {
 func (f egressAwareFlows) SyncThrough(ctx context.Context, gen uint64, owners ...reconcile.Owner) error {
 	all := slices.Clone(owners)
 	for _, o := range owners {
-		if obj, ok := pipeline.ObjectOf(o); ok && obj.Kind == pipeline.KindPod {
+		if obj, ok := pipeline.ObjectOf(o); ok && obj.Kind == pipeline.KindPod && obj.Interface == "" {
 			all = append(all, f.egress.owners(obj.Namespace)...)
 		}
 	}

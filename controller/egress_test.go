@@ -48,7 +48,7 @@ func first(ip string, nodes ...string) string {
 	return egressplan.Rank(netip.MustParseAddr(ip), nodes)[0]
 }
 
-func condition(nn *networkv1.NetNamespace, typ string) string {
+func egressCondition(nn *networkv1.NetNamespace, typ string) string {
 	c := meta.FindStatusCondition(nn.Status.Conditions, typ)
 	if c == nil {
 		return "absent"
@@ -158,7 +158,7 @@ func TestSyncEgressIPs(t *testing.T) {
 				if !ok {
 					t.Fatalf("no NetNamespace %s", ns)
 				}
-				got := [3]string{condition(nn, networkv1.ConditionEgressIPsValid), condition(nn, networkv1.ConditionEgressIPsAssigned), placements(nn)}
+				got := [3]string{egressCondition(nn, networkv1.ConditionEgressIPsValid), egressCondition(nn, networkv1.ConditionEgressIPsAssigned), placements(nn)}
 				if got != w {
 					t.Errorf("%s: got %q, want %q", ns, got, w)
 				}

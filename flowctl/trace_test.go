@@ -52,14 +52,15 @@ func vnidOf(p testPod, mode pipeline.Mode) uint32 {
 // writeNodeDump renders one node and writes its dump file. With encapsulation none the node has an
 // uplink port and its peer is on the segment (peerPods are the peer's pods, as uplink-ingress needs).
 func writeNodeDump(t *testing.T, dir, name string, nodeIP netip.Addr, subnet netip.Prefix, peer debugapi.RemoteNode, mode pipeline.Mode,
-	encap pipeline.Encapsulation, pods, peerPods []testPod, services []pipeline.ServiceState, policies []pipeline.PolicyState) string {
+	encap pipeline.Encapsulation, pods, peerPods []testPod, services []pipeline.ServiceState, policies []pipeline.PolicyState, nets *testNetworks) string {
 	t.Helper()
-	return writeNodeDumpEgress(t, dir, name, nodeIP, subnet, peer, mode, encap, pods, peerPods, services, policies, pipeline.EgressState{})
+	return writeNodeDumpEgress(t, dir, name, nodeIP, subnet, peer, mode, encap, pods, peerPods, services, policies, nets, pipeline.EgressState{})
 }
 
 // writeNodeDumpEgress is writeNodeDump with egress IPs and firewalls.
 func writeNodeDumpEgress(t *testing.T, dir, name string, nodeIP netip.Addr, subnet netip.Prefix, peer debugapi.RemoteNode, mode pipeline.Mode,
-	encap pipeline.Encapsulation, pods, peerPods []testPod, services []pipeline.ServiceState, policies []pipeline.PolicyState, egress pipeline.EgressState) string {
+	encap pipeline.Encapsulation, pods, peerPods []testPod, services []pipeline.ServiceState, policies []pipeline.PolicyState, nets *testNetworks,
+	egress pipeline.EgressState) string {
 	t.Helper()
 	remote := pipeline.RemoteNode{Name: peer.Name, NodeIP: peer.NodeIP, Subnet: peer.Subnet, OnSegment: encap == pipeline.EncapNone}
 	for _, p := range peerPods {
@@ -113,6 +114,7 @@ func writeNodeDumpEgress(t *testing.T, dir, name string, nodeIP netip.Addr, subn
 		}
 		info.Services = append(info.Services, svc)
 	}
+	nets.addTo(name, &st, info)
 	owners, err := pipeline.Render(st)
 	if err != nil {
 		t.Fatal(err)
@@ -175,9 +177,9 @@ func twoNodes(t *testing.T, mode pipeline.Mode, encap pipeline.Encapsulation) []
 	n2Pods := []testPod{{"blue", "c", c, 3}}
 	return []string{
 		writeNodeDump(t, dir, "n1", n1IP, n1Net, debugapi.RemoteNode{Name: "n2", NodeIP: n2IP, Subnet: n2Net}, mode, encap,
-			n1Pods, n2Pods, services("n1"), pol1),
+			n1Pods, n2Pods, services("n1"), pol1, nil),
 		writeNodeDump(t, dir, "n2", n2IP, n2Net, debugapi.RemoteNode{Name: "n1", NodeIP: n1IP, Subnet: n1Net}, mode, encap,
-			n2Pods, n1Pods, services("n2"), pol2),
+			n2Pods, n1Pods, services("n2"), pol2, nil),
 	}
 }
 
@@ -390,9 +392,9 @@ func egressNodes(t *testing.T, mode pipeline.Mode, encap pipeline.Encapsulation)
 	n2Pods := []testPod{{"blue", "c", c, 3}}
 	return []string{
 		writeNodeDumpEgress(t, dir, "n1", n1IP, n1Net, debugapi.RemoteNode{Name: "n2", NodeIP: n2IP, Subnet: n2Net}, mode, encap,
-			n1Pods, n2Pods, nil, nil, egress()),
+			n1Pods, n2Pods, nil, nil, nil, egress()),
 		writeNodeDumpEgress(t, dir, "n2", n2IP, n2Net, debugapi.RemoteNode{Name: "n1", NodeIP: n1IP, Subnet: n1Net}, mode, encap,
-			n2Pods, n1Pods, nil, nil, egress(netip.MustParseAddr("198.51.100.40"))),
+			n2Pods, n1Pods, nil, nil, nil, egress(netip.MustParseAddr("198.51.100.40"))),
 	}
 }
 

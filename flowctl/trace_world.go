@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"sort"
+	"slices"
 	"sync"
 
 	"github.com/ofsdn/ofsdn/debugapi"
@@ -30,7 +30,9 @@ type world interface {
 	node(ctx context.Context, name string) (*traceNode, error)
 	// pod finds a pod by name: its node and address.
 	pod(ctx context.Context, namespace, name string) (node string, ip netip.Addr, err error)
-	// podByIP finds the pod with an address (ok false: none).
+	// attachment finds a pod's interface on a Network: its node and the node's agent's record of it.
+	attachment(ctx context.Context, namespace, name, iface string) (node string, a debugapi.Attachment, err error)
+	// podByIP finds the pod with an address on the cluster network (ok false: none).
 	podByIP(ctx context.Context, ip netip.Addr) (key, node string, ok bool, err error)
 	// nodeAddr resolves a node's name to its address, or an address to a node's name.
 	nodeByName(ctx context.Context, name string) (netip.Addr, bool, error)
@@ -162,8 +164,13 @@ func newLiveWorld(nf nodeFlags) (*liveWorld, error) {
 	if err != nil {
 		return nil, err
 	}
-	w := &liveWorld{kube: kube, cfg: cfg, nf: nf, nodes: map[string]*traceNode{}, agents: map[string]debugapi.Backend{}}
-	return w, nil
+	return liveWorldOf(cfg, kube, nf), nil
+}
+
+// liveWorldOf is a fresh live world on a client that exists already (flowctl ui makes one per trace,
+// so every trace reads the nodes as they are now).
+func liveWorldOf(cfg *rest.Config, kube kubernetes.Interface, nf nodeFlags) *liveWorld {
+	return &liveWorld{kube: kube, cfg: cfg, nf: nf, nodes: map[string]*traceNode{}, agents: map[string]debugapi.Backend{}}
 }
 
 func (w *liveWorld) live() bool { return true }
@@ -232,6 +239,25 @@ func (w *liveWorld) pod(ctx context.Context, namespace, name string) (string, ne
 	return p.Spec.NodeName, ip, nil
 }
 
+func (w *liveWorld) attachment(ctx context.Context, namespace, name, iface string) (string, debugapi.Attachment, error) {
+	p, err := w.kube.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return "", debugapi.Attachment{}, fmt.Errorf("pod %s/%s not found", namespace, name)
+	}
+	if err != nil {
+		return "", debugapi.Attachment{}, err
+	}
+	if p.Spec.NodeName == "" {
+		return "", debugapi.Attachment{}, fmt.Errorf("pod %s/%s has no node yet (phase %s)", namespace, name, p.Status.Phase)
+	}
+	n, err := w.node(ctx, p.Spec.NodeName)
+	if err != nil {
+		return "", debugapi.Attachment{}, err
+	}
+	a, err := n.attachment(namespace, name, iface)
+	return p.Spec.NodeName, a, err
+}
+
 func (w *liveWorld) podByIP(ctx context.Context, ip netip.Addr) (string, string, bool, error) {
 	list, err := w.kube.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("status.podIP", ip.String()).String()})
 	if err != nil {
@@ -279,7 +305,7 @@ func (w *liveWorld) nodeNames(ctx context.Context) ([]string, error) {
 	for _, n := range list.Items {
 		out = append(out, n.Name)
 	}
-	sort.Strings(out)
+	slices.Sort(out)
 	return out, nil
 }
 
@@ -385,6 +411,29 @@ func (w *offlineWorld) pod(_ context.Context, namespace, name string) (string, n
 	return "", netip.Addr{}, fmt.Errorf("pod %s/%s is in none of the dumps", namespace, name)
 }
 
+func (w *offlineWorld) attachment(_ context.Context, namespace, name, iface string) (string, debugapi.Attachment, error) {
+	var found error // the pod is on a node, without that interface: the error names those it has
+	for _, n := range w.nodes {
+		a, err := n.attachment(namespace, name, iface)
+		if err == nil {
+			return n.info.Name, a, nil
+		}
+		here := slices.ContainsFunc(n.info.Pods, func(p debugapi.Pod) bool { return p.Namespace == namespace && p.Name == name }) ||
+			slices.ContainsFunc(n.info.Attachments, func(a debugapi.Attachment) bool { return a.Namespace == namespace && a.Name == name })
+		if here && found == nil {
+			found = err
+		}
+	}
+	if found != nil {
+		return "", debugapi.Attachment{}, found
+	}
+	if w.local != "" {
+		return "", debugapi.Attachment{}, fmt.Errorf("pod %s/%s has no interface %s on node %s: finding it elsewhere needs the API server (--kubeconfig or $KUBECONFIG)",
+			namespace, name, iface, w.local)
+	}
+	return "", debugapi.Attachment{}, fmt.Errorf("pod %s/%s has no interface %s on a Network in any of the dumps", namespace, name, iface)
+}
+
 func (w *offlineWorld) podByIP(_ context.Context, ip netip.Addr) (string, string, bool, error) {
 	for _, n := range w.nodes {
 		for _, p := range n.info.Pods {
@@ -418,7 +467,7 @@ func (w *offlineWorld) nodeNames(_ context.Context) ([]string, error) {
 	for name := range w.nodes {
 		out = append(out, name)
 	}
-	sort.Strings(out)
+	slices.Sort(out)
 	return out, nil
 }
 

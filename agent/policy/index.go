@@ -419,20 +419,30 @@ func (x *Index) compute(e *policyEntry) {
 		return
 	}
 	slices.SortFunc(st.Pods, func(a, b pipeline.PolicyPod) int { return cmp.Compare(a.OFPort, b.OFPort) })
+	// The last resolution's peer counts size this one's: a change moves a peer or two.
+	hint := func(rules []pipeline.PolicyRule, i int) int {
+		if i < len(rules) {
+			return len(rules[i].Peers) + 1
+		}
+		return 0
+	}
 	for i := range pp.ingressRules {
-		st.IngressRules = append(st.IngressRules, x.resolveRule(e, &pp.ingressRules[i], st.Pods))
+		st.IngressRules = append(st.IngressRules, x.resolveRule(e, &pp.ingressRules[i], st.Pods, hint(e.state.IngressRules, i)))
 	}
 	for i := range pp.egressRules {
-		st.EgressRules = append(st.EgressRules, x.resolveRule(e, &pp.egressRules[i], st.Pods))
+		st.EgressRules = append(st.EgressRules, x.resolveRule(e, &pp.egressRules[i], st.Pods, hint(e.state.EgressRules, i)))
 	}
 	e.state = st
 	slices.SortStableFunc(e.problems, func(a, b Problem) int { return cmp.Compare(a.Message, b.Message) })
 }
 
 // resolveRule resolves one rule's peers, and records the problems of its named ports and ipBlocks.
-func (x *Index) resolveRule(e *policyEntry, r *parsedRule, selected []pipeline.PolicyPod) pipeline.PolicyRule {
+func (x *Index) resolveRule(e *policyEntry, r *parsedRule, selected []pipeline.PolicyPod, sizeHint int) pipeline.PolicyRule {
 	pp := e.parsed
 	out := pipeline.PolicyRule{AllPeers: r.allPeers && !r.none, Ports: r.ports}
+	if sizeHint > 0 && !out.AllPeers { // everyone's peers stay nil
+		out.Peers = make([]pipeline.PolicyPeer, 0, sizeHint)
+	}
 	if r.none {
 		out.Peers = []pipeline.PolicyPeer{}
 		return out // every port it named was left out: it allows nothing
@@ -564,14 +574,23 @@ func onlyNamed(ports []pipeline.NamedPort, used []namedPortKey) []pipeline.Named
 	return out
 }
 
+// comparePeers orders peers by address, length, excepts, named ports. It stops at the first difference
+// (cmp.Or would evaluate every argument, walking both slices for every pair a sort compares).
 func comparePeers(a, b pipeline.PolicyPeer) int {
-	return cmp.Or(a.Net.Addr().Compare(b.Net.Addr()), cmp.Compare(a.Net.Bits(), b.Net.Bits()),
-		slices.CompareFunc(a.Except, b.Except, func(x, y netip.Prefix) int {
-			return cmp.Or(x.Addr().Compare(y.Addr()), cmp.Compare(x.Bits(), y.Bits()))
-		}),
-		slices.CompareFunc(a.NamedPorts, b.NamedPorts, func(x, y pipeline.NamedPort) int {
-			return cmp.Or(cmp.Compare(x.Name, y.Name), cmp.Compare(x.Protocol, y.Protocol), cmp.Compare(x.Port, y.Port))
-		}))
+	if c := a.Net.Addr().Compare(b.Net.Addr()); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(a.Net.Bits(), b.Net.Bits()); c != 0 {
+		return c
+	}
+	if c := slices.CompareFunc(a.Except, b.Except, func(x, y netip.Prefix) int {
+		return cmp.Or(x.Addr().Compare(y.Addr()), cmp.Compare(x.Bits(), y.Bits()))
+	}); c != 0 {
+		return c
+	}
+	return slices.CompareFunc(a.NamedPorts, b.NamedPorts, func(x, y pipeline.NamedPort) int {
+		return cmp.Or(cmp.Compare(x.Name, y.Name), cmp.Compare(x.Protocol, y.Protocol), cmp.Compare(x.Port, y.Port))
+	})
 }
 
 func protoName(p uint8) string { return strings.ToUpper(openflow.ProtoName(p)) }

@@ -183,6 +183,10 @@ const UnmanagedAnnotation = "lab.ofsdn.io/unmanaged"
 // the annotation names (HOST:PORT) the moment it starts, and exit (ofsdn-testpod hello).
 const HelloAnnotation = "lab.ofsdn.io/hello"
 
+// NetworksPort is where a lab pod answers on each of its Network interfaces (net1...), with sockets
+// bound to the interface (testpod.ServeNetworks); eth0 serves the pod's container ports.
+const NetworksPort = 8081
+
 // NetNSName is the network namespace the simulator creates for a pod.
 func NetNSName(prefix, namespace, name string) string {
 	sum := sha256.Sum256([]byte(namespace + "/" + name))
@@ -262,7 +266,7 @@ func (s *Sim) startPod(ctx context.Context, pod *corev1.Pod, sp *simPod) error {
 		sp.ip = res.IPs[0].Address.IP.String()
 	}
 	args := []string{"serve", "--name", pod.Namespace + "/" + pod.Name, "--tcp", strings.Join(tcp, ","), "--udp", strings.Join(udp, ","),
-		"--sctp", strings.Join(sctp, ",")}
+		"--sctp", strings.Join(sctp, ","), "--networks", strconv.Itoa(NetworksPort)}
 	if dst, ok := pod.Annotations[HelloAnnotation]; ok {
 		args = []string{"hello", "--name", pod.Namespace + "/" + pod.Name, dst}
 	}

@@ -26,6 +26,9 @@ type Object struct {
 	Name      string
 	// Port is a service owner's port: its name, or number/protocol (53/udp) for an unnamed port.
 	Port string
+	// Interface is a pod's interface on a Network ("net1"): an attachment's owner. "" for the pod's
+	// cluster-network interface.
+	Interface string
 }
 
 // ObjectKind is the kind of an API object that owns flows.
@@ -36,6 +39,7 @@ const (
 	KindNode          ObjectKind = "Node"
 	KindService       ObjectKind = "Service"
 	KindNetworkPolicy ObjectKind = "NetworkPolicy"
+	KindNetwork       ObjectKind = "Network"
 	// KindNetNamespace owns a namespace's egress classification and egress IPs (egress.go), and
 	// KindEgressNetworkPolicy its egress firewall.
 	KindNetNamespace        ObjectKind = "NetNamespace"
@@ -53,6 +57,7 @@ var objectKinds = []struct {
 	{KindNode, reconcile.CategoryNode, "v1", false},
 	{KindService, reconcile.CategoryService, "v1", true},
 	{KindNetworkPolicy, reconcile.CategoryNetPol, "networking.k8s.io/v1", true},
+	{KindNetwork, reconcile.CategoryNetwork, "network.ofsdn.io/v1", false},
 	{KindNetNamespace, reconcile.CategoryEgress, "network.ofsdn.io/v1", false},
 	{KindEgressNetworkPolicy, reconcile.CategoryEgressFirewall, "network.ofsdn.io/v1", true},
 }
@@ -67,8 +72,8 @@ func (k ObjectKind) APIVersion() string {
 	return ""
 }
 
-// Owner is the owner of the object's flows: "pod/ns/name", "node/name", "svc/ns/name:port",
-// "netpol/ns/name".
+// Owner is the owner of the object's flows: "pod/ns/name", "pod/ns/name@net1" (an attachment),
+// "node/name", "svc/ns/name:port", "netpol/ns/name", "net/name".
 func (o Object) Owner() reconcile.Owner {
 	name := o.Name
 	if o.Namespace != "" {
@@ -76,6 +81,9 @@ func (o Object) Owner() reconcile.Owner {
 	}
 	if o.Kind == KindService {
 		name += ":" + o.Port
+	}
+	if o.Kind == KindPod && o.Interface != "" {
+		name += "@" + o.Interface
 	}
 	for _, e := range objectKinds {
 		if e.kind == o.Kind {
@@ -106,6 +114,15 @@ func ObjectOf(o reconcile.Owner) (Object, bool) {
 				return Object{}, false
 			}
 		}
+		if e.kind == KindPod {
+			// Pod names hold no '@'; an attachment's owner names its interface after one.
+			if name, iface, ok := strings.Cut(obj.Name, "@"); ok {
+				if iface == "" {
+					return Object{}, false
+				}
+				obj.Name, obj.Interface = name, iface
+			}
+		}
 		if obj.Name == "" || strings.Contains(obj.Name, "/") {
 			return Object{}, false
 		}
@@ -123,12 +140,17 @@ func ObjectOfKey(key string) (Object, bool) {
 	return ObjectOf(o)
 }
 
-// Key is the object as flowctl names it: "ns/name", or the name of a cluster-scoped object.
+// Key is the object as flowctl names it: "ns/name" ("ns/name@net1" for an attachment), or the name of
+// a cluster-scoped object.
 func (o Object) Key() string {
-	if o.Namespace == "" {
-		return o.Name
+	key := o.Name
+	if o.Namespace != "" {
+		key = o.Namespace + "/" + o.Name
 	}
-	return o.Namespace + "/" + o.Name
+	if o.Interface != "" {
+		key += "@" + o.Interface
+	}
+	return key
 }
 
 // PodOwner owns a local pod's flows.

@@ -15,7 +15,7 @@ var SchemeGroupVersion = schema.GroupVersion{Group: GroupName, Version: "v1"}
 var (
 	// SchemeBuilder registers this package's types; the generated clientset calls AddToScheme.
 	SchemeBuilder = runtime.NewSchemeBuilder(addKnownTypes)
-	// AddToScheme adds ClusterNetwork, HostSubnet, NetNamespace and EgressNetworkPolicy (and their lists) to a scheme.
+	// AddToScheme adds ClusterNetwork, HostSubnet, NetNamespace, Network, NetworkSubnet and EgressNetworkPolicy (and their lists) to a scheme.
 	AddToScheme = SchemeBuilder.AddToScheme
 )
 
@@ -30,6 +30,8 @@ func addKnownTypes(scheme *runtime.Scheme) error {
 		&HostSubnet{}, &HostSubnetList{},
 		&NetNamespace{}, &NetNamespaceList{},
 		&EgressNetworkPolicy{}, &EgressNetworkPolicyList{},
+		&Network{}, &NetworkList{},
+		&NetworkSubnet{}, &NetworkSubnetList{},
 	)
 	metav1.AddToGroupVersion(scheme, SchemeGroupVersion)
 	return nil

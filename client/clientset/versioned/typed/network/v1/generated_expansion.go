@@ -9,3 +9,7 @@ type EgressNetworkPolicyExpansion interface{}
 type HostSubnetExpansion interface{}
 
 type NetNamespaceExpansion interface{}
+
+type NetworkExpansion interface{}
+
+type NetworkSubnetExpansion interface{}
