@@ -382,6 +382,12 @@ func (j *Job) carryOut(ctx context.Context) (time.Duration, error) {
 	j.mu.Unlock()
 	j.followHolders(holders, j.clock())
 	err := j.apply(ctx, held, d, j.clock())
+	if err != nil && d.Reannounce {
+		// apply may have stopped before planning the announcements again: the retry does.
+		j.mu.Lock()
+		j.reannounce = true
+		j.mu.Unlock()
+	}
 	j.sendAnnouncements(j.clock())
 	return 0, err
 }
@@ -450,7 +456,7 @@ func (j *Job) send(h Heartbeat, peers []netip.Addr) error {
 
 // apply carries the held set out, releases first: the address goes (no more ARP answers), then the
 // SNAT (the host's drop rule then refuses what br0 still hands over), then the flows; claims in the
-// other order: flows, SNAT, address, announcement. What fails stays unapplied and is retried next pass.
+// other order: SNAT, flows, address, announcement. What fails stays unapplied and is retried next run.
 func (j *Job) apply(ctx context.Context, held []netip.Addr, d Decision, now time.Time) error {
 	var errs []error
 	if d.Stalled || !d.Quorum {
