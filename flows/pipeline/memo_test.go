@@ -216,6 +216,11 @@ func TestMemoKeysReadEveryField(t *testing.T) {
 		base := filled[PolicyState]()
 		check(t, "PolicyState", len(vs), func(i int) digest { return keyOf(vs[i].writeKey) }, keyOf(base.writeKey), paths, nil)
 	})
+	t.Run("AdminPolicyState", func(t *testing.T) {
+		paths, vs := variants(filled[AdminPolicyState])
+		base := filled[AdminPolicyState]()
+		check(t, "AdminPolicyState", len(vs), func(i int) digest { return keyOf(vs[i].writeKey) }, keyOf(base.writeKey), paths, nil)
+	})
 	t.Run("NodeState", func(t *testing.T) {
 		paths, vs := variants(filled[NodeState])
 		check(t, "NodeState", len(vs), func(i int) digest { return vs[i].nodeKey() }, func() digest { s := filled[NodeState](); return s.nodeKey() }(), paths,
@@ -225,7 +230,7 @@ func TestMemoKeysReadEveryField(t *testing.T) {
 
 // nodeKeyLeavesOut are the node state's per-owner collections, which have keys of their own; of the
 // remote nodes the node key reads the subnets (the tunnel guard matches every gateway).
-var nodeKeyLeavesOut = []string{"Pods", "Services", "Policies", "RemoteNodes[].Name", "RemoteNodes[].NodeIP",
+var nodeKeyLeavesOut = []string{"Pods", "Services", "Policies", "AdminPolicies", "RemoteNodes[].Name", "RemoteNodes[].NodeIP",
 	"RemoteNodes[].OnSegment", "RemoteNodes[].Pods"}
 
 // TestRenderDependsOnlyOnKeys: a memoised render is a function of its key. Each field of a real node

@@ -36,6 +36,8 @@ const (
 	KindNode          ObjectKind = "Node"
 	KindService       ObjectKind = "Service"
 	KindNetworkPolicy ObjectKind = "NetworkPolicy"
+	// KindClusterNetworkPolicy owns one ClusterNetworkPolicy's rules (adminpolicy.go).
+	KindClusterNetworkPolicy ObjectKind = "ClusterNetworkPolicy"
 )
 
 // objectKinds is the registry: each kind's owner category, API version, and whether it is namespaced.
@@ -49,6 +51,7 @@ var objectKinds = []struct {
 	{KindNode, reconcile.CategoryNode, "v1", false},
 	{KindService, reconcile.CategoryService, "v1", true},
 	{KindNetworkPolicy, reconcile.CategoryNetPol, "networking.k8s.io/v1", true},
+	{KindClusterNetworkPolicy, reconcile.CategoryAdminPolicy, "policy.networking.k8s.io/v1beta1", false},
 }
 
 // APIVersion is the kind's API group and version, as an ObjectReference names it.

@@ -97,10 +97,14 @@ const (
 	TableServiceLB        TableID = 42
 	TableServiceHash      TableID = 43
 	TableServiceL2        TableID = 45
+	TableAdminEgress      TableID = 48
 	TableEgressPolicy     TableID = 50
+	TableBaselineEgress   TableID = 52
 	TableRouting          TableID = 60
 	TableARP              TableID = 70
+	TableAdminIngress     TableID = 78
 	TableIngressIsolation TableID = 80
+	TableBaselineIngress  TableID = 82
 	TableTunnelEgress     TableID = 90
 	TableOutput           TableID = 100
 	TableHairpinOutput    TableID = 105
@@ -145,15 +149,19 @@ var Tables = []Table{
 	{TablePodIngress, "pod-ingress", "anti-spoofing: a pod sends only from its own port, MAC and IP; load its VNID", NoTable},
 	{TableHostIngress, "host-ingress", "traffic from the host through tun0 is global (VNID 0)", TableConntrack},
 	{TableConntrack, "conntrack", "send IP through conntrack so replies of NATed connections are un-NATed", TableServices},
-	{TableServices, "services", "service VIPs and NodePorts: established traffic bypasses; new picks a load balancer or is rejected", TableEgressPolicy},
+	{TableServices, "services", "service VIPs and NodePorts: established traffic bypasses; new picks a load balancer or is rejected", TableAdminEgress},
 	{TableServiceAffinity, "service-affinity", "learned sessionAffinity: client IP → endpoint (resubmitted; a miss does nothing)", NoTable},
 	{TableServiceLB, "service-lb", "select an endpoint (select group, or with affinity a hash of the client's address) and DNAT to it in conntrack", NoTable},
 	{TableServiceHash, "service-hash", "sessionAffinity: the slot of the client address's hash → its endpoint; an empty slot hashes again", NoTable},
-	{TableServiceL2, "service-l2", "after DNAT: address the endpoint pod's MAC", TableEgressPolicy},
-	{TableEgressPolicy, "egress-policy", "NetworkPolicy egress: the source pod's policies allow the connection, or its isolation drops it", TableRouting},
+	{TableServiceL2, "service-l2", "after DNAT: address the endpoint pod's MAC", TableAdminEgress},
+	{TableAdminEgress, "admin-egress", "ClusterNetworkPolicy Admin tier, egress: replies pass; the first matching rule accepts (→ 60), denies, or passes to the namespace's layer", TableEgressPolicy},
+	{TableEgressPolicy, "egress-policy", "NetworkPolicy egress: the source pod's policies allow the connection, or its isolation drops it; an unselected pod goes on to the baseline tier", TableBaselineEgress},
+	{TableBaselineEgress, "baseline-egress", "ClusterNetworkPolicy Baseline tier, egress: what the namespace's layer left undecided; the first matching rule accepts or denies", TableRouting},
 	{TableRouting, "routing", "drop UDP to a tunnel port outside the pod network (tunnel guard); find the destination: local pod, remote node subnet, or the host", NoTable},
 	{TableARP, "arp", "answer and deliver ARP for pods, the gateway and remote subnets", NoTable},
-	{TableIngressIsolation, "ingress-isolation", "tenant isolation (reg0 vs reg1) or NetworkPolicy ingress (the destination pod's policies); commits allowed connections", NoTable},
+	{TableAdminIngress, "admin-ingress", "ClusterNetworkPolicy Admin tier, ingress: replies go on; the first matching rule accepts (commit → 100), denies, or passes to the namespace's layer", TableIngressIsolation},
+	{TableIngressIsolation, "ingress-isolation", "tenant isolation (reg0 vs reg1) or NetworkPolicy ingress (the destination pod's policies); what neither denied nor a policy allowed goes on to the baseline tier", NoTable},
+	{TableBaselineIngress, "baseline-ingress", "ClusterNetworkPolicy Baseline tier, ingress: what the namespace's layer left undecided; the first matching rule accepts or denies; the rest is committed and delivered", TableOutput},
 	{TableTunnelEgress, "tunnel-egress", "encapsulate towards the node that hosts the destination subnet", NoTable},
 	{TableOutput, "output", "deliver to the port in reg2; hairpin back out of the ingress port via 105", NoTable},
 	{TableHairpinOutput, "hairpin-output", "send a hairpinned packet back out of its ingress port", NoTable},

@@ -54,6 +54,8 @@ const (
 	// CategoryLearned marks flows the switch learns itself (sessionAffinity): no owner renders them, so
 	// the Reconciler leaves them alone instead of deleting them as strays.
 	CategoryLearned Category = 9
+	// CategoryAdminPolicy is one ClusterNetworkPolicy (flows/pipeline/adminpolicy.go).
+	CategoryAdminPolicy Category = 10
 )
 
 // categories is the registry of categories, by number: the name owner keys, dumps and metrics use.
@@ -64,7 +66,7 @@ var categories = []struct {
 }{
 	{CategoryNone, "none"}, {CategoryPipeline, "pipeline"}, {CategoryPod, "pod"}, {CategoryNode, "node"},
 	{CategoryTenant, "vnid"}, {CategoryService, "svc"}, {CategoryNetPol, "netpol"},
-	{CategoryTest, "test"}, {CategoryLearned, "learned"},
+	{CategoryTest, "test"}, {CategoryLearned, "learned"}, {CategoryAdminPolicy, "cnp"},
 }
 
 // Categories lists every category in use, by number.
