@@ -158,7 +158,9 @@ func (c *Cluster) Decision(egress bool, self, peer Endpoint, port int32, proto c
 }
 
 // Matches says whether a label selector (nil: nothing) matches labels.
-func Matches(sel *metav1.LabelSelector, labels map[string]string) (bool, error) { return matches(sel, labels) }
+func Matches(sel *metav1.LabelSelector, labels map[string]string) (bool, error) {
+	return matches(sel, labels)
+}
 
 // direction judges one side: subject is the pod whose policies apply (nil: nothing isolates it), peer
 // the other end, portPod the pod whose named ports the connection's port is looked up in. decided is
