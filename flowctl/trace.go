@@ -182,6 +182,8 @@ type Verdict struct {
 	Owner    string   `json:"owner,omitempty"`
 	Pod      string   `json:"pod,omitempty"`
 	Policies []string `json:"policies,omitempty"`
+	// AdminRules are the ClusterNetworkPolicy rules that decided (tier, policy, direction, rule, action).
+	AdminRules []string `json:"adminRules,omitempty"`
 }
 
 // endpointSpec is a resolved SRC or DST.
@@ -849,7 +851,11 @@ func exitPod(_ context.Context, _ world, x exitHop) (*nextHop, string, error) {
 	if len(policies) > 0 {
 		text += fmt.Sprintf(" (allowed by NetworkPolicy %s)", strings.Join(policies, ", "))
 	}
-	x.res.Verdict = Verdict{Kind: VerdictDelivered, Node: info.Name, Pod: pod, Text: text, Policies: policies}
+	admin := adminDecisions(x.res, x.path)
+	if len(admin) > 0 {
+		text += " (decided by " + strings.Join(admin, "; ") + ")"
+	}
+	x.res.Verdict = Verdict{Kind: VerdictDelivered, Node: info.Name, Pod: pod, Text: text, Policies: policies, AdminRules: admin}
 	return nil, "", nil
 }
 
@@ -940,9 +946,13 @@ func dropVerdict(n *traceNode, path *trace.Path, proto string) Verdict {
 		}
 		return fmt.Sprintf("%s/%d", proto, f.DstPort)
 	}
+	ref, byAdmin := pipeline.AdminRuleOfActions(last.Actions)
 	switch {
 	case last.Miss:
 		v.Text = where + ": no flow matched"
+	case byAdmin:
+		v.AdminRules = []string{ref.String()}
+		v.Text = fmt.Sprintf("%s by %s", where, ref)
 	case last.Table == pipeline.TableIngressIsolation && info.Mode == string(pipeline.ModeMultitenant) && last.Priority == 0:
 		v.Text = fmt.Sprintf("%s: tenant %s may not reach %s", where, tenantName(info, f.Regs[0]), tenantName(info, f.Regs[1]))
 	case (last.Table == pipeline.TableIngressIsolation || last.Table == pipeline.TableEgressPolicy) && obj.Kind == pipeline.KindPod:

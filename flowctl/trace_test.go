@@ -52,7 +52,8 @@ func vnidOf(p testPod, mode pipeline.Mode) uint32 {
 // writeNodeDump renders one node and writes its dump file. With encapsulation none the node has an
 // uplink port and its peer is on the segment (peerPods are the peer's pods, as uplink-ingress needs).
 func writeNodeDump(t *testing.T, dir, name string, nodeIP netip.Addr, subnet netip.Prefix, peer debugapi.RemoteNode, mode pipeline.Mode,
-	encap pipeline.Encapsulation, pods, peerPods []testPod, services []pipeline.ServiceState, policies []pipeline.PolicyState) string {
+	encap pipeline.Encapsulation, pods, peerPods []testPod, services []pipeline.ServiceState, policies []pipeline.PolicyState,
+	admin ...pipeline.AdminPolicyState) string {
 	t.Helper()
 	remote := pipeline.RemoteNode{Name: peer.Name, NodeIP: peer.NodeIP, Subnet: peer.Subnet, OnSegment: encap == pipeline.EncapNone}
 	for _, p := range peerPods {
@@ -60,7 +61,7 @@ func writeNodeDump(t *testing.T, dir, name string, nodeIP netip.Addr, subnet net
 	}
 	st := pipeline.NodeState{Mode: mode, NodeName: name, NodeIP: nodeIP, LocalSubnet: subnet, ClusterNetworks: []netip.Prefix{clusterNet},
 		Encapsulation: encap, Uplink: encap == pipeline.EncapNone, RemoteNodes: []pipeline.RemoteNode{remote},
-		NodePortAddresses: []netip.Addr{pipeline.ServiceNodePortIP}, Services: services, Policies: policies}
+		NodePortAddresses: []netip.Addr{pipeline.ServiceNodePortIP}, Services: services, Policies: policies, AdminPolicies: admin}
 	info := &debugapi.NodeInfo{Name: name, Bridge: "br0", NodeIP: nodeIP, Subnet: subnet, Gateway: pipeline.Gateway(subnet), Mode: string(mode),
 		ClusterNetworks: []netip.Prefix{clusterNet}, ServiceNetwork: serviceNet, Round: testRound, PipelineVersion: pipeline.PipelineVersion,
 		RemoteNodes: []debugapi.RemoteNode{peer}, VNIDs: traceVNIDs, NodePortAddress: pipeline.ServiceNodePortIP,

@@ -213,6 +213,36 @@ func ParseAdminRuleNote(note string) (AdminRuleRef, bool) {
 	return r, true
 }
 
+// String names the rule for people: `Admin ClusterNetworkPolicy open-b, ingress rule 0 "a-web": Accept`.
+func (r AdminRuleRef) String() string {
+	name := ""
+	if r.Rule != "" {
+		name = fmt.Sprintf(" %q", r.Rule)
+	}
+	return fmt.Sprintf("%s ClusterNetworkPolicy %s, %s rule %d%s: %s", r.Tier, r.Policy, r.Direction, r.Index, name, r.Action)
+}
+
+// AdminRuleOfActions finds a rule's decision note among a flow's actions as dumps and traces print
+// them (note:63.6e.70...).
+func AdminRuleOfActions(actions []string) (AdminRuleRef, bool) {
+	for _, a := range actions {
+		hexes, ok := strings.CutPrefix(a, "note:")
+		if !ok {
+			continue
+		}
+		var b []byte
+		for _, h := range strings.Split(hexes, ".") {
+			v, err := strconv.ParseUint(h, 16, 8)
+			if err != nil {
+				return AdminRuleRef{}, false
+			}
+			b = append(b, byte(v))
+		}
+		return ParseAdminRuleNote(string(b))
+	}
+	return AdminRuleRef{}, false
+}
+
 func direction(ingress bool) string {
 	if ingress {
 		return "ingress"
