@@ -193,7 +193,7 @@ func AdminRuleNote(name string, t AdminTier, ingress bool, index int, a AdminAct
 // AdminRuleRef names the rule that decided.
 type AdminRuleRef struct {
 	Policy, Tier, Direction, Action, Rule string
-	Index                                int
+	Index                                 int
 }
 
 // ParseAdminRuleNote reads a decision flow's note; false when it is no such note.
