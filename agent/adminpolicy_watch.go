@@ -17,6 +17,7 @@ import (
 	"github.com/ofsdn/ofsdn/flows/pipeline"
 	"github.com/ofsdn/ofsdn/flows/reconcile"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/tools/cache"
@@ -142,10 +143,10 @@ func adminNodeOf(n *corev1.Node) *adminpolicy.Node {
 // adminServed says whether the API server serves ClusterNetworkPolicy v1beta1 (its CRD is installed).
 func adminServed(ctx context.Context, d discovery.DiscoveryInterface) (bool, error) {
 	list, err := d.ServerResourcesForGroupVersion(cnp.Group + "/" + cnp.Version)
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
 	if err != nil {
-		if strings.Contains(err.Error(), "not found") || strings.Contains(err.Error(), "could not find") {
-			return false, nil
-		}
 		return false, fmt.Errorf("discover %s/%s: %w", cnp.Group, cnp.Version, err)
 	}
 	for _, r := range list.APIResources {
