@@ -35,10 +35,11 @@ package pipeline
 // clauses as NetworkPolicy's (netpol.go); its decision flow matches its conj_id, carries a note naming
 // the policy, tier, direction and rule (flowctl trace reads it) and does the action. conj_ids are the
 // rule's priority and its conjunction's index within the rule, so they are unique in the table without
-// an allocator. Priorities follow the order (tier table, spec.priority, policy name, rule index); a
-// change keeps every rule whose last priority still fits that order (the longest run of them in
-// order) and places the others in the gaps, so a policy whose priority changes moves only its own
-// flows; only when a gap is too narrow is the whole table spread again, in the same bundle.
+// an allocator. Priorities follow the order (spec.priority, policy name, rule index) in each table and
+// are a function of the policies alone (assignPriorities), so a restarted agent renders the very
+// flows it left: each spec.priority has a band of its own, so a policy whose priority changes moves
+// only its own flows (and those of policies sharing a priority with it); a crowded band borrows from
+// the next ones, and only when the table runs out is it spread again, all in the same bundle.
 
 import (
 	"cmp"
@@ -250,17 +251,16 @@ func direction(ingress bool) string {
 	return "egress"
 }
 
-// adminRenderer renders the ClusterNetworkPolicies and remembers, per table, the priority each rule
-// was given and, per policy, its last render.
+// adminRenderer renders the ClusterNetworkPolicies and remembers each policy's last render.
 type adminRenderer struct {
-	prios map[TableID]map[adminRuleKey]uint16
 	memos map[reconcile.Owner]adminMemo
 }
 
-// adminRuleKey names a rule within its table.
+// adminRuleKey names a rule within its table, with its policy's spec.priority.
 type adminRuleKey struct {
-	policy string
-	index  int
+	priority int32
+	policy   string
+	index    int
 }
 
 type adminMemo struct {
@@ -291,14 +291,14 @@ func (r *adminRenderer) render(s NodeState, out map[reconcile.Owner]reconcile.Ow
 		for _, ingress := range []bool{true, false} {
 			t := adminTable(p.Tier, ingress)
 			for i := range adminRules(p, ingress) {
-				order[t] = append(order[t], adminRuleKey{p.Name, i})
+				order[t] = append(order[t], adminRuleKey{p.Priority, p.Name, i})
 			}
 		}
 	}
 	prios := make(map[TableID]map[adminRuleKey]uint16, len(order))
 	tableErr := map[TableID]error{}
 	for t, keys := range order {
-		got, err := assignPriorities(keys, r.prios[t], adminMinPriority, adminMaxPriority)
+		got, err := assignPriorities(keys, adminMinPriority, adminMaxPriority)
 		if err != nil {
 			tableErr[t] = err
 			continue
@@ -318,7 +318,7 @@ func (r *adminRenderer) render(s NodeState, out map[reconcile.Owner]reconcile.Ow
 				errs = append(errs, err)
 			}
 			for i := range adminRules(p, ingress) {
-				w.u64(uint64(prios[t][adminRuleKey{p.Name, i}]))
+				w.u64(uint64(prios[t][adminRuleKey{p.Priority, p.Name, i}]))
 			}
 		}
 		if len(errs) > 0 {
@@ -332,7 +332,7 @@ func (r *adminRenderer) render(s NodeState, out map[reconcile.Owner]reconcile.Ow
 			continue
 		}
 		st, err := renderAdminPolicy(p, func(ingress bool, i int) uint16 {
-			return prios[adminTable(p.Tier, ingress)][adminRuleKey{p.Name, i}]
+			return prios[adminTable(p.Tier, ingress)][adminRuleKey{p.Priority, p.Name, i}]
 		})
 		if err != nil {
 			failed[o] = err
@@ -341,7 +341,7 @@ func (r *adminRenderer) render(s NodeState, out map[reconcile.Owner]reconcile.Ow
 		memos[o] = adminMemo{memo{key: key, out: st}}
 		out[o] = st
 	}
-	r.prios, r.memos = prios, memos
+	r.memos = memos
 }
 
 func adminRules(p *AdminPolicyState, ingress bool) []AdminRule {
@@ -434,84 +434,39 @@ func renderAdminRule(p *AdminPolicyState, rule AdminRule, dir policyDirection, t
 	return append(out, decisions...), nil
 }
 
+// adminBandWidth is how many OpenFlow priorities each spec.priority (0-1000) has at home in a table:
+// 1001 bands of 63 fit between adminMinPriority and adminMaxPriority.
+const adminBandWidth = 63
+
 // assignPriorities gives each key (in precedence order, first = highest) a priority in [lo, hi],
-// strictly decreasing along keys. It keeps the longest run of keys, in order, whose previous
-// priorities are still strictly decreasing and leave room for the keys between them, and spreads the
-// others evenly in the gaps; when no such run leaves room, it spreads every key evenly.
-func assignPriorities(keys []adminRuleKey, prev map[adminRuleKey]uint16, lo, hi uint16) (map[adminRuleKey]uint16, error) {
+// strictly decreasing along keys, as a function of the keys alone: the k-th rule of spec.priority p
+// is at home at hi - p·adminBandWidth - k, and takes min(home, one below the rule before it), so a
+// crowded priority (more than adminBandWidth rules) borrows from the bands after it. Only when that
+// runs out of priorities is every key spread evenly over the range.
+func assignPriorities(keys []adminRuleKey, lo, hi uint16) (map[adminRuleKey]uint16, error) {
 	n := len(keys)
 	if n > int(hi-lo)+1 {
 		return nil, fmt.Errorf("%d ClusterNetworkPolicy rules in one table, more than the %d priorities it has", n, int(hi-lo)+1)
 	}
 	out := make(map[adminRuleKey]uint16, n)
-	kept := keptRun(keys, prev, lo, hi)
-	// Fill between the kept ones; the bounds are one past the range.
-	upper, upperIdx := int(hi)+1, -1
-	fill := func(from, to, top, bottom int) { // keys (from, to) exclusive strictly between top and bottom
-		count := to - from - 1
-		for k := 1; k <= count; k++ {
-			out[keys[from+k]] = uint16(top - k*(top-bottom)/(count+1))
-		}
-	}
-	for _, i := range kept {
-		p := int(prev[keys[i]])
-		fill(upperIdx, i, upper, p)
-		out[keys[i]] = uint16(p)
-		upper, upperIdx = p, i
-	}
-	fill(upperIdx, n, upper, int(lo)-1)
-	return out, nil
-}
-
-// keptRun returns the indices of the longest subsequence of keys with previous priorities that are
-// strictly decreasing and leave at least as many free priorities between two kept keys (and the
-// range's ends) as there are keys between them; nil when none is kept.
-func keptRun(keys []adminRuleKey, prev map[adminRuleKey]uint16, lo, hi uint16) []int {
-	type cand struct{ idx, prio int }
-	var cs []cand
+	next, rank := int(hi), 0
 	for i, k := range keys {
-		if p, ok := prev[k]; ok && p >= lo && p <= hi {
-			cs = append(cs, cand{i, int(p)})
+		if i > 0 && keys[i-1].priority == k.priority {
+			rank++
+		} else {
+			rank = 0
 		}
-	}
-	if len(cs) == 0 {
-		return nil
-	}
-	// The room constraint between kept i < j: prio_i - prio_j ≥ j - i, i.e. prio + index strictly
-	// decreasing ... as prio_i + i ≥ prio_j + j. With the ends: prio_i ≤ hi - i and prio_i ≥ lo + (n-1-i).
-	// Longest chain under "prio strictly decreasing and prio+idx non-increasing": O(c²) over the
-	// candidates, which are a table's rules (25 per policy).
-	n := len(keys)
-	best := make([]int, len(cs))
-	from := make([]int, len(cs))
-	top := -1
-	for a := range cs {
-		c := cs[a]
-		if c.prio > int(hi)-c.idx || c.prio < int(lo)+(n-1-c.idx) {
-			best[a] = 0
-			continue
-		}
-		best[a], from[a] = 1, -1
-		for b := range a {
-			if best[b] == 0 {
-				continue
+		home := int(hi) - int(min(max(k.priority, 0), 1000))*adminBandWidth - rank
+		at := min(home, next)
+		if at < int(lo)+(n-1-i) { // the rest would not fit: spread everything
+			clear(out)
+			for j, k := range keys {
+				out[k] = uint16(int(hi) - (j+1)*(int(hi)-int(lo)+2)/(n+1) + 1)
 			}
-			d := cs[b]
-			if d.prio > c.prio && d.prio-c.prio >= c.idx-d.idx && best[b]+1 > best[a] {
-				best[a], from[a] = best[b]+1, b
-			}
+			return out, nil
 		}
-		if best[a] > 0 && (top < 0 || best[a] > best[top]) {
-			top = a
-		}
+		out[k] = uint16(at)
+		next = at - 1
 	}
-	if top < 0 {
-		return nil
-	}
-	var out []int
-	for a := top; a >= 0; a = from[a] {
-		out = append(out, cs[a].idx)
-	}
-	slices.Reverse(out)
-	return out
+	return out, nil
 }
