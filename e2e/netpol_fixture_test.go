@@ -527,7 +527,13 @@ func firstLines(lines []string, n int) string {
 // or npConverge passes; it records and logs how long convergence took.
 func (f *npFixture) check(t *testing.T, ctx context.Context, step string) {
 	t.Helper()
-	want, err := f.expected(ctx)
+	f.checkWith(t, ctx, step, f.expected)
+}
+
+// checkWith is check against another model's matrix (ClusterNetworkPolicy's, cnp_test.go).
+func (f *npFixture) checkWith(t *testing.T, ctx context.Context, step string, expected func(context.Context) (*npMatrix, error)) {
+	t.Helper()
+	want, err := expected(ctx)
 	if err != nil {
 		t.Fatalf("%s: the model: %v", step, err)
 	}
