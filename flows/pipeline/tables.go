@@ -46,20 +46,35 @@
 //	 45 service-l2        a DNATed packet (flagged in reg3 for the hairpin check) towards a pod gets the pod's
 //	                      MAC (0a:58 + its IP); a connection marked for masquerade is SNATed to the gateway
 //	                      in the masquerade zone, after the endpoint was chosen
+//	 48 admin-egress      ClusterNetworkPolicy Admin tier, egress (every mode, adminpolicy.go): replies
+//	                      and related packets → 60 (an Admin-accepted connection's as global, reg0 = 0);
+//	                      each rule a conjunction at a priority of its own, in precedence order: Accept
+//	                      → 60, Deny drops, Pass → 50; no rule → 50
 //	 50 egress-policy     NetworkPolicy egress (networkpolicy mode, netpol.go): replies/related pass; a
 //	                      policy's rules are conjunctions (pods × ports × peers) at its own priority; an
-//	                      egress-isolated pod's default deny; everything else continues to 60
+//	                      egress-isolated pod's default deny; a pod no policy isolates is undecided → 52
+//	 52 baseline-egress   ClusterNetworkPolicy Baseline tier, egress: Accept or Pass → 60, Deny drops;
+//	                      no rule → 60
 //	 60 routing           the tunnel guard first (guard.go): UDP to the tunnel port of any gateway or of
 //	                      anything not a pod is dropped, replies excepted, so no pod injects into the
-//	                      overlay; local pod → reg1 = its VNID, reg2 = its port; remote subnet → 90
-//	                      (networkpolicy mode: committing the connection to conntrack first); the gateway
-//	                      → tun0 (with tun0's MAC); else → tun0
+//	                      overlay; local pod → reg1 = its VNID, reg2 = its port, → 78; remote subnet →
+//	                      90 (committing the connection to conntrack first); the gateway → tun0 (with
+//	                      tun0's MAC, through 78); else → tun0
 //	 70 arp               ARP for local pods, the gateway, and remote subnets (through the tunnel; for a
 //	                      peer reached through the uplink, requests are answered here with the pod MAC)
-//	 80 ingress-isolation multitenant: reg0 vs reg1, same VNID or either 0 passes to 100, else drop.
+//	 78 admin-ingress     ClusterNetworkPolicy Admin tier, ingress (every mode): replies and related
+//	                      packets → 80; rules as in 48 (pods by reg2, peers by nw_src): Accept → commit
+//	                      (ct_mark bit 1: its replies leave as global) → 100, skipping 80; Deny drops;
+//	                      Pass → 80; no rule → 80
+//	 80 ingress-isolation multitenant: reg0 vs reg1, same VNID or either 0 is undecided → 82, else drop.
 //	                      networkpolicy: replies/related pass; the node (tun0, gateway address) passes;
-//	                      policies' rules as conjunctions (pods by reg2 × ports × peers by nw_src); an
-//	                      ingress-isolated pod's default deny; what passes is committed to conntrack
+//	                      policies' rules as conjunctions (pods by reg2 × ports × peers by nw_src),
+//	                      committed → 100; an ingress-isolated pod's default deny; a pod no policy
+//	                      isolates is undecided → 82. subnet: everything → 82
+//	 82 baseline-ingress  ClusterNetworkPolicy Baseline tier, ingress: replies/related → 100; Accept or
+//	                      Pass → commit → 100, Deny drops; no rule: commit → 100 (Kubernetes' default
+//	                      allow). Connections are committed in every mode, here and in 60 for another
+//	                      node, so replies are known at both ends
 //	 90 tunnel-egress     reg0 → tun_id, remote node IP → tun_dst, output vxlan0; encapsulation none, a
 //	                      peer on the uplink segment: our and its uplink MACs, output the uplink port
 //	100 output            output:reg2; a packet leaving by the port it came in by (hairpin: a pod reaching
@@ -73,7 +88,8 @@
 // packets die. Registers: reg0 = source VNID, reg1 = destination VNID, reg2 = output port (openshift-sdn's
 // convention), reg3 = flags, reg4/reg5/reg6 = the chosen endpoint's IP and port and the service's
 // load-balancer ID, reg7 = sessionAffinity's hash (IP packets) or the proxy ARP responder's scratch
-// (ARP packets: never both in one packet); see the Reg* names below.
+// (ARP packets: never both in one packet); see the Reg* names below. ct_mark (service zone): bit 0 the
+// masquerade flag (services.go), bit 1 an Admin-accepted connection (adminpolicy.go).
 package pipeline
 
 import (
