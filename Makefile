@@ -10,7 +10,7 @@ GOTEST   := $(GO) test -count=1
 # Real-OVS and real-apiserver tests run as root in network namespaces the tests make themselves.
 export OFSDN_REPO := $(CURDIR)
 
-.PHONY: all build image test unit integration e2e bench demo demo-down lint clean deps k8s-bins sweep
+.PHONY: all build image test unit integration e2e bench demo demo-down lint clean deps k8s-bins sweep conformance-cnp
 
 all: build
 
@@ -42,6 +42,7 @@ test: deps k8s-bins unit integration e2e
 ## real parts skip under -short).
 unit:
 	$(GOTEST) -short $(PKGS)
+	cd conformance/cnp && $(GOTEST) -short ./...
 
 ## integration: everything against real ovs-vswitchd / kube-apiserver (needs root).
 integration: deps k8s-bins sweep
@@ -50,6 +51,14 @@ integration: deps k8s-bins sweep
 ## e2e: the multi-node lab (tests in e2e/ with build tag e2e; the lab's own packages test in integration).
 e2e: deps k8s-bins build sweep
 	$(GOTEST) -tags e2e -timeout 40m ./e2e/
+
+## conformance-cnp: SIG Network's ClusterNetworkPolicy conformance suite (network-policy-api v0.3.0, its
+## own module in conformance/cnp) on the 3-node lab in networkpolicy mode; writes its ConformanceReport to
+## conformance/cnp/report.yaml. About 10 minutes.
+conformance-cnp: deps k8s-bins build sweep
+	$(BIN)/ofsdn-lab --bin-dir $(CURDIR)/$(BIN) --mode networkpolicy -- bash -c 'cd conformance/cnp && \
+		OFSDN_VERSION=$$(git describe --always --dirty) $(GO) test -count=1 -timeout 60m -v \
+		-run TestClusterNetworkPolicyConformance . -args -report-output=report.yaml'
 
 ## bench: benchmarks that print their figures (ratios against baselines measured in the same run);
 ## then the lab's (CNI ADD latency, convergence across nodes, agent memory) on the 3-node cluster.
