@@ -17,6 +17,7 @@ import (
 	"net/netip"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"sort"
 	"strconv"
@@ -122,7 +123,9 @@ func Start(ctx context.Context, cfg Config) (*Sim, error) {
 }
 
 func (s *Sim) register(ctx context.Context) error {
-	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: s.cfg.NodeName, Labels: map[string]string{"kubernetes.io/hostname": s.cfg.NodeName}}}
+	// The well-known labels kubelet sets on its Node (ClusterNetworkPolicy nodes peers select by them).
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: s.cfg.NodeName, Labels: map[string]string{"kubernetes.io/hostname": s.cfg.NodeName,
+		corev1.LabelOSStable: "linux", corev1.LabelArchStable: runtime.GOARCH}}}
 	if _, err := s.cfg.Client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("nodesim: register node %s: %w", s.cfg.NodeName, err)
 	}
@@ -245,6 +248,8 @@ func (s *Sim) startPod(ctx context.Context, pod *corev1.Pod, sp *simPod) error {
 			}
 		}
 	}
+	// A port both declared and served by an agnhost command is served once.
+	tcp, udp, sctp = uniq(tcp), uniq(udp), uniq(sctp)
 	var netnsPath string
 	if pod.Spec.HostNetwork {
 		sp.ip = s.cfg.NodeIP.String()
@@ -285,6 +290,11 @@ func (s *Sim) startPod(ctx context.Context, pod *corev1.Pod, sp *simPod) error {
 	go func() { _ = cmd.Wait(); close(sp.done) }()
 	s.setStatus(ctx, pod, sp.ip, nil)
 	return nil
+}
+
+func uniq(ports []string) []string {
+	slices.Sort(ports)
+	return slices.Compact(ports)
 }
 
 // agnhostPorts are the ports an agnhost container of the upstream suites serves besides those it
