@@ -82,7 +82,7 @@ func TestClusterNetworkPolicyConformance(t *testing.T) {
 		},
 		Implementation: confv1a1.Implementation{
 			Organization: "ofsdn", Project: "ofsdn", URL: "https://github.com/ofsdn/ofsdn", Version: implementationVersion(),
-			Contact:                []string{"ofsdn maintainers"},
+			Contact: []string{"ofsdn maintainers"},
 			AdditionalInformation: "3-node lab (e2e/cluster): Open vSwitch userspace datapath per node, kube-apiserver v1.34.4, " +
 				"kubelet stand-in answering pods/exec of agnhost connect (e2e/nodesim/exec.go); pluginMode networkpolicy",
 		},
