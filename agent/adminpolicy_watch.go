@@ -46,24 +46,6 @@ func (w *watchAdmin) record(f func(c *adminpolicy.Changes)) {
 
 // handlers are the informer handlers; updates that change nothing resolution reads are dropped.
 func (w *watchAdmin) handlers() (pods, namespaces, nodes, policies cache.ResourceEventHandlerFuncs) {
-	pods = handlers(w.pod)
-	pods.UpdateFunc = func(old, obj any) {
-		o, ok1 := old.(*k8sobj.Pod)
-		n, ok2 := obj.(*k8sobj.Pod)
-		if ok1 && ok2 && policy.PodOf(o).Equal(policy.PodOf(n)) {
-			return
-		}
-		w.pod(obj, false)
-	}
-	namespaces = handlers(w.namespace)
-	namespaces.UpdateFunc = func(old, obj any) {
-		o, ok1 := old.(*corev1.Namespace)
-		n, ok2 := obj.(*corev1.Namespace)
-		if ok1 && ok2 && maps.Equal(o.Labels, n.Labels) {
-			return
-		}
-		w.namespace(obj, false)
-	}
 	nodes = handlers(w.node)
 	nodes.UpdateFunc = func(old, obj any) {
 		o, ok1 := old.(*corev1.Node)
@@ -73,7 +55,7 @@ func (w *watchAdmin) handlers() (pods, namespaces, nodes, policies cache.Resourc
 		}
 		w.node(obj, false)
 	}
-	return pods, namespaces, nodes, handlers(w.policy)
+	return policyPodHandlers(w.pod), namespaceLabelHandlers(w.namespace), nodes, handlers(w.policy)
 }
 
 func (w *watchAdmin) pod(obj any, deleted bool) {

@@ -138,24 +138,10 @@ func (f *cnpFixture) expected(ctx context.Context) (*npMatrix, error) {
 	if err != nil {
 		return nil, err
 	}
-	dsts := f.dsts()
-	m := newNPMatrix(f.probes, len(f.keys), len(dsts))
-	for _, p := range f.probes {
-		for i, src := range f.keys {
-			for j, dst := range dsts {
-				to := netpolmodel.AddressEndpoint(f.ext)
-				if dst != "ext" {
-					to = netpolmodel.PodEndpoint(pods[dst])
-				}
-				v, err := w.Allowed(netpolmodel.PodEndpoint(pods[src]), to, p.port, p.protocol())
-				if err != nil {
-					return nil, err
-				}
-				m.ok[p][i][j], m.detail[p][i][j] = v.Allowed, v.String()
-			}
-		}
-	}
-	return m, nil
+	return f.matrixOf(pods, func(src, dst netpolmodel.Endpoint, port int32, proto corev1.Protocol) (bool, string, error) {
+		v, err := w.Allowed(src, dst, port, proto)
+		return v.Allowed, v.String(), err
+	})
 }
 
 func (f *cnpFixture) check(t *testing.T, ctx context.Context, step string) {

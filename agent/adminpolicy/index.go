@@ -32,6 +32,7 @@ import (
 	"net/netip"
 	"slices"
 
+	"github.com/ofsdn/ofsdn/agent/k8sobj"
 	"github.com/ofsdn/ofsdn/agent/policy"
 	cnp "github.com/ofsdn/ofsdn/apis/policy/v1beta1"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
@@ -387,8 +388,8 @@ func (x *Index) resolveRule(e *entry, field string, r *parsedRule, egress bool, 
 	if out.Peers == nil {
 		out.Peers = []pipeline.PolicyPeer{}
 	}
-	slices.SortFunc(out.Peers, comparePeers)
-	out.Peers = slices.CompactFunc(out.Peers, func(a, b pipeline.PolicyPeer) bool { return comparePeers(a, b) == 0 })
+	slices.SortFunc(out.Peers, policy.ComparePeers)
+	out.Peers = slices.CompactFunc(out.Peers, func(a, b pipeline.PolicyPeer) bool { return policy.ComparePeers(a, b) == 0 })
 	for _, name := range r.named {
 		has := func(ports []pipeline.NamedPort) bool {
 			return slices.ContainsFunc(ports, func(np pipeline.NamedPort) bool { return np.Name == name })
@@ -409,7 +410,7 @@ func (x *Index) resolveRule(e *entry, field string, r *parsedRule, egress bool, 
 // says so.
 func (x *Index) addrsOf(p *policy.Pod) []netip.Addr {
 	if len(p.IPs) == 0 {
-		if att, ok := x.local[p.Namespace+"/"+p.Name]; ok && att.IP.IsValid() {
+		if att, ok := x.local[k8sobj.PodKey(p.Namespace, p.Name)]; ok && att.IP.IsValid() {
 			return []netip.Addr{att.IP}
 		}
 	}
@@ -425,16 +426,4 @@ func onlyNamed(ports []pipeline.NamedPort, used []string) []pipeline.NamedPort {
 		}
 	}
 	return out
-}
-
-func comparePeers(a, b pipeline.PolicyPeer) int {
-	if c := a.Net.Addr().Compare(b.Net.Addr()); c != 0 {
-		return c
-	}
-	if c := cmp.Compare(a.Net.Bits(), b.Net.Bits()); c != 0 {
-		return c
-	}
-	return slices.CompareFunc(a.NamedPorts, b.NamedPorts, func(x, y pipeline.NamedPort) int {
-		return cmp.Or(cmp.Compare(x.Name, y.Name), cmp.Compare(x.Protocol, y.Protocol), cmp.Compare(x.Port, y.Port))
-	})
 }
