@@ -1042,6 +1042,9 @@ func (r *TraceResult) WriteText(w io.Writer) error {
 				acts += fmt.Sprintf(" (bucket %d)", *s.Bucket)
 			}
 			fmt.Fprintf(w, "  %s      owner %s: %s\n", indent, s.Owner, acts)
+			if ref, ok := pipeline.AdminRuleOfActions(s.Actions); ok {
+				fmt.Fprintf(w, "  %s      decided by %s\n", indent, ref)
+			}
 		}
 		if h.Leaves != "" {
 			fmt.Fprintf(w, "  => %s\n", h.Leaves)

@@ -1,6 +1,7 @@
 package flowctl
 
 import (
+	"bytes"
 	"context"
 	"net/netip"
 	"strings"
@@ -55,6 +56,13 @@ func TestTraceAdminPolicy(t *testing.T) {
 			}
 			if res.Verdict.Kind != tc.kind || !strings.Contains(res.Verdict.Text, tc.says) {
 				t.Errorf("verdict %s %q, want %s saying %q", res.Verdict.Kind, res.Verdict.Text, tc.kind, tc.says)
+			}
+			var text bytes.Buffer
+			if err := res.WriteText(&text); err != nil {
+				t.Fatal(err)
+			}
+			if len(res.Verdict.AdminRules) > 0 && !strings.Contains(text.String(), "decided by "+res.Verdict.AdminRules[0]) {
+				t.Errorf("the text does not show the step that decided:\n%s", text.String())
 			}
 		})
 	}
