@@ -9,8 +9,10 @@ STATICCHECK_VERSION := v0.8.2
 GOTEST   := $(GO) test -count=1
 # Real-OVS and real-apiserver tests run as root in network namespaces the tests make themselves.
 export OFSDN_REPO := $(CURDIR)
+# make deps installs Chromium: a browser test that cannot find it fails instead of skipping.
+export OFSDN_REQUIRE_BROWSER := 1
 
-.PHONY: all build image test unit integration e2e bench demo demo-down lint clean deps k8s-bins sweep conformance-cnp
+.PHONY: all build image test unit integration e2e bench demo demo-down lint clean deps k8s-bins sweep conformance-cnp ui-test
 
 all: build
 
@@ -59,6 +61,12 @@ conformance-cnp: deps k8s-bins build sweep
 	$(BIN)/ofsdn-lab --bin-dir $(CURDIR)/$(BIN) --mode networkpolicy -- bash -c 'cd conformance/cnp && \
 		OFSDN_VERSION=$$(git describe --always --dirty) $(GO) test -count=1 -timeout 60m -v \
 		-run TestClusterNetworkPolicyConformance . -args -report-output=report.yaml'
+
+## ui-test: the web console's browser tests alone (headless Chromium): the accessibility checker, the
+## console on fakes, then on the 3-node lab; screenshots in $(OUT)/ui-screenshots/.
+ui-test: deps k8s-bins build sweep
+	$(GOTEST) -run 'TestAccessibilityChecker|TestLoopbackOnly|TestUIInBrowser' ./internal/browser/ ./flowctl/
+	$(GOTEST) -tags e2e -timeout 20m -run 'TestConsole' ./e2e/
 
 ## bench: benchmarks that print their figures (ratios against baselines measured in the same run);
 ## then the lab's (CNI ADD latency, convergence across nodes, agent memory) on the 3-node cluster.

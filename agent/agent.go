@@ -11,9 +11,12 @@ import (
 	"reflect"
 	"time"
 
+	nadclient "github.com/k8snetworkplumbingwg/network-attachment-definition-client/pkg/client/clientset/versioned"
+	nadinformers "github.com/k8snetworkplumbingwg/network-attachment-definition-client/pkg/client/informers/externalversions"
 	"github.com/ofsdn/ofsdn/agent/attach"
 	"github.com/ofsdn/ofsdn/agent/hostnet"
 	"github.com/ofsdn/ofsdn/agent/k8sobj"
+	"github.com/ofsdn/ofsdn/agent/networks"
 	"github.com/ofsdn/ofsdn/agent/nodenet"
 	"github.com/ofsdn/ofsdn/agent/policy"
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
@@ -25,6 +28,7 @@ import (
 	"github.com/ofsdn/ofsdn/flows/pipeline"
 	"github.com/ofsdn/ofsdn/flows/reconcile"
 	"github.com/ofsdn/ofsdn/internal/atomicfile"
+	"github.com/ofsdn/ofsdn/internal/loop"
 	"github.com/ofsdn/ofsdn/ofswitch"
 	"github.com/ofsdn/ofsdn/ovsdb"
 	"github.com/ofsdn/ofsdn/unixctl"
@@ -63,15 +67,20 @@ type Config struct {
 	// UplinkLinger is how long br0's uplink port outlives a change from encapsulation none back to vxlan
 	// (hostnet.DefaultUplinkLinger), for peers that still send unencapsulated until they follow.
 	UplinkLinger time.Duration
-	// MetricsAddress serves /metrics, /healthz and /readyz ("" = not served). DebugAddress serves the
-	// read-only debug API (debugapi/) over TCP for flowctl through the API server's node proxy ("" = not
-	// served); DebugSocket serves it on a root-only unix socket for flowctl on the node (default
+	// MetricsAddress serves /metrics, /healthz and /readyz over TLS ("" = not served). DebugAddress
+	// serves the read-only debug API (debugapi/) over TLS, for flowctl through the API server's node
+	// proxy ("" = not served). Both answer only callers the API server authenticates and authorizes
+	// (agent/nodeauth; the probes' paths are open). DebugSocket serves the debug API on a root-only unix
+	// socket for flowctl on the node, its file mode its only guard (default
 	// <ovs-rundir>/<bridge>.ofsdn.sock; "-" = not served).
 	MetricsAddress string
 	DebugAddress   string
 	DebugSocket    string
-	// Profiling adds Go's /debug/pprof/ to the metrics address: off by default, as that address is
-	// unauthenticated and a CPU profile costs the node CPU.
+	// TLSCertFile and TLSKeyFile are a serving certificate of the operator's (PEM); without them the
+	// agent makes a self-signed one in <state-dir>/pki (nodeauth.SelfSignedCert).
+	TLSCertFile, TLSKeyFile string
+	// Profiling adds Go's /debug/pprof/ to the metrics address (off by default: a CPU profile costs the
+	// node CPU); it needs nodes/pprof of network.ofsdn.io like any other caller's request.
 	Profiling bool
 	Logger    klog.Logger
 }
@@ -125,12 +134,18 @@ type Deps struct {
 	DB *ovsdb.Client
 	// DialSwitch opens the OpenFlow session to the bridge, which exists by the time it is called.
 	DialSwitch func(ctx context.Context) (*ofswitch.Session, error)
+	// NAD reads NetworkAttachmentDefinitions (pods' requests for Networks); nil: pods asking for
+	// Networks by annotation are refused, and meta-plugins' ADDs still work.
+	NAD nadclient.Interface
 	// Events records Warning Events on API objects; nil: Agent.Run records through Kube.
 	Events record.EventRecorder
 	// Dynamic reads ClusterNetworkPolicies (adminpolicy_watch.go); nil: they are not watched.
 	Dynamic dynamic.Interface
 	// Metrics; nil: a fresh registry.
 	Metrics *Metrics
+	// Reviews makes the TokenReviews and SubjectAccessReviews that guard the node API; nil: Kube. Run
+	// gives it a client of its own, so callers with bad tokens cannot use up the agent's request rate.
+	Reviews kubernetes.Interface
 }
 
 // Agent is one node's agent: informers and CNI requests feed its nodeView; flowSync renders it onto
@@ -160,6 +175,13 @@ type Agent struct {
 	health *health
 	// uplink keeps br0's uplink port for encapsulation none (hostnet/uplink.go); nil without OVSDB (unit tests).
 	uplink *hostnet.Uplink
+	// netReport writes NetworkSubnet status and pods' network-status (agent/networks); routes keeps
+	// running pods' cross-talk routes in step with their Networks (networks.go).
+	netReport *networks.Reporter
+	routes    *loop.Loop
+	// nadInformers watch NetworkAttachmentDefinitions when the cluster has them; the agent does not wait
+	// for them to sync (the CNI side asks the API server meanwhile).
+	nadInformers nadinformers.SharedInformerFactory
 
 	netInformers  networkinformers.SharedInformerFactory
 	kubeInformers kubeinformers.SharedInformerFactory
@@ -169,6 +191,9 @@ type Agent struct {
 	// server serves them (adminpolicy_watch.go); adminSynced like handlersSynced.
 	adminInformers dynamicinformer.DynamicSharedInformerFactory
 	adminSynced    []cache.InformerSynced
+
+	// Where the metrics and debug servers listen (serveObservability), "" when not served.
+	metricsAddr, debugAddr string
 
 	// Set by Run's first step.
 	sess  *ofswitch.Session
@@ -213,13 +238,24 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	a.netInformers = networkinformers.NewSharedInformerFactory(deps.Net, 0)
 	// Every pod of the cluster (NetworkPolicy peers), trimmed to what the agent reads (k8sobj.Trim).
 	a.kubeInformers = kubeinformers.NewSharedInformerFactoryWithOptions(deps.Kube, 0, kubeinformers.WithTransform(k8sobj.Trim))
+	a.netReport = networks.NewReporter(cfg.NodeName, deps.Net, deps.Kube, a.view, log)
+	requests := &networkRequests{view: a.view, pods: a.kubeInformers.Core().V1().Pods().Informer().GetStore(), kube: deps.Kube, nad: deps.NAD,
+		log: log.WithName("networks")}
+	if deps.NAD != nil {
+		a.nadInformers = nadinformers.NewSharedInformerFactory(deps.NAD, 0)
+		nads := a.nadInformers.K8sCniCncfIo().V1().NetworkAttachmentDefinitions()
+		requests.nads, requests.nadReady = nads.Lister(), nads.Informer().HasSynced
+	}
 	a.pods = attach.New(attach.Config{Bridge: cfg.Bridge, HostNetNS: cfg.HostNetNS, Netdev: cfg.DatapathType == "netdev",
-		StateDir: filepath.Join(cfg.StateDir, "ipam"), PendingDeletes: cni.PendingDeletesDirFor(cfg.CNISocket),
-		AbsentGrace: cfg.AbsentPodGrace, Logger: log.WithName("cni")},
+		StateDir: filepath.Join(cfg.StateDir, "ipam"), NetworksDir: filepath.Join(cfg.StateDir, "networks"),
+		PendingDeletes: cni.PendingDeletesDirFor(cfg.CNISocket), AbsentGrace: cfg.AbsentPodGrace, Logger: log.WithName("cni")},
 		attach.Deps{Node: a.view, Flows: a.fs, DB: deps.DB, Readiness: a.health.Ready,
 			BridgeUp: func() bool { return a.sess != nil && a.sess.Connected() },
 			// Restore asks the pod informer (then the API server) whether a restored attachment's pod exists.
-			Pods: attach.APIPods{Cache: a.kubeInformers.Core().V1().Pods().Informer().GetStore(), Client: deps.Kube.CoreV1(), NodeName: cfg.NodeName}})
+			Pods:     attach.APIPods{Cache: a.kubeInformers.Core().V1().Pods().Informer().GetStore(), Client: deps.Kube.CoreV1(), NodeName: cfg.NodeName},
+			Networks: requests, Warn: a.podEvent, Changed: a.netReport.Kick})
+	a.routes = loop.New(loop.Config{Name: "network-routes", Period: time.Minute, Log: log.WithName("networks"),
+		Quiet: func(err error) bool { return errors.Is(err, errNotReady) }}, a.syncRoutes)
 	var newPeer func(netip.Addr)
 	if cfg.DatapathType == "netdev" {
 		a.neighbors = hostnet.NewTunnelNeighbors(hostnet.Node{NetNS: cfg.HostNetNS}, unixctl.New(cfg.OVSRunDir, "ovs-vswitchd"), a.view.peers, log)
@@ -233,6 +269,7 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 			hostnet.UplinkDeps{View: a.view, Host: hostnet.Node{NetNS: cfg.HostNetNS}, OVS: deps.DB, Changed: a.fs.trigger, Warn: a.nodeEvent})
 	}
 	w := &watchNetwork{view: a.view, sync: a.fs, log: log, newPeer: newPeer, uplink: a.uplink}
+	wn := &watchNetworks{view: a.view, sync: a.fs, log: log.WithName("networks"), changed: func() { a.routes.Kick(); a.netReport.Kick() }}
 	ws := &watchServices{view: a.view, sync: a.fs, log: log.WithName("services")}
 	policyPods, policyNamespaces, policies := (&watchPolicies{view: a.view, sync: a.fs}).handlers()
 	adminPods, adminNamespaces, adminNodes, adminPolicies := (&watchAdmin{view: a.view, sync: a.fs, log: log.WithName("cnp")}).handlers()
@@ -245,6 +282,10 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 		{net.ClusterNetworks().Informer(), handlers(w.clusterNetwork)},
 		{net.HostSubnets().Informer(), handlers(w.hostSubnet)},
 		{net.NetNamespaces().Informer(), handlers(w.netNamespace)},
+		// Networks: their objects, node subnets, and the namespaces' labels their selectors read.
+		{net.Networks().Informer(), handlers(wn.network)},
+		{net.NetworkSubnets().Informer(), handlers(wn.networkSubnet)},
+		{a.kubeInformers.Core().V1().Namespaces().Informer(), handlers(wn.namespace)},
 		// Services and their endpoints: br0 load-balances them, no kube-proxy needed.
 		{a.kubeInformers.Core().V1().Services().Informer(), handlers(ws.service)},
 		{a.kubeInformers.Discovery().V1().EndpointSlices().Informer(), handlers(ws.endpointSlice)},
@@ -290,11 +331,19 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := checkPrerequisites(ctx, cfg, cfg.Logger.WithName("agent").WithValues("node", cfg.NodeName)); err != nil {
 		return err
 	}
-	kube, err := kubernetes.NewForConfig(cfg.RestConfig)
+	rc := rest.CopyConfig(cfg.RestConfig)
+	if rc.QPS == 0 {
+		// client-go's default (5/s, bursts of 10) would queue a node's pod-start burst behind its own
+		// writes: a pod the informer has not seen yet is read from the API server by its ADD (its
+		// networks), and each attached pod gets its network-status. Reads of this rate are the
+		// kubelet's order, per node.
+		rc.QPS, rc.Burst = 50, 100
+	}
+	kube, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}
-	net, err := networkclient.NewForConfig(cfg.RestConfig)
+	net, err := networkclient.NewForConfig(rc)
 	if err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}
@@ -307,7 +356,17 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("agent: %w", err)
 	}
 	defer db.Close()
-	a, err := New(cfg, Deps{Kube: kube, Net: net, Dynamic: dyn, DB: db, DialSwitch: func(ctx context.Context) (*ofswitch.Session, error) {
+	nad, err := nadclient.NewForConfig(rc)
+	if err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	rr := rest.CopyConfig(cfg.RestConfig)
+	rr.QPS, rr.Burst = reviewQPS, reviewBurst
+	reviews, err := kubernetes.NewForConfig(rr)
+	if err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	a, err := New(cfg, Deps{Kube: kube, Net: net, NAD: nad, Dynamic: dyn, DB: db, Reviews: reviews, DialSwitch: func(ctx context.Context) (*ofswitch.Session, error) {
 		return ofswitch.Dial(ctx, ofswitch.Config{Socket: filepath.Join(cfg.OVSRunDir, cfg.Bridge+".mgmt"), Bridge: cfg.Bridge, Logger: cfg.Logger})
 	}})
 	if err != nil {
@@ -406,6 +465,9 @@ func (a *Agent) openBridge(ctx context.Context) error {
 func (a *Agent) syncInformers(ctx context.Context) error {
 	a.netInformers.Start(ctx.Done())
 	a.kubeInformers.Start(ctx.Done())
+	if a.nadInformers != nil {
+		a.nadInformers.Start(ctx.Done()) // not waited for: see networkRequests
+	}
 	for _, wait := range []func(<-chan struct{}) map[reflect.Type]bool{a.netInformers.WaitForCacheSync, a.kubeInformers.WaitForCacheSync} {
 		for typ, ok := range wait(ctx.Done()) {
 			if !ok {
@@ -554,6 +616,8 @@ func (a *Agent) serveCNI(ctx context.Context) error {
 	go a.hostFwd.run(ctx)
 	go a.pods.RunJanitor(ctx) // DELs the plugin left while no agent listened, from now on too
 	go a.fs.driftChecks(a.cfg.ResyncPeriod).Run(ctx)
+	go a.netReport.Run(ctx)
+	go a.routes.Run(ctx)
 	go a.health.watch(ctx)
 	a.health.setStep("")
 	a.log.Info("agent running", "bridge", a.cfg.Bridge, "cniSocket", a.cfg.CNISocket)

@@ -37,6 +37,13 @@
 //     DEL) are checked against its netns, the API server and newer sandboxes: the live ones come back,
 //     the rest are released; the janitor serves the DELs the plugin left while no agent could take
 //     them. It sees the view through attach.Node (view.go) and the flow loop through attach.Flows.
+//   - networks/ (its own package) and networks.go: Networks (network.ofsdn.io) — the Networks, their
+//     node subnets and the namespaces' labels into the view's networks.Index (watchNetworks), which
+//     gives the pipeline its NetworkStates and the attachments that carry traffic (admitted); a pod's
+//     k8s.v1.cni.cncf.io/networks annotation resolved through its NetworkAttachmentDefinitions
+//     (networkRequests) for attach/, which plumbs each interface (attach/networks.go); the Reporter
+//     writing NetworkSubnet status and the pods' network-status; the routes loop keeping running pods'
+//     cross-talk routes in step (attach.Handler.SyncRoutes).
 //   - flowsync.go: render, diff per owner, one Apply; concurrent callers coalesce; failing owners keep
 //     their last good flows and are retried with back-off; resyncs (reconnect, periodic) run in its loop.
 //   - hostnet/ (its own package): the node's host-side jobs beyond nodenet's plumbing — encapsulation
@@ -54,6 +61,9 @@
 //   - debug.go: the read-only debug API flowctl asks (debugapi/): the node's view with OVSDB's ports,
 //     desired flows by owner, the drift report, the bridge's dump, ofproto/trace through unixctl; served
 //     on a root-only socket beside the bridge and on the node's address for the API server's node proxy.
+//     The node's addresses (debug API, metrics, pprof) speak TLS and go through nodeauth/ (its own
+//     package): a bearer token reviewed by the API server, a SubjectAccessReview for what the path needs,
+//     and why the token travels in a header of its own through the node proxy.
 //
 // Tests: informers_test.go and services_test.go run the agent's own informers on fake clientsets and
 // check the view (make unit); flowsync_ovs_test.go runs flowSync against a real bridge.

@@ -10,9 +10,11 @@ import (
 	"sort"
 	"sync"
 
+	nadv1 "github.com/k8snetworkplumbingwg/network-attachment-definition-client/pkg/apis/k8s.cni.cncf.io/v1"
 	"github.com/ofsdn/ofsdn/agent/adminpolicy"
 	"github.com/ofsdn/ofsdn/agent/attach"
 	"github.com/ofsdn/ofsdn/agent/k8sobj"
+	"github.com/ofsdn/ofsdn/agent/networks"
 	"github.com/ofsdn/ofsdn/agent/nodenet"
 	"github.com/ofsdn/ofsdn/agent/policy"
 	"github.com/ofsdn/ofsdn/agent/services"
@@ -59,6 +61,10 @@ type nodeView struct {
 	// remotePods are the other nodes' pods (pod informer), whose addresses give the source VNID of
 	// traffic that arrives unencapsulated in multitenant mode.
 	remotePods map[string]remotePod
+	// networks are the Networks, their node subnets and the namespaces' labels (agent/networks);
+	// netAttachments the pods' interfaces on them, by attach.NetAttachmentKey.
+	networks       *networks.Index
+	netAttachments map[string]attach.NetAttachment
 	// generation counts changes, so a sync knows whether it saw the latest state.
 	generation uint64
 }
@@ -73,7 +79,7 @@ func newNodeView(nodeName string) *nodeView {
 	return &nodeView{nodeName: nodeName, mode: pipeline.ModeSubnet, remote: map[string]pipeline.RemoteNode{},
 		vnids: map[string]uint32{}, pods: map[string]attach.Pod{}, services: map[string]*corev1.Service{},
 		slices: map[string]*discoveryv1.EndpointSlice{}, hostPorts: map[string]hostPortPod{}, converted: services.Cache{},
-		encap: pipeline.EncapVXLAN, remotePods: map[string]remotePod{}}
+		encap: pipeline.EncapVXLAN, remotePods: map[string]remotePod{}, networks: networks.NewIndex(), netAttachments: map[string]attach.NetAttachment{}}
 }
 
 // The view as attachments see it (attach.Node).
@@ -103,6 +109,107 @@ func (v *nodeView) Detach(key, sandbox string) uint64 {
 			delete(v.pods, key)
 		}
 	})
+}
+
+func (v *nodeView) AttachNetwork(a attach.NetAttachment) uint64 {
+	return v.update(func(v *nodeView) { v.netAttachments[a.Key()] = a })
+}
+
+func (v *nodeView) DetachNetwork(key, sandbox string) uint64 {
+	return v.update(func(v *nodeView) {
+		if a, ok := v.netAttachments[key]; ok && a.SandboxID == sandbox {
+			delete(v.netAttachments, key)
+		}
+	})
+}
+
+func (v *nodeView) NetAttachments(podKey, sandbox string) []attach.NetAttachment {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	var out []attach.NetAttachment
+	for _, a := range v.netAttachments {
+		if a.SandboxID == sandbox && k8sobj.PodKey(a.Namespace, a.Name) == podKey {
+			out = append(out, a)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].IfName < out[j].IfName })
+	return out
+}
+
+func (v *nodeView) AllNetAttachments() []attach.NetAttachment {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return slices.Collect(maps.Values(v.netAttachments))
+}
+
+// netAttachmentStatus is a pod's interface on a Network and, when it carries no traffic, why.
+type netAttachmentStatus struct {
+	attach.NetAttachment
+	whyNot string // "" when its Network renders and admits it
+}
+
+// netAttachmentStatuses lists the attachments with why each carries no traffic, for the debug API.
+func (v *nodeView) netAttachmentStatuses() []netAttachmentStatus {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	out := make([]netAttachmentStatus, 0, len(v.netAttachments))
+	for _, a := range v.netAttachments {
+		why := v.networks.WhyNotCarrying(networks.Attachment{Namespace: a.Namespace, Name: a.Name, Interface: a.IfName, Network: a.Network})
+		out = append(out, netAttachmentStatus{NetAttachment: a, whyNot: why})
+	}
+	return out
+}
+
+// Placement says how a pod of namespace attaches to a Network on this node (attach.Networks).
+func (v *nodeView) Placement(network, namespace string) (networks.Placement, error) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.networks.Placement(network, namespace, v.nodeName)
+}
+
+// AttachmentCounts counts the attached pod interfaces per Network this node has a subnet of (0
+// included), for networks.Reporter.
+func (v *nodeView) AttachmentCounts() map[string]int64 {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	out := map[string]int64{}
+	for _, name := range v.networks.SubnetsOf(v.nodeName) {
+		out[name] = 0
+	}
+	for _, a := range v.netAttachments {
+		if _, ok := out[a.Network]; ok {
+			out[a.Network]++
+		}
+	}
+	return out
+}
+
+// PodNetworkStatuses are the network-status annotations of the local pods with a Network interface,
+// for networks.Reporter: eth0 (the cluster network, the default), then the Network interfaces by name.
+func (v *nodeView) PodNetworkStatuses() map[string][]nadv1.NetworkStatus {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	out := map[string][]nadv1.NetworkStatus{}
+	for _, a := range v.netAttachments {
+		key := k8sobj.PodKey(a.Namespace, a.Name)
+		pod, ok := v.pods[key]
+		if !ok || pod.SandboxID != a.SandboxID {
+			continue // a meta-plugin's attachment of a pod whose eth0 is another plugin's: Multus reports it
+		}
+		if _, ok := out[key]; !ok {
+			out[key] = []nadv1.NetworkStatus{{Name: networks.ClusterNetworkName, Interface: "eth0", IPs: []string{pod.IP.String()},
+				Mac: pod.MAC.String(), Mtu: v.mtu, Default: true, Gateway: []string{pipeline.Gateway(v.localSubnet).String()}}}
+		}
+		name := a.NAD
+		if name == "" {
+			name = a.Network
+		}
+		out[key] = append(out[key], nadv1.NetworkStatus{Name: name, Interface: a.IfName, IPs: []string{a.IP.String()}, Mac: a.MAC.String(), Mtu: a.MTU})
+	}
+	for _, st := range out {
+		sort.Slice(st[1:], func(i, j int) bool { return st[1+i].Interface < st[1+j].Interface })
+	}
+	return out
 }
 
 // Reads of the view for the rest of the agent: each takes the lock and copies.
@@ -334,6 +441,15 @@ func (v *nodeView) snapshotLocked() viewSnapshot {
 	if v.mode == pipeline.ModeNetworkPolicy {
 		in.nodeAddrs = v.nodeAddresses()
 	}
+	// Networks, and the pods' interfaces on them that carry traffic (their namespace admitted).
+	st.Networks = v.networks.States(v.nodeName)
+	atts := make([]networks.Attachment, 0, len(v.netAttachments))
+	for _, a := range v.netAttachments {
+		atts = append(atts, networks.Attachment{Namespace: a.Namespace, Name: a.Name, Interface: a.IfName, Network: a.Network,
+			IP: a.IP, MAC: a.MAC, OFPort: a.OFPort})
+	}
+	st.Attachments = v.networks.Carrying(atts)
+	sort.Slice(st.Attachments, func(i, j int) bool { return st.Attachments[i].OFPort < st.Attachments[j].OFPort })
 	sort.Slice(st.Pods, func(i, j int) bool { return st.Pods[i].OFPort < st.Pods[j].OFPort })
 	sort.Slice(st.RemoteNodes, func(i, j int) bool { return st.RemoteNodes[i].Name < st.RemoteNodes[j].Name })
 	sort.Strings(pending)

@@ -149,12 +149,26 @@ type spoofedARP struct {
 
 func watchVictims(t *testing.T, run string, victims []*cluster.Pod, arps map[string][]spoofedARP) *sightings {
 	t.Helper()
+	var ifaces []watchedIface
+	for _, v := range victims {
+		ifaces = append(ifaces, watchedIface{key: v.Key(), netns: v.NetNS, ifName: "eth0"})
+	}
+	return watchIfaces(t, run, ifaces, arps)
+}
+
+// watchedIface is one interface whose received frames a sightings counts, under key.
+type watchedIface struct{ key, netns, ifName string }
+
+// watchIfaces counts, per interface, the marked UDP payloads and spoofed ARP packets it receives
+// (watchVictims for any interface: a pod's Network interfaces).
+func watchIfaces(t *testing.T, run string, victims []watchedIface, arps map[string][]spoofedARP) *sightings {
+	t.Helper()
 	s := &sightings{counts: map[string]int{}, stop: make(chan struct{})}
 	prefix := []byte(markerPrefix + run + ":")
 	for _, v := range victims {
 		var fd int
-		err := lab.InNetNS(v.NetNS, func() error {
-			ifc, err := net.InterfaceByName("eth0")
+		err := lab.InNetNS(v.netns, func() error {
+			ifc, err := net.InterfaceByName(v.ifName)
 			if err != nil {
 				return err
 			}
@@ -165,14 +179,14 @@ func watchVictims(t *testing.T, run string, victims []*cluster.Pod, arps map[str
 			return unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: ifc.Index})
 		})
 		if err != nil {
-			t.Fatalf("raw socket in %s: %v", v.Key(), err)
+			t.Fatalf("raw socket on %s of %s: %v", v.ifName, v.key, err)
 		}
 		tv := unix.NsecToTimeval((100 * time.Millisecond).Nanoseconds())
 		if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
 			t.Fatal(err)
 		}
 		s.fds = append(s.fds, fd)
-		key := v.Key()
+		key := v.key
 		bad := arps[key]
 		s.wg.Go(func() {
 			buf := make([]byte, 65536)
@@ -252,10 +266,13 @@ func (s *sightings) close() {
 }
 
 // seen returns how often victim saw the atkProbe name.
-func (s *sightings) seen(victim *cluster.Pod, name string) int {
+func (s *sightings) seen(victim *cluster.Pod, name string) int { return s.seenBy(victim.Key(), name) }
+
+// seenBy returns how often the interface watched under key saw the atkProbe name.
+func (s *sightings) seenBy(key, name string) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.counts[victim.Key()+"|"+name]
+	return s.counts[key+"|"+name]
 }
 
 // total returns how often the atkProbe name was seen by any victim.
@@ -294,8 +311,13 @@ func sendUDP(netns string, dst netip.AddrPort, payload []byte, count int, interv
 
 // sendFrames writes raw frames count times out of eth0 in netns, interval apart.
 func sendFrames(netns string, frames [][]byte, count int, interval time.Duration) error {
+	return sendFramesOn(netns, "eth0", frames, count, interval)
+}
+
+// sendFramesOn writes raw frames count times out of an interface in netns, interval apart.
+func sendFramesOn(netns, ifName string, frames [][]byte, count int, interval time.Duration) error {
 	return lab.InNetNS(netns, func() error {
-		ifc, err := net.InterfaceByName("eth0")
+		ifc, err := net.InterfaceByName(ifName)
 		if err != nil {
 			return err
 		}
@@ -309,7 +331,7 @@ func sendFrames(netns string, frames [][]byte, count int, interval time.Duration
 			for _, f := range frames {
 				copy(to.Addr[:], f[:6])
 				if err := unix.Sendto(fd, f, 0, to); err != nil {
-					return fmt.Errorf("send on eth0 of %s: %w", netns, err)
+					return fmt.Errorf("send on %s of %s: %w", ifName, netns, err)
 				}
 			}
 			if interval > 0 {

@@ -32,6 +32,7 @@ func commands() []command {
 		{"diff", "what differs between the flows and groups the agent wants and what the bridge holds, by owner", RunDiff},
 		{"trace", "follow a packet from SRC to DST through the nodes' bridges and say why it is delivered or dropped", RunTrace},
 		{"pod-network", "join, isolate or make global projects' VNIDs through the controller (as oc adm pod-network)", RunPodNetwork},
+		{"ui", "serve the web console (networks, tenants, nodes, policies, trace, drops) on this machine", RunUI},
 	}
 }
 

@@ -5,6 +5,8 @@ import (
 	"context"
 	"strings"
 	"testing"
+
+	"github.com/ofsdn/ofsdn/flows/reconcile"
 )
 
 // TestCommandLineConvention holds every subcommand to one convention: asked for help, it describes
@@ -36,6 +38,8 @@ func TestCommandLineConvention(t *testing.T) {
 		invocation{[]string{"dump", "--table", "nosuch"}, "usage: flowctl dump"},
 		invocation{[]string{"dump", "--category", "hostport"}, "usage: flowctl dump"},
 		invocation{[]string{"dump", "stray-argument"}, "usage: flowctl dump"},
+		invocation{[]string{"dump", "--owner", "alpha"}, "usage: flowctl dump"},
+		invocation{[]string{"dump", "--owner", "net/alpha", "--cookie", "0x1"}, "usage: flowctl dump"},
 		invocation{[]string{"diff", "-o", "yaml"}, "usage: flowctl diff"},
 		invocation{[]string{"trace", "blue/a"}, "usage: flowctl trace"},
 		invocation{[]string{"trace", "--proto", "gre", "blue/a", "blue/b"}, "usage: flowctl trace"},
@@ -99,5 +103,9 @@ func TestDumpCategoryHelpFromRegistry(t *testing.T) {
 	help := out.String()
 	if !strings.Contains(help, "-category") || !strings.Contains(help, categoryNames()) || strings.Contains(help, "hostport") {
 		t.Errorf("dump --help does not list the categories %s (or lists a retired one):\n%s", categoryNames(), help)
+	}
+	// Networks' flows: their category, and an owner of either kind.
+	if !strings.Contains(categoryNames(), reconcile.CategoryNetwork.String()) || !strings.Contains(help, "-owner") || !strings.Contains(help, "pod/NS/NAME@net1") {
+		t.Errorf("dump --help does not say how to select a Network's or an attachment's flows:\n%s", help)
 	}
 }

@@ -5,6 +5,7 @@ package flowctl
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -190,7 +191,7 @@ func (d *Dump) WriteJSON(w io.Writer) error {
 // Dialer connects to a bridge's OpenFlow management socket.
 type Dialer func(ctx context.Context, socket, bridge string) (FlowSource, func(), error)
 
-const dumpUsage = `usage: flowctl dump [--table T] [--category C] [--cookie V[/M]] [-o text|json] [--node NAME | --rundir DIR]
+const dumpUsage = `usage: flowctl dump [--table T] [--category C] [--owner O] [--cookie V[/M]] [-o text|json] [--node NAME | --rundir DIR]
 
 Prints a bridge's flows grouped by table, each table headed by its name and purpose, every flow with
 its owner (decoded from its cookie: round, category, the object it renders), priority, match, actions
@@ -198,6 +199,10 @@ and counters, then the groups. On a node it reads the bridge through Open vSwitc
 in --rundir; --node NAME asks that node's agent through the API server's node proxy instead. With -o
 json every entry keeps its wire encoding and, when the agent answers, the file carries its view of
 the node: what 'flowctl trace --dump' evaluates offline.
+
+  flowctl dump --category net                 # every Network's own flows (tunnels, cross-talk, gateway)
+  flowctl dump --owner net/red                # Network red's
+  flowctl dump --owner pod/lab/x@net1         # pod lab/x's interface net1 on a Network
 `
 
 // categoryNames lists the owner categories a dump can select, from the registry.
@@ -226,9 +231,23 @@ func RunDump(ctx context.Context, args []string, stdout, stderr io.Writer, dial 
 		opts.Category = &cat
 		return err
 	})
+	cookieSet := false
 	fs.Func("cookie", "only flows whose cookie matches `VALUE[/MASK]` (hex)", func(s string) error {
+		if cookieSet {
+			return errors.New("give one of --owner and --cookie")
+		}
 		var err error
 		opts.Cookie, opts.CookieMask, err = parseCookie(s)
+		cookieSet = true
+		return err
+	})
+	fs.Func("owner", "only flows of this `owner`, as dumps name it: pod/NS/NAME, pod/NS/NAME@net1 (an interface on a Network), net/NAME, node/NAME, svc/NS/NAME:PORT, netpol/NS/NAME...", func(s string) error {
+		if cookieSet {
+			return errors.New("give one of --owner and --cookie")
+		}
+		var err error
+		opts.Cookie, opts.CookieMask, err = ownerCookie(s)
+		cookieSet = true
 		return err
 	})
 	output := c.outputFlag()
@@ -346,6 +365,15 @@ func ownerIndex(keys []string) *reconcile.OwnerIndex {
 		}
 	}
 	return idx
+}
+
+// ownerCookie is the cookie value and mask of an owner's flows in any round.
+func ownerCookie(s string) (uint64, uint64, error) {
+	o, err := reconcile.ParseOwner(s)
+	if err != nil {
+		return 0, 0, err
+	}
+	return uint64(reconcile.MakeCookie(0, o)) & reconcile.CookieIdentityMask, reconcile.CookieIdentityMask, nil
 }
 
 func parseCookie(s string) (uint64, uint64, error) {

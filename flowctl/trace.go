@@ -25,8 +25,15 @@ const traceUsage = `usage: flowctl trace SRC DST [--port N] [--proto tcp|udp|sct
 
 Follows the first packet of a new connection from SRC to DST through every bridge it crosses and says
 why it is delivered or dropped: each table by name, the flow matched and its owner, and a verdict.
-SRC and DST are namespace/pod, svc/namespace/name (DST only), a node name, or an IP address (an
-address outside the cluster as SRC reaches a node's NodePort: DST is then the node, --port the NodePort).
+SRC and DST are namespace/pod, namespace/pod@net1 (the pod's interface net1 on a Network),
+svc/namespace/name (DST only), a node name, or an IP address (an address outside the cluster as SRC
+reaches a node's NodePort: DST is then the node, --port the NodePort). From namespace/pod@net1 an IP
+DST is an address on that pod's Network (or on a Network it exchanges traffic with), never a cluster
+pod's: addresses overlap across Networks.
+
+  flowctl trace blue/a blue/c --port 8080
+  flowctl trace lab/x@net1 lab/y@net1         # on the Network of x's net1
+  flowctl trace lab/x@net1 10.200.2.5 --proto icmp
 
 Live, flowctl asks each node's ovs-vswitchd (ofproto/trace, through the node's agent); with --dump it
 evaluates saved 'flowctl dump -o json' files of the nodes instead, the same way, without OVS.
@@ -119,8 +126,10 @@ type TraceResult struct {
 	To      string      `json:"to"`
 	Offline bool        `json:"offline"`
 	Service *ServiceHop `json:"service,omitempty"`
-	Hops    []Hop       `json:"hops"`
-	Verdict Verdict     `json:"verdict"`
+	// Notes say what the trace assumed about the packet before any bridge saw it.
+	Notes   []string `json:"notes,omitempty"`
+	Hops    []Hop    `json:"hops"`
+	Verdict Verdict  `json:"verdict"`
 }
 
 // Hop is the packet's way through one node: its host (a NodePort's forwarding) or its bridge.
@@ -188,21 +197,29 @@ type Verdict struct {
 
 // endpointSpec is a resolved SRC or DST.
 type endpointSpec struct {
-	kind string // pod, node, service, ip
-	pod  string // namespace/name
+	kind string // pod, attachment (a pod's interface on a Network), node, service, ip
+	pod  string // namespace/name; namespace/name@net1 for an attachment
 	node string
 	ip   netip.Addr
 	svc  string // namespace/name
+	// network is an attachment's Network, or the Network an ip DST is on (traced from an attachment).
+	network string
+	mac     string // an attachment's (the agent's record)
 }
 
 func (e endpointSpec) String() string {
 	switch e.kind {
 	case "pod":
 		return fmt.Sprintf("pod %s (%s) on %s", e.pod, e.ip, e.node)
+	case "attachment":
+		return fmt.Sprintf("pod %s (%s on Network %s) on %s", e.pod, e.ip, e.network, e.node)
 	case "node":
 		return fmt.Sprintf("node %s (%s)", e.node, e.ip)
 	case "service":
 		return "service " + e.svc
+	}
+	if e.network != "" {
+		return fmt.Sprintf("%s on Network %s", e.ip, e.network)
 	}
 	return e.ip.String()
 }
@@ -214,6 +231,17 @@ func resolve(ctx context.Context, w world, arg string) (endpointSpec, error) {
 			return endpointSpec{kind: "service", svc: ns + "/" + name}, nil
 		}
 		return endpointSpec{}, fmt.Errorf("%q: a service is svc/NAMESPACE/NAME", arg)
+	}
+	if ns, rest, ok := strings.Cut(arg, "/"); ok && strings.Contains(rest, "@") {
+		name, iface, _ := strings.Cut(rest, "@")
+		if ns == "" || name == "" || iface == "" || strings.Contains(name, "/") || strings.ContainsAny(iface, "/@") {
+			return endpointSpec{}, fmt.Errorf("%q: a pod's interface on a Network is NAMESPACE/NAME@INTERFACE", arg)
+		}
+		node, a, err := w.attachment(ctx, ns, name, iface)
+		if err != nil {
+			return endpointSpec{}, err
+		}
+		return attachmentSpec(node, a), nil
 	}
 	if ns, name, ok := strings.Cut(arg, "/"); ok {
 		if ns == "" || name == "" || strings.Contains(name, "/") {
@@ -250,7 +278,7 @@ func resolve(ctx context.Context, w world, arg string) (endpointSpec, error) {
 		return endpointSpec{}, err
 	}
 	if !ok {
-		return endpointSpec{}, fmt.Errorf("%q is no node; SRC and DST are NAMESPACE/POD, svc/NAMESPACE/NAME, a node name or an IP", arg)
+		return endpointSpec{}, fmt.Errorf("%q is no node; SRC and DST are NAMESPACE/POD, NAMESPACE/POD@INTERFACE, svc/NAMESPACE/NAME, a node name or an IP", arg)
 	}
 	return endpointSpec{kind: "node", node: arg, ip: ip}, nil
 }
@@ -329,14 +357,21 @@ func Trace(ctx context.Context, w world, o TraceOptions) (*TraceResult, error) {
 	if err != nil {
 		return nil, fmt.Errorf("SRC: %w", err)
 	}
-	dst, err := resolve(ctx, w, o.Dst)
-	if err != nil {
+	var dst endpointSpec
+	if ip, perr := netip.ParseAddr(o.Dst); perr == nil && ip.Is4() && src.kind == "attachment" {
+		// An address on the source's Network: the same address may be a cluster pod's, or another Network's.
+		sn, err := w.node(ctx, src.node)
+		if err != nil {
+			return nil, err
+		}
+		dst = addressOnNetwork(ctx, w, sn, src.network, ip, true)
+	} else if dst, err = resolve(ctx, w, o.Dst); err != nil {
 		return nil, fmt.Errorf("DST: %w", err)
 	}
 	if src.kind == "service" {
 		return nil, errors.New("SRC: a service sends nothing; trace from one of its endpoints instead")
 	}
-	if o.SpoofIP.IsValid() && src.kind != "pod" {
+	if o.SpoofIP.IsValid() && src.kind != "pod" && src.kind != "attachment" {
 		return nil, errors.New("--src-ip is for a pod SRC")
 	}
 	res := &TraceResult{Proto: o.Proto, Offline: !w.live(), From: src.String(), To: dst.String()}
@@ -368,7 +403,7 @@ func Trace(ctx context.Context, w world, o TraceOptions) (*TraceResult, error) {
 		}
 		svc = &s
 	case "ip":
-		if s, ok := serviceByClusterIP(n, dst.ip); ok {
+		if s, ok := serviceByClusterIP(n, dst.ip); ok && src.kind != "attachment" {
 			svc = &s
 			res.To = fmt.Sprintf("service %s/%s (%s)", s.Namespace, s.Name, dst.ip)
 		}
@@ -409,7 +444,16 @@ func Trace(ctx context.Context, w world, o TraceOptions) (*TraceResult, error) {
 			p.EthDst = macOfIP(dstIP)
 		}
 		via = fmt.Sprintf("in_port %d (%s, pod %s)", p.InPort, port.Name, src.pod)
+	case "attachment":
+		if via, err = attachmentPacket(ctx, w, n, src, dst, &p, o.SpoofIP, res); err != nil {
+			return nil, err
+		}
 	case "node":
+		if dst.kind == "attachment" {
+			res.Verdict = Verdict{Kind: VerdictHost, Node: n.info.Name,
+				Text: fmt.Sprintf("node %s has no way onto Network %s: a Network is reached only by its pods and those of the Networks it exchanges traffic with", n.info.Name, dst.network)}
+			return res, nil
+		}
 		if !inNets(dstIP, n.info.ClusterNetworks) && !(svc != nil || inNet(dstIP, n.info.ServiceNetwork)) {
 			res.Verdict = Verdict{Kind: VerdictHost, Node: n.info.Name,
 				Text: fmt.Sprintf("node %s reaches %s through its own network, not through br0", n.info.Name, dstIP)}
@@ -846,6 +890,11 @@ func exitPod(_ context.Context, _ world, x exitHop) (*nextHop, string, error) {
 		x.res.Verdict = Verdict{Kind: VerdictDelivered, Node: info.Name, Text: fmt.Sprintf("delivered to %s on node %s", portName(x.n, port), info.Name)}
 		return nil, "", nil
 	}
+	if a, ok := x.n.attachmentOnPort(port); ok {
+		x.res.Verdict = Verdict{Kind: VerdictDelivered, Node: info.Name, Pod: a.Key(),
+			Text: fmt.Sprintf("delivered to pod %s (Network %s) via node %s", a.Key(), a.Network, info.Name)}
+		return nil, "", nil
+	}
 	policies := allowingPolicies(x.n, x.path)
 	text := fmt.Sprintf("delivered to %s via node %s", pod, info.Name)
 	if len(policies) > 0 {
@@ -947,6 +996,13 @@ func dropVerdict(n *traceNode, path *trace.Path, proto string) Verdict {
 		return fmt.Sprintf("%s/%d", proto, f.DstPort)
 	}
 	ref, byAdmin := pipeline.AdminRuleOfActions(last.Actions)
+	if text, ok := networkDropVerdict(n, path, where); ok && !last.Miss {
+		v.Text = text
+		if a, ok := n.attachmentOnPort(f.InPort); ok && last.Table == pipeline.TablePodIngress {
+			v.Pod = a.Key()
+		}
+		return v
+	}
 	switch {
 	case last.Miss:
 		v.Text = where + ": no flow matched"
@@ -996,6 +1052,9 @@ func (r *TraceResult) WriteText(w io.Writer) error {
 		mode = " (offline, from dumps)"
 	}
 	fmt.Fprintf(w, "trace %s from %s to %s%s\n", r.Proto, r.From, r.To, mode)
+	for _, n := range r.Notes {
+		fmt.Fprintf(w, "note: %s\n", n)
+	}
 	if s := r.Service; s != nil {
 		fmt.Fprintf(w, "service %s at %s (%s)\n", s.Service, s.Frontend, s.Owner)
 		switch {

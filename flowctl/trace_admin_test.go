@@ -27,7 +27,7 @@ func TestTraceAdminPolicy(t *testing.T) {
 	dir := t.TempDir()
 	n1Pods := []testPod{{"blue", "a", a, 3}, {"blue", "a2", a2, 4}, {"red", "b", b, 5}}
 	dumps := []string{writeNodeDump(t, dir, "n1", n1IP, n1Net, debugapi.RemoteNode{Name: "n2", NodeIP: n2IP, Subnet: n2Net},
-		pipeline.ModeMultitenant, pipeline.EncapVXLAN, n1Pods, nil, nil, nil, admin...)}
+		pipeline.ModeMultitenant, pipeline.EncapVXLAN, n1Pods, nil, nil, nil, nil, admin...)}
 	cases := []struct {
 		name string
 		o    TraceOptions

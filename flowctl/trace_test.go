@@ -52,7 +52,7 @@ func vnidOf(p testPod, mode pipeline.Mode) uint32 {
 // writeNodeDump renders one node and writes its dump file. With encapsulation none the node has an
 // uplink port and its peer is on the segment (peerPods are the peer's pods, as uplink-ingress needs).
 func writeNodeDump(t *testing.T, dir, name string, nodeIP netip.Addr, subnet netip.Prefix, peer debugapi.RemoteNode, mode pipeline.Mode,
-	encap pipeline.Encapsulation, pods, peerPods []testPod, services []pipeline.ServiceState, policies []pipeline.PolicyState,
+	encap pipeline.Encapsulation, pods, peerPods []testPod, services []pipeline.ServiceState, policies []pipeline.PolicyState, nets *testNetworks,
 	admin ...pipeline.AdminPolicyState) string {
 	t.Helper()
 	remote := pipeline.RemoteNode{Name: peer.Name, NodeIP: peer.NodeIP, Subnet: peer.Subnet, OnSegment: encap == pipeline.EncapNone}
@@ -93,6 +93,7 @@ func writeNodeDump(t *testing.T, dir, name string, nodeIP netip.Addr, subnet net
 		}
 		info.Services = append(info.Services, svc)
 	}
+	nets.addTo(name, &st, info)
 	owners, err := pipeline.Render(st)
 	if err != nil {
 		t.Fatal(err)
@@ -155,9 +156,9 @@ func twoNodes(t *testing.T, mode pipeline.Mode, encap pipeline.Encapsulation) []
 	n2Pods := []testPod{{"blue", "c", c, 3}}
 	return []string{
 		writeNodeDump(t, dir, "n1", n1IP, n1Net, debugapi.RemoteNode{Name: "n2", NodeIP: n2IP, Subnet: n2Net}, mode, encap,
-			n1Pods, n2Pods, services("n1"), pol1),
+			n1Pods, n2Pods, services("n1"), pol1, nil),
 		writeNodeDump(t, dir, "n2", n2IP, n2Net, debugapi.RemoteNode{Name: "n1", NodeIP: n1IP, Subnet: n1Net}, mode, encap,
-			n2Pods, n1Pods, services("n2"), pol2),
+			n2Pods, n1Pods, services("n2"), pol2, nil),
 	}
 }
 

@@ -3,6 +3,7 @@ package attach
 import (
 	"context"
 	"net/netip"
+	"sort"
 	"sync"
 
 	"github.com/ofsdn/ofsdn/agent/k8sobj"
@@ -13,10 +14,54 @@ import (
 type fakeNode struct {
 	mu   sync.Mutex
 	pods map[string]Pod
+	nets map[string]NetAttachment
 	gen  uint64
 }
 
-func newFakeNode() *fakeNode { return &fakeNode{pods: map[string]Pod{}} }
+func newFakeNode() *fakeNode {
+	return &fakeNode{pods: map[string]Pod{}, nets: map[string]NetAttachment{}}
+}
+
+func (n *fakeNode) AttachNetwork(a NetAttachment) uint64 {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.nets[a.Key()] = a
+	n.gen++
+	return n.gen
+}
+
+func (n *fakeNode) DetachNetwork(key, sandbox string) uint64 {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if a, ok := n.nets[key]; ok && a.SandboxID == sandbox {
+		delete(n.nets, key)
+	}
+	n.gen++
+	return n.gen
+}
+
+func (n *fakeNode) NetAttachments(podKey, sandbox string) []NetAttachment {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var out []NetAttachment
+	for _, a := range n.nets {
+		if k8sobj.PodKey(a.Namespace, a.Name) == podKey && a.SandboxID == sandbox {
+			out = append(out, a)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].IfName < out[j].IfName })
+	return out
+}
+
+func (n *fakeNode) AllNetAttachments() []NetAttachment {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var out []NetAttachment
+	for _, a := range n.nets {
+		out = append(out, a)
+	}
+	return out
+}
 
 func (n *fakeNode) Ready() error { return nil }
 func (n *fakeNode) Name() string { return "n1" }

@@ -15,6 +15,8 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -71,6 +73,14 @@ type Node interface {
 	Attach(p Pod) (generation uint64)
 	// Detach forgets the pod under key if sandbox is the one attached there.
 	Detach(key, sandbox string) (generation uint64)
+	// AttachNetwork files a pod's interface on a Network (replacing what was filed under its key).
+	AttachNetwork(a NetAttachment) (generation uint64)
+	// DetachNetwork forgets the interface under key (NetAttachmentKey) if sandbox is the one attached there.
+	DetachNetwork(key, sandbox string) (generation uint64)
+	// NetAttachments returns the Network interfaces of the pod under podKey that sandbox attached.
+	NetAttachments(podKey, sandbox string) []NetAttachment
+	// AllNetAttachments returns every Network interface attached on the node.
+	AllNetAttachments() []NetAttachment
 }
 
 // Flows installs the view's flows: it returns once generation gen is on the bridge, or says why not
@@ -91,8 +101,9 @@ type Config struct {
 	Bridge    string
 	HostNetNS string // the node's network namespace ("" the agent's own)
 	Netdev    bool   // userspace datapath: pods need TX checksum offload off
-	// StateDir holds the address store.
-	StateDir string
+	// StateDir holds the address store; NetworksDir one store per Network, in a directory named after it.
+	StateDir    string
+	NetworksDir string
 	// PendingDeletes is the directory where the plugin leaves the DELs it could not hand over.
 	PendingDeletes string
 	// AbsentGrace: how long after its ADD a pod may be missing from the API (DefaultAbsentPodGrace).
@@ -111,6 +122,12 @@ type Deps struct {
 	BridgeUp func() bool
 	// Readiness is the agent's readiness, CNI STATUS's answer (nil: the node's).
 	Readiness func() error
+	// Networks resolves the Networks pods ask for (nil: pods get eth0 only, and a Network's ADD fails).
+	Networks Networks
+	// Warn records a Warning Event on a pod (nil: none).
+	Warn func(namespace, name, reason, message string)
+	// Changed is told after an ADD, DEL or GC changed the node's attachments (nil: nobody).
+	Changed func()
 }
 
 // Handler serves CNI requests: address, veth, OVS port, flows — and undoes them.
@@ -138,6 +155,12 @@ type Handler struct {
 	stateDir  string
 	store     *ipam.Store
 	log       klog.Logger
+	networks  Networks
+	warn      func(namespace, name, reason, message string)
+	changed   func()
+	// networksDir holds the Networks' address stores, netStores those opened (guarded by mu).
+	networksDir string
+	netStores   map[string]*ipam.Store
 	// pendingDeletes is the directory where the plugin leaves the DELs it could not hand over.
 	pendingDeletes string
 	// unsure holds restored attachments restore could not settle (the API server did not answer, a pod
@@ -163,7 +186,15 @@ func New(cfg Config, deps Deps) *Handler {
 	}
 	return &Handler{node: deps.Node, flows: deps.Flows, db: deps.DB, pods: deps.Pods, bridgeUp: deps.BridgeUp, readiness: readiness,
 		bridge: cfg.Bridge, hostNetNS: cfg.HostNetNS, netdev: cfg.Netdev, stateDir: cfg.StateDir, pendingDeletes: cfg.PendingDeletes,
-		absentGrace: cfg.AbsentGrace, log: cfg.Logger}
+		absentGrace: cfg.AbsentGrace, log: cfg.Logger, networks: deps.Networks, warn: deps.Warn, changed: deps.Changed,
+		networksDir: cfg.NetworksDir}
+}
+
+// notify tells Deps.Changed that the attachments changed.
+func (p *Handler) notify() {
+	if p.changed != nil {
+		p.changed()
+	}
 }
 
 func (p *Handler) now() time.Time {
@@ -211,6 +242,14 @@ func (p *Handler) Add(ctx context.Context, req *cni.Request) (*current.Result, e
 	if err := p.node.Ready(); err != nil {
 		return nil, cni.Errorf(cni.ErrTryAgainLater, "ofsdn agent not ready on this node: %v", err)
 	}
+	if conf.Network != "" {
+		return p.addNetwork(ctx, req, conf) // a meta-plugin's ADD of one interface (networks.go)
+	}
+	if req.IfName != "eth0" && conf.AttachesNetworks() && p.networks != nil {
+		// net1... are the Networks' names: the cluster network's interface under another name would
+		// collide with them.
+		return nil, cni.Errorf(cni.ErrInvalidEnv, "CNI_IFNAME=%s: the cluster network's interface is eth0 when ofsdn attaches the pod's Networks (set attachNetworks false to name it otherwise)", req.IfName)
+	}
 	start := time.Now()
 	p.sweep.RLock()
 	defer p.sweep.RUnlock()
@@ -219,6 +258,13 @@ func (p *Handler) Add(ctx context.Context, req *cni.Request) (*current.Result, e
 	// came before this ADD: serve it first.
 	if err := p.servePendingDelete(ctx, attachment{req.ContainerID, req.IfName}); err != nil {
 		return nil, cni.Errorf(cni.ErrTryAgainLater, "an earlier DEL of %s/%s, left while the agent was away, failed: %v", req.ContainerID, req.IfName, err)
+	}
+	// Every Network the pod asks for is checked before anything is attached: all of them or none.
+	var plans []netPlan
+	if conf.AttachesNetworks() {
+		if plans, err = p.planNetworks(ctx, req); err != nil {
+			return nil, err
+		}
 	}
 	subnet, clusterNets, mtu := p.node.Subnet()
 	store, err := p.ipamFor(subnet)
@@ -229,7 +275,7 @@ func (p *Handler) Add(ctx context.Context, req *cni.Request) (*current.Result, e
 		mtu = conf.MTU
 	}
 	gw := ipamGateway(subnet)
-	if res, done, err := p.repeatedAdd(ctx, req, store, subnet, gw, clusterNets, mtu); done {
+	if res, done, err := p.repeatedAdd(ctx, req, store, subnet, gw, clusterNets, mtu, plans); done {
 		return res, err
 	}
 	ip, err := store.Allocate(ipam.Allocation{ContainerID: req.ContainerID, IfName: req.IfName,
@@ -248,6 +294,15 @@ func (p *Handler) Add(ctx context.Context, req *cni.Request) (*current.Result, e
 			if err := p.undo(context.WithoutCancel(ctx), attachment{req.ContainerID, req.IfName}, k8sobj.PodKey(req.PodNamespace(), req.PodName())); err != nil {
 				p.log.Error(err, "undoing a failed ADD", "containerID", req.ContainerID, "ifName", req.IfName)
 			}
+		}
+	}()
+	// The Networks' interfaces are plumbed beside eth0's, each on a goroutine of its own: a pod with three
+	// interfaces waits for the slowest, not for the sum. A failed ADD waits for them before its undo
+	// (deferred calls run last first).
+	waitNets := p.attachNetworks(ctx, req, plans, mtu)
+	defer func() {
+		if !ok {
+			_, _, _ = waitNets()
 		}
 	}()
 	// A port an unfinished ADD of this sandbox left is bound to the veth about to be replaced: OVS would
@@ -273,17 +328,31 @@ func (p *Handler) Add(ctx context.Context, req *cni.Request) (*current.Result, e
 	if err != nil {
 		return nil, cni.Errorf(cni.ErrInternal, "attach %s to %s: %v", hostVeth, p.bridge, err)
 	}
-	attached := time.Now()
+	ported := time.Now()
 	gen := p.node.Attach(Pod{Namespace: req.PodNamespace(), Name: req.PodName(),
 		SandboxID: req.ContainerID, IfName: req.IfName, NetNS: req.Netns, IP: ip, MAC: mac, OFPort: uint32(ofport), HostVeth: hostVeth})
-	if err := p.flows.SyncThrough(ctx, gen, pipeline.PodOwner(req.PodNamespace(), req.PodName())); err != nil {
+	owners := []reconcile.Owner{pipeline.PodOwner(req.PodNamespace(), req.PodName())}
+	nets, netGen, err := waitNets()
+	if err != nil {
+		return nil, err
+	}
+	gen = max(gen, netGen)
+	for _, a := range nets {
+		owners = append(owners, a.Owner())
+	}
+	attached := time.Now()
+	if err := p.flows.SyncThrough(ctx, gen, owners...); err != nil {
 		return nil, cni.Errorf(cni.ErrTryAgainLater, "install flows for %s/%s: %v", req.PodNamespace(), req.PodName(), err)
 	}
 	ok = true
+	p.notify()
 	// Where an ADD's time went, for whoever chases CNI latency.
-	p.log.V(2).Info("pod attached", "pod", k8sobj.PodKey(req.PodNamespace(), req.PodName()), "ip", ip, "ofport", ofport,
-		"total", time.Since(start), "ipam", allocated.Sub(start), "veth", wired.Sub(allocated), "ovsdb", attached.Sub(wired), "flows", time.Since(attached))
-	return p.result(req, hostVeth, mac, ip, subnet, gw, clusterNets, mtu), nil
+	p.log.V(2).Info("pod attached", "pod", k8sobj.PodKey(req.PodNamespace(), req.PodName()), "ip", ip, "ofport", ofport, "interfaces", 1+len(nets),
+		"total", time.Since(start), "ipam", allocated.Sub(start), "veth", wired.Sub(allocated), "ovsdb", ported.Sub(wired),
+		"networks-wait", attached.Sub(ported), "flows", time.Since(attached))
+	res := p.result(req, hostVeth, mac, ip, subnet, gw, clusterNets, mtu)
+	p.appendNetResults(res, req.Netns, nets, mtu)
+	return res, nil
 }
 
 // repeatedAdd answers an ADD for a sandbox interface that is attached already. The spec says runtimes
@@ -292,7 +361,7 @@ func (p *Handler) Add(ctx context.Context, req *cni.Request) (*current.Result, e
 // elsewhere, or a second interface of the sandbox, gets an error; done is false when nothing is attached
 // for the sandbox interface yet, or what is there is broken, and the ADD (re)builds it.
 func (p *Handler) repeatedAdd(ctx context.Context, req *cni.Request, store *ipam.Store, subnet netip.Prefix, gw netip.Addr,
-	clusterNets []netip.Prefix, mtu int) (*current.Result, bool, error) {
+	clusterNets []netip.Prefix, mtu int, plans []netPlan) (*current.Result, bool, error) {
 	pod, inView := p.node.Attached(k8sobj.PodKey(req.PodNamespace(), req.PodName()))
 	if !inView || pod.SandboxID != req.ContainerID {
 		return nil, false, nil
@@ -316,9 +385,26 @@ func (p *Handler) repeatedAdd(ctx context.Context, req *cni.Request, store *ipam
 		p.log.Info("repeated ADD finds the attachment broken: rebuilding it", "containerID", req.ContainerID, "pod", k8sobj.PodKey(pod.Namespace, pod.Name), "problem", err)
 		return nil, false, nil
 	}
+	// Its Networks too: each one asked for attached as asked, else the ADD rebuilds what is missing.
+	have := map[string]NetAttachment{}
+	for _, a := range p.node.NetAttachments(k8sobj.PodKey(pod.Namespace, pod.Name), req.ContainerID) {
+		have[a.IfName] = a
+	}
+	nets := make([]NetAttachment, 0, len(plans))
+	for _, plan := range plans {
+		a, ok := have[plan.req.Interface]
+		if !ok || a.Network != plan.place.Network || (plan.req.IP.IsValid() && plan.req.IP != a.IP) {
+			p.log.Info("repeated ADD finds a Network interface missing or changed: attaching it", "containerID", req.ContainerID,
+				"ifName", plan.req.Interface, "network", plan.place.Network)
+			return nil, false, nil
+		}
+		nets = append(nets, a)
+	}
 	p.log.Info("repeated ADD of an attached sandbox: answering with its result, unchanged", "containerID", req.ContainerID,
 		"pod", k8sobj.PodKey(pod.Namespace, pod.Name), "ip", pod.IP)
-	return p.result(req, pod.HostVeth, pod.MAC, pod.IP, subnet, gw, clusterNets, mtu), true, nil
+	res := p.result(req, pod.HostVeth, pod.MAC, pod.IP, subnet, gw, clusterNets, mtu)
+	p.appendNetResults(res, req.Netns, nets, mtu)
+	return res, true, nil
 }
 
 // verifyAttached checks that an attached pod's interface and OVS port are as the agent made them.
@@ -403,20 +489,29 @@ func (p *Handler) result(req *cni.Request, hostVeth string, mac net.HardwareAddr
 // undo takes an attachment out of the flows, then releases its port, veth and address; each step
 // tolerates what is already gone. The flows go first, so a port number OVS hands out again never
 // receives this pod's traffic.
+//
+// The cluster network's interface goes with the sandbox's Network interfaces (networks.go), which go
+// first; a Network interface goes alone (undoNetwork).
 func (p *Handler) undo(ctx context.Context, a attachment, key string) error {
 	var errs []error
+	if ns, name, found := strings.Cut(key, "/"); found {
+		if err := p.undoSandboxNetworks(ctx, a.ContainerID, ns, name); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	gen := p.node.Detach(key, a.ContainerID)
 	if err := p.flows.SyncThrough(ctx, gen); err != nil && p.node.Ready() == nil {
 		errs = append(errs, fmt.Errorf("remove flows: %w", err))
 	}
-	if err := p.release(ctx, a); err != nil {
+	if err := p.release(ctx, a, ""); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
 
-// release removes an attachment's OVS port, host veth (only if ofsdn's: podnet.Teardown) and address.
-func (p *Handler) release(ctx context.Context, a attachment) error {
+// release removes an attachment's OVS port, host veth (only if ofsdn's: podnet.Teardown) and address
+// (in its Network's store; network "": the cluster network's).
+func (p *Handler) release(ctx context.Context, a attachment, network string) error {
 	var errs []error
 	hostVeth := podnet.HostVethName(a.ContainerID, a.IfName)
 	if err := p.db.DeletePort(ctx, p.bridge, hostVeth); err != nil {
@@ -429,7 +524,17 @@ func (p *Handler) release(ctx context.Context, a attachment) error {
 			errs = append(errs, err)
 		}
 	}
-	if store := p.currentStore(); store != nil {
+	store := p.currentStore()
+	if network != "" {
+		var err error
+		if store, err = p.netStore(network, netip.Prefix{}); err != nil {
+			store = nil
+			if !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, err)
+			}
+		}
+	}
+	if store != nil {
 		if _, err := store.Release(a.ContainerID, a.IfName); err != nil {
 			errs = append(errs, err)
 		}
@@ -461,14 +566,50 @@ func (p *Handler) Del(ctx context.Context, req *cni.Request) error {
 	defer p.sweep.RUnlock()
 	defer p.sandboxes.lock(req.ContainerID)()
 	a := attachment{req.ContainerID, ifName}
-	if err := p.undo(ctx, a, p.podKeyOf(a, req.PodNamespace(), req.PodName())); err != nil {
+	if network, ok := p.networkOf(req, ifName); ok {
+		// One Network interface (a meta-plugin's DEL of it): the rest of the sandbox stays.
+		ns, name := req.PodNamespace(), req.PodName()
+		if alloc, found := p.lookupNetAlloc(network, a); found {
+			ns, name = alloc.PodNamespace, alloc.PodName
+		}
+		if err := p.undoNetwork(ctx, a, ns, name, network); err != nil {
+			return cni.Errorf(cni.ErrTryAgainLater, "DEL %s/%s: %v", req.ContainerID, ifName, err)
+		}
+	} else if err := p.undo(ctx, a, p.podKeyOf(a, req.PodNamespace(), req.PodName())); err != nil {
 		return cni.Errorf(cni.ErrTryAgainLater, "DEL %s: %v", req.ContainerID, err)
 	}
+	p.notify()
 	// This DEL also serves one the plugin may have left for the same attachment.
 	if d, found, err := cni.ReadPendingDelete(p.pendingDeletes, a.ContainerID, a.IfName); err == nil && found {
 		p.dropPendingDelete(d)
 	}
 	return nil
+}
+
+// networkOf says whether a DEL's interface is a Network's, and which: the config names it (a
+// meta-plugin's call), or a Network's store holds the interface's address.
+func (p *Handler) networkOf(req *cni.Request, ifName string) (string, bool) {
+	if conf, err := p.netconf(req); err == nil && conf.Network != "" {
+		return conf.Network, true
+	}
+	if ifName == "eth0" {
+		return "", false
+	}
+	for network, s := range p.allNetStores() {
+		if _, ok := s.Lookup(req.ContainerID, ifName); ok {
+			return network, true
+		}
+	}
+	return "", false
+}
+
+// lookupNetAlloc returns a Network interface's address reservation.
+func (p *Handler) lookupNetAlloc(network string, a attachment) (ipam.Allocation, bool) {
+	s, err := p.netStore(network, netip.Prefix{})
+	if err != nil {
+		return ipam.Allocation{}, false
+	}
+	return s.Lookup(a.ContainerID, a.IfName)
 }
 
 // Check implements cni.Handler.
@@ -477,6 +618,13 @@ func (p *Handler) Check(ctx context.Context, req *cni.Request) error {
 	defer p.sweep.RUnlock()
 	defer p.sandboxes.lock(req.ContainerID)()
 	store := p.currentStore()
+	network, isNet := p.networkOf(req, req.IfName)
+	if isNet {
+		store = nil
+		if s, err := p.netStore(network, netip.Prefix{}); err == nil {
+			store = s
+		}
+	}
 	if store == nil {
 		return cni.Errorf(cni.ErrUnknownContainer, "no address allocated for %s", req.ContainerID)
 	}
@@ -485,8 +633,21 @@ func (p *Handler) Check(ctx context.Context, req *cni.Request) error {
 		return cni.Errorf(cni.ErrUnknownContainer, "no address allocated for %s/%s", req.ContainerID, req.IfName)
 	}
 	hostVeth := podnet.HostVethName(req.ContainerID, req.IfName)
-	if err := podnet.Check(podnet.Config{NetNS: req.Netns, HostNetNS: p.hostNetNS, ContainerID: req.ContainerID, IfName: req.IfName,
-		HostVeth: hostVeth, IP: netip.PrefixFrom(a.IP, store.Subnet().Bits())}); err != nil {
+	want := podnet.Config{NetNS: req.Netns, HostNetNS: p.hostNetNS, ContainerID: req.ContainerID, IfName: req.IfName,
+		HostVeth: hostVeth, IP: netip.PrefixFrom(a.IP, store.Subnet().Bits())}
+	if isNet {
+		// A Network interface has the Network's prefix length and perhaps a static MAC: as the view has it.
+		found := false
+		for _, n := range p.node.NetAttachments(k8sobj.PodKey(a.PodNamespace, a.PodName), req.ContainerID) {
+			if n.IfName == req.IfName {
+				want.IP, want.MAC, found = n.Prefix, n.MAC, true
+			}
+		}
+		if !found {
+			return cni.Errorf(cni.ErrInternal, "%s/%s holds %s on Network %s but is not attached", req.ContainerID, req.IfName, a.IP, network)
+		}
+	}
+	if err := podnet.Check(want); err != nil {
 		return cni.Errorf(cni.ErrInternal, "%v", err)
 	}
 	ports, err := p.db.ListPorts(ctx, p.bridge)
@@ -530,10 +691,26 @@ func (p *Handler) GC(ctx context.Context, valid []cni.Attachment) error {
 		return nil
 	}
 	keep := map[cni.Attachment]bool{}
+	sandboxes := map[string]bool{}
 	for _, v := range valid {
 		keep[v] = true
+		sandboxes[v.ContainerID] = true
 	}
 	var errs []error
+	// A sandbox's Network interfaces were made by its eth0's ADD, which the runtime lists: they go with
+	// their sandbox, or when a meta-plugin's GC no longer lists them.
+	for network, s := range p.allNetStores() {
+		for _, a := range s.List() {
+			if sandboxes[a.ContainerID] {
+				continue
+			}
+			p.log.Info("GC: releasing a stale Network attachment", "containerID", a.ContainerID, "pod", k8sobj.PodKey(a.PodNamespace, a.PodName),
+				"network", network, "ifName", a.IfName, "ip", a.IP)
+			if err := p.undoNetwork(ctx, attachment{a.ContainerID, a.IfName}, a.PodNamespace, a.PodName, network); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
 	for _, a := range store.List() {
 		if keep[cni.Attachment{ContainerID: a.ContainerID, IfName: a.IfName}] {
 			continue

@@ -46,6 +46,9 @@ type attachment struct{ ContainerID, IfName string }
 // restoredFacts is what a restarting agent finds of one attachment, each piece from where it lives.
 type restoredFacts struct {
 	attachment
+	// Network is the Network of a pod's interface on one (its port's or its address store's); "" the
+	// cluster network's.
+	Network       string
 	Port          *ovsdb.PortInfo    // its OVS port; nil: none
 	Alloc         *ipam.Allocation   // its address reservation; nil: none
 	PendingDelete *cni.PendingDelete // the runtime DELed it while no agent could take the DEL
@@ -59,13 +62,18 @@ type recorded struct {
 	Namespace, Name, UID, NetNS string
 	MAC                         net.HardwareAddr
 	Attached                    time.Time
+	// A Network interface's: its Network, NetworkAttachmentDefinition and the Network's CIDR.
+	Network, NAD string
+	NetworkCIDR  netip.Prefix
 }
 
 func recordedOn(port *ovsdb.PortInfo) recorded {
 	ids := port.ExternalIDs
-	r := recorded{Namespace: ids[ExtPodNamespace], Name: ids[ExtPodName], UID: ids[ExtPodUID], NetNS: ids[ExtNetNS]}
+	r := recorded{Namespace: ids[ExtPodNamespace], Name: ids[ExtPodName], UID: ids[ExtPodUID], NetNS: ids[ExtNetNS],
+		Network: ids[ExtNetwork], NAD: ids[ExtNAD]}
 	r.MAC, _ = net.ParseMAC(ids[ExtMAC])
 	r.Attached, _ = time.Parse(time.RFC3339Nano, ids[ExtAttached])
+	r.NetworkCIDR, _ = netip.ParsePrefix(ids[ExtNetworkCIDR])
 	return r
 }
 
@@ -99,6 +107,10 @@ func localDecision(f restoredFacts) decision {
 		return decision{release, fmt.Sprintf("OVS cannot use its port (ofport %d, error %q)", f.Port.OFPort, f.Port.Error)}
 	case recordedOn(f.Port).MAC == nil:
 		return decision{release, "its port does not record the pod's MAC"}
+	case recordedOn(f.Port).Network != f.Network:
+		return decision{release, fmt.Sprintf("its port records Network %q, its address is in %q's store", recordedOn(f.Port).Network, f.Network)}
+	case f.Network != "" && !recordedOn(f.Port).NetworkCIDR.IsValid():
+		return decision{release, "its port does not record its Network's CIDR"}
 	case errors.Is(f.Plumbing, podnet.ErrNetNSGone):
 		return decision{release, "its network namespace is gone"}
 	case errors.Is(f.Plumbing, podnet.ErrNotAttached):
@@ -143,14 +155,18 @@ func apiDecision(rec recorded, node string, p PodPresence, now time.Time, absent
 	return decision{keep, "attached"}
 }
 
-// supersede leaves one attachment per pod: the newest, by when its ADD attached it. Attachments whose
-// order cannot be told (made before the time was recorded) are all left as they are.
+// supersede leaves one attachment per pod interface: the newest, by when its ADD attached it.
+// Attachments whose order cannot be told (made before the time was recorded) are all left as they are.
 func supersede(facts map[attachment]*restoredFacts, decisions map[attachment]decision) {
 	byPod := map[string][]attachment{}
 	for a, d := range decisions {
 		if d.verdict != release {
 			rec := recordedOn(facts[a].Port)
-			byPod[k8sobj.PodKey(rec.Namespace, rec.Name)] = append(byPod[k8sobj.PodKey(rec.Namespace, rec.Name)], a)
+			key := k8sobj.PodKey(rec.Namespace, rec.Name)
+			if facts[a].Network != "" {
+				key = NetAttachmentKey(rec.Namespace, rec.Name, a.IfName) // eth0's sandbox and net1's are one
+			}
+			byPod[key] = append(byPod[key], a)
 		}
 	}
 	for _, as := range byPod {
@@ -253,11 +269,20 @@ func (p *Handler) Restore(ctx context.Context) error {
 	}
 	for _, port := range ports {
 		if sandbox := port.ExternalIDs[ExtSandbox]; sandbox != "" {
-			of(attachment{sandbox, port.ExternalIDs[ExtIfName]}).Port = &port
+			f := of(attachment{sandbox, port.ExternalIDs[ExtIfName]})
+			f.Port, f.Network = &port, port.ExternalIDs[ExtNetwork]
 		}
 	}
 	for _, a := range store.List() {
 		of(attachment{a.ContainerID, a.IfName}).Alloc = &a
+	}
+	for network, s := range p.allNetStores() {
+		for _, a := range s.List() {
+			f := of(attachment{a.ContainerID, a.IfName})
+			if f.Alloc == nil || f.Network == network {
+				f.Alloc, f.Network = &a, network
+			}
+		}
 	}
 	for _, d := range p.readPendingDeletes() {
 		of(attachment{d.ContainerID, d.IfName}).PendingDelete = &d
@@ -280,6 +305,17 @@ func (p *Handler) Restore(ctx context.Context) error {
 		decisions[a] = d
 	}
 	supersede(facts, decisions)
+	// A sandbox's Network interfaces go with its eth0.
+	for a, d := range decisions {
+		if facts[a].Network == "" || d.verdict == release {
+			continue
+		}
+		for b, e := range decisions {
+			if b.ContainerID == a.ContainerID && facts[b].Network == "" && e.verdict == release {
+				decisions[a] = decision{release, "its sandbox's cluster network interface is released: " + e.reason}
+			}
+		}
+	}
 
 	kept, released := 0, 0
 	for a, d := range decisions {
@@ -287,7 +323,7 @@ func (p *Handler) Restore(ctx context.Context) error {
 		if d.verdict == release {
 			released++
 			p.log.Info("releasing a stale attachment", "containerID", a.ContainerID, "ifName", a.IfName, "reason", d.reason)
-			if err := p.release(ctx, a); err != nil {
+			if err := p.release(ctx, a, f.Network); err != nil {
 				p.log.Error(err, "releasing a stale attachment failed; retrying later", "containerID", a.ContainerID)
 				p.setUnsure(a, unsureAttachment{facts: *f, release: true, reason: d.reason})
 			} else if f.PendingDelete != nil {
@@ -300,6 +336,12 @@ func (p *Handler) Restore(ctx context.Context) error {
 		if d.verdict == undecided {
 			p.log.Info("keeping an attachment until its pod can be confirmed", "containerID", a.ContainerID, "reason", d.reason)
 			p.setUnsure(a, unsureAttachment{facts: *f, reason: d.reason})
+		}
+		if f.Network != "" {
+			p.node.AttachNetwork(NetAttachment{Namespace: rec.Namespace, Name: rec.Name, SandboxID: a.ContainerID, IfName: a.IfName,
+				NetNS: rec.NetNS, Network: f.Network, NAD: rec.NAD, IP: f.Alloc.IP, Prefix: netip.PrefixFrom(f.Alloc.IP, rec.NetworkCIDR.Bits()),
+				MAC: rec.MAC, OFPort: uint32(f.Port.OFPort), HostVeth: f.Port.Name})
+			continue
 		}
 		p.node.Attach(Pod{Namespace: rec.Namespace, Name: rec.Name, SandboxID: a.ContainerID,
 			IfName: a.IfName, NetNS: rec.NetNS, IP: f.Alloc.IP, MAC: rec.MAC, OFPort: uint32(f.Port.OFPort), HostVeth: f.Port.Name})
@@ -319,8 +361,12 @@ func (p *Handler) plumbing(f restoredFacts) error {
 		}
 		return err
 	}
-	return podnet.Check(podnet.Config{NetNS: rec.NetNS, HostNetNS: p.hostNetNS, ContainerID: f.ContainerID, IfName: f.IfName,
-		HostVeth: f.Port.Name, IP: netip.PrefixFrom(f.Alloc.IP, p.currentStore().Subnet().Bits())})
+	cfg := podnet.Config{NetNS: rec.NetNS, HostNetNS: p.hostNetNS, ContainerID: f.ContainerID, IfName: f.IfName,
+		HostVeth: f.Port.Name, IP: netip.PrefixFrom(f.Alloc.IP, p.currentStore().Subnet().Bits())}
+	if f.Network != "" {
+		cfg.IP, cfg.MAC = netip.PrefixFrom(f.Alloc.IP, rec.NetworkCIDR.Bits()), rec.MAC
+	}
+	return podnet.Check(cfg)
 }
 
 func (p *Handler) setUnsure(a attachment, u unsureAttachment) {
@@ -426,11 +472,18 @@ func (p *Handler) settle(ctx context.Context, a attachment, u unsureAttachment) 
 	key := k8sobj.PodKey(rec.Namespace, rec.Name)
 	pod, inView := p.node.Attached(key)
 	attached := inView && pod.SandboxID == a.ContainerID
+	network := u.facts.Network
+	if network != "" {
+		attached = false
+		for _, n := range p.node.NetAttachments(key, a.ContainerID) {
+			attached = attached || n.IfName == a.IfName
+		}
+	}
 	if u.release {
 		if attached { // added again since
 			return true
 		}
-		if err := p.release(ctx, a); err != nil {
+		if err := p.release(ctx, a, network); err != nil {
 			p.log.Error(err, "releasing a stale attachment failed; retrying later", "containerID", a.ContainerID)
 			return false
 		}
@@ -448,7 +501,11 @@ func (p *Handler) settle(ctx context.Context, a attachment, u unsureAttachment) 
 		return false
 	case release:
 		p.log.Info("releasing a stale attachment", "containerID", a.ContainerID, "ifName", a.IfName, "reason", d.reason)
-		if err := p.undo(ctx, a, key); err != nil {
+		undo := func() error { return p.undo(ctx, a, key) }
+		if network != "" {
+			undo = func() error { return p.undoNetwork(ctx, a, rec.Namespace, rec.Name, network) }
+		}
+		if err := undo(); err != nil {
 			p.log.Error(err, "releasing a stale attachment failed; retrying later", "containerID", a.ContainerID)
 			return false
 		}

@@ -44,7 +44,7 @@ func Trim(obj any) (any, error) {
 type Pod struct {
 	metav1.TypeMeta
 	// Name, namespace, UID, resourceVersion, labels, creation and deletion timestamps; of the
-	// annotations only the mirror pod's.
+	// annotations only the mirror pod's and the networks request (keptAnnotations).
 	metav1.ObjectMeta
 	NodeName    string
 	HostNetwork bool
@@ -85,11 +85,24 @@ func PodOf(p *corev1.Pod) *Pod {
 				HostPort: cp.HostPort, HostIP: cp.HostIP})
 		}
 	}
-	if m := p.Annotations[MirrorAnnotation]; m != "" {
-		out.Annotations = map[string]string{MirrorAnnotation: m} // restore asks whether a static pod's mirror is its pod
+	for _, k := range keptAnnotations {
+		if v := p.Annotations[k]; v != "" {
+			if out.Annotations == nil {
+				out.Annotations = map[string]string{}
+			}
+			out.Annotations[k] = v
+		}
 	}
 	return out
 }
+
+// NetworksAnnotation is the pod's request for Networks (the Network Plumbing Working Group's
+// k8s.v1.cni.cncf.io/networks), which the CNI ADD reads.
+const NetworksAnnotation = "k8s.v1.cni.cncf.io/networks"
+
+// keptAnnotations are the annotations a Pod keeps: restore asks whether a static pod's mirror is its
+// pod; the CNI ADD reads the networks the pod asks for.
+var keptAnnotations = []string{MirrorAnnotation, NetworksAnnotation}
 
 // ProtocolNumber is a Kubernetes protocol's IP protocol number: TCP (also for ""), UDP or SCTP.
 func ProtocolNumber(p corev1.Protocol) (uint8, bool) {

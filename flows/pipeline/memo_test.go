@@ -221,6 +221,15 @@ func TestMemoKeysReadEveryField(t *testing.T) {
 		base := filled[AdminPolicyState]()
 		check(t, "AdminPolicyState", len(vs), func(i int) digest { return keyOf(vs[i].writeKey) }, keyOf(base.writeKey), paths, nil)
 	})
+	t.Run("NetworkState", func(t *testing.T) {
+		paths, vs := variants(filled[NetworkState])
+		base := filled[NetworkState]()
+		check(t, "NetworkState", len(vs), func(i int) digest { return keyOf(vs[i].writeKey) }, keyOf(base.writeKey), paths, nil)
+	})
+	t.Run("AttachmentState", func(t *testing.T) {
+		paths, vs := variants(filled[AttachmentState])
+		check(t, "AttachmentState", len(vs), func(i int) digest { return keyOf(vs[i].writeKey) }, keyOf(filled[AttachmentState]().writeKey), paths, nil)
+	})
 	t.Run("NodeState", func(t *testing.T) {
 		paths, vs := variants(filled[NodeState])
 		check(t, "NodeState", len(vs), func(i int) digest { return vs[i].nodeKey() }, func() digest { s := filled[NodeState](); return s.nodeKey() }(), paths,
@@ -231,7 +240,7 @@ func TestMemoKeysReadEveryField(t *testing.T) {
 // nodeKeyLeavesOut are the node state's per-owner collections, which have keys of their own; of the
 // remote nodes the node key reads the subnets (the tunnel guard matches every gateway).
 var nodeKeyLeavesOut = []string{"Pods", "Services", "Policies", "AdminPolicies", "RemoteNodes[].Name", "RemoteNodes[].NodeIP",
-	"RemoteNodes[].OnSegment", "RemoteNodes[].Pods"}
+	"RemoteNodes[].OnSegment", "RemoteNodes[].Pods", "Networks", "Attachments"}
 
 // TestRenderDependsOnlyOnKeys: a memoised render is a function of its key. Each field of a real node
 // state is changed in turn; whenever an owner's key stays the same, its render must too: a render that
@@ -261,6 +270,21 @@ func TestRenderDependsOnlyOnKeys(t *testing.T) {
 				return fmt.Sprint(flowLines(st.Flows), st.Groups, err)
 			}},
 	}
+	for i := range base.Networks {
+		owners = append(owners, keyed{"network " + base.Networks[i].Name, func(s NodeState) digest {
+			if i >= len(s.Networks) {
+				return digest{}
+			}
+			return s.Networks[i].memoKey(s.NetworkPeers(&s.Networks[i]))
+		}, func(s NodeState) string {
+			if i >= len(s.Networks) {
+				return ""
+			}
+			return flowLines(RenderNetwork(s.Networks[i], s.NetworkPeers(&s.Networks[i])))
+		}})
+	}
+	owners = append(owners, keyed{"an attachment", func(s NodeState) digest { return s.Attachments[0].memoKey() },
+		func(s NodeState) string { return flowLines(RenderAttachment(s.Attachments[0])) }})
 	for name, render := range map[string]func(NodeState) []Flow{"pipeline": renderPipeline, "local": renderLocal,
 		"tunnel-guard": renderTunnelGuard, "services-base": renderServicesBase} {
 		owners = append(owners, keyed{name, func(s NodeState) digest { return s.nodeKey() },
@@ -269,7 +293,7 @@ func TestRenderDependsOnlyOnKeys(t *testing.T) {
 	for _, o := range owners {
 		baseKey, want := o.key(base), o.render(base)
 		for i, s := range vs {
-			if len(s.RemoteNodes) == 0 || len(s.Services) == 0 || len(s.Services[0].Ports) == 0 {
+			if len(s.RemoteNodes) == 0 || len(s.Services) == 0 || len(s.Services[0].Ports) == 0 || len(s.Attachments) == 0 {
 				continue
 			}
 			if o.key(s) == baseKey && o.render(s) != want {

@@ -26,6 +26,9 @@ type Object struct {
 	Name      string
 	// Port is a service owner's port: its name, or number/protocol (53/udp) for an unnamed port.
 	Port string
+	// Interface is a pod's interface on a Network ("net1"): an attachment's owner. "" for the pod's
+	// cluster-network interface.
+	Interface string
 }
 
 // ObjectKind is the kind of an API object that owns flows.
@@ -38,6 +41,7 @@ const (
 	KindNetworkPolicy ObjectKind = "NetworkPolicy"
 	// KindClusterNetworkPolicy owns one ClusterNetworkPolicy's rules (adminpolicy.go).
 	KindClusterNetworkPolicy ObjectKind = "ClusterNetworkPolicy"
+	KindNetwork              ObjectKind = "Network"
 )
 
 // objectKinds is the registry: each kind's owner category, API version, and whether it is namespaced.
@@ -52,6 +56,7 @@ var objectKinds = []struct {
 	{KindService, reconcile.CategoryService, "v1", true},
 	{KindNetworkPolicy, reconcile.CategoryNetPol, "networking.k8s.io/v1", true},
 	{KindClusterNetworkPolicy, reconcile.CategoryAdminPolicy, "policy.networking.k8s.io/v1beta1", false},
+	{KindNetwork, reconcile.CategoryNetwork, "network.ofsdn.io/v1", false},
 }
 
 // APIVersion is the kind's API group and version, as an ObjectReference names it.
@@ -64,8 +69,8 @@ func (k ObjectKind) APIVersion() string {
 	return ""
 }
 
-// Owner is the owner of the object's flows: "pod/ns/name", "node/name", "svc/ns/name:port",
-// "netpol/ns/name".
+// Owner is the owner of the object's flows: "pod/ns/name", "pod/ns/name@net1" (an attachment),
+// "node/name", "svc/ns/name:port", "netpol/ns/name", "net/name".
 func (o Object) Owner() reconcile.Owner {
 	name := o.Name
 	if o.Namespace != "" {
@@ -73,6 +78,9 @@ func (o Object) Owner() reconcile.Owner {
 	}
 	if o.Kind == KindService {
 		name += ":" + o.Port
+	}
+	if o.Kind == KindPod && o.Interface != "" {
+		name += "@" + o.Interface
 	}
 	for _, e := range objectKinds {
 		if e.kind == o.Kind {
@@ -103,6 +111,15 @@ func ObjectOf(o reconcile.Owner) (Object, bool) {
 				return Object{}, false
 			}
 		}
+		if e.kind == KindPod {
+			// Pod names hold no '@'; an attachment's owner names its interface after one.
+			if name, iface, ok := strings.Cut(obj.Name, "@"); ok {
+				if iface == "" {
+					return Object{}, false
+				}
+				obj.Name, obj.Interface = name, iface
+			}
+		}
 		if obj.Name == "" || strings.Contains(obj.Name, "/") {
 			return Object{}, false
 		}
@@ -120,12 +137,17 @@ func ObjectOfKey(key string) (Object, bool) {
 	return ObjectOf(o)
 }
 
-// Key is the object as flowctl names it: "ns/name", or the name of a cluster-scoped object.
+// Key is the object as flowctl names it: "ns/name" ("ns/name@net1" for an attachment), or the name of
+// a cluster-scoped object.
 func (o Object) Key() string {
-	if o.Namespace == "" {
-		return o.Name
+	key := o.Name
+	if o.Namespace != "" {
+		key = o.Namespace + "/" + o.Name
 	}
-	return o.Namespace + "/" + o.Name
+	if o.Interface != "" {
+		key += "@" + o.Interface
+	}
+	return key
 }
 
 // PodOwner owns a local pod's flows.

@@ -21,6 +21,8 @@ func TestOwnersNameTheirObjects(t *testing.T) {
 		{ServicePortOwner(ServiceState{Namespace: "blue", Name: "dns"}, ServicePort{Protocol: 17, Port: 53}), "svc/blue/dns:53/udp",
 			Object{Kind: KindService, Namespace: "blue", Name: "dns", Port: "53/udp"}, true},
 		{NetPolOwner("blue", "web-80"), "netpol/blue/web-80", Object{Kind: KindNetworkPolicy, Namespace: "blue", Name: "web-80"}, true},
+		{AttachmentOwner("blue", "web-0", "net1"), "pod/blue/web-0@net1", Object{Kind: KindPod, Namespace: "blue", Name: "web-0", Interface: "net1"}, true},
+		{NetworkOwner("red"), "net/red", Object{Kind: KindNetwork, Name: "red"}, true},
 		{TenantOwner(12), "vnid/12", Object{}, false},
 		{PipelineOwner, "pipeline/base", Object{}, false},
 		{ServicesOwner, "pipeline/services", Object{}, false},
@@ -29,6 +31,8 @@ func TestOwnersNameTheirObjects(t *testing.T) {
 		{reconcile.Owner{Category: reconcile.CategoryPod, Name: "no-namespace"}, "pod/no-namespace", Object{}, false},
 		{reconcile.Owner{Category: reconcile.CategoryService, Name: "blue/web"}, "svc/blue/web", Object{}, false},
 		{reconcile.Owner{Category: reconcile.CategoryNetPol, Name: "blue/a/b"}, "netpol/blue/a/b", Object{}, false},
+		{reconcile.Owner{Category: reconcile.CategoryPod, Name: "blue/web@"}, "pod/blue/web@", Object{}, false},
+		{reconcile.Owner{Category: reconcile.CategoryNetwork, Name: "a/b"}, "net/a/b", Object{}, false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.key, func(t *testing.T) {
@@ -49,7 +53,7 @@ func TestOwnersNameTheirObjects(t *testing.T) {
 			}
 		})
 	}
-	for _, k := range []ObjectKind{KindPod, KindNode, KindService, KindNetworkPolicy} {
+	for _, k := range []ObjectKind{KindPod, KindNode, KindService, KindNetworkPolicy, KindNetwork} {
 		if k.APIVersion() == "" {
 			t.Errorf("kind %s has no API version", k)
 		}

@@ -52,6 +52,10 @@ type NodeState struct {
 	// (guard.go): ClusterNetwork.vxlanPort and, while a change of it has not reached this node's
 	// vxlan0 yet, the port vxlan0 was made with. Empty: DefaultTunnelPort.
 	TunnelPorts []uint16
+	// Networks are the Networks besides the cluster network, and Attachments the local pods'
+	// interfaces on them that carry traffic (their namespace admitted): networks.go.
+	Networks    []NetworkState
+	Attachments []AttachmentState
 }
 
 // PodState is one local pod's network identity.
@@ -107,11 +111,13 @@ func Render(s NodeState) (map[reconcile.Owner]reconcile.OwnerState, error) {
 // re-renders one owner instead of all. The zero value is ready; a Renderer is not safe for concurrent
 // use.
 type Renderer struct {
-	node     memos // the node-wide owners (writeNodeKey)
-	pods     memos
-	nodes    memos
-	services map[reconcile.Owner]serviceMemo
-	policies map[reconcile.Owner]policyMemo
+	node        memos // the node-wide owners (writeNodeKey)
+	pods        memos
+	nodes       memos
+	networks    memos
+	attachments memos
+	services    map[reconcile.Owner]serviceMemo
+	policies    map[reconcile.Owner]policyMemo
 	// policyScratch is the policy renders' working space, reused from one policy to the next.
 	policyScratch policyScratch
 	admin         adminRenderer
@@ -134,7 +140,8 @@ func (r *Renderer) Render(s NodeState) (owners map[reconcile.Owner]reconcile.Own
 	if !s.LocalSubnet.IsValid() || !s.NodeIP.IsValid() {
 		return nil, nil, fmt.Errorf("render: node %q has no subnet or node IP yet", s.NodeName)
 	}
-	out := make(map[reconcile.Owner]reconcile.OwnerState, 5+len(s.Pods)+len(s.RemoteNodes)+len(s.Services)+len(s.Policies))
+	out := make(map[reconcile.Owner]reconcile.OwnerState, 5+len(s.Pods)+len(s.RemoteNodes)+len(s.Services)+len(s.Policies)+
+		len(s.Networks)+len(s.Attachments))
 	failed = map[reconcile.Owner]error{}
 	nodeKey := s.nodeKey()
 	node := make(memos, 4)
@@ -178,6 +185,7 @@ func (r *Renderer) Render(s NodeState) (owners map[reconcile.Owner]reconcile.Own
 		out[o] = r.nodes.render(nodes, o, key, func() reconcile.OwnerState { return reconcile.OwnerState{Flows: RenderRemoteNode(s, n)} })
 	}
 	r.nodes = nodes
+	r.renderNetworks(s, out)
 	r.renderServices(s, out, failed)
 	r.renderPolicies(s, out, failed)
 	r.admin.render(s, out, failed)
@@ -187,6 +195,7 @@ func (r *Renderer) Render(s NodeState) (owners map[reconcile.Owner]reconcile.Own
 // renderPipeline renders the fixed plumbing of the tables and their defaults.
 func renderPipeline(s NodeState) []Flow {
 	out := append(RenderBase(), renderUplinkBase(s)...)
+	out = append(out, renderNetworksBase()...)
 	switch s.Mode {
 	case ModeNetworkPolicy:
 		// Flat, with policy: what no policy allowed and no isolation dropped is undecided and goes on

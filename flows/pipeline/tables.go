@@ -8,7 +8,8 @@
 // (the local subnet, pods, tenants, remote nodes), guard.go (the tunnel guard: no pod injects into the
 // overlay), uplink.go (encapsulation none: the uplink port, and why it is that rather than host
 // routes), services.go (services, their groups and learned affinity), services_affinity.go
-// (sessionAffinity's choice), owners.go (who owns what: each owner names its API object), ports.go
+// (sessionAffinity's choice), networks.go (Networks: pods' interfaces besides eth0, each network a
+// segment of its own, and cross-talk between networks), owners.go (who owns what: each owner names its API object), ports.go
 // (br0's own ports and their roles: tunnel, host, uplink; the rest are pods').
 //
 // The pipeline (table numbers are fixed so dumps stay comparable across versions):
@@ -82,10 +83,24 @@
 //	                      address in the hairpin zone when reg3 says it went through a service DNAT, and
 //	                      goes to 105
 //	105 hairpin-output    swap MACs and send back out of the ingress port
+//
+//	Networks (networks.go): a pod's interface on a Network (table 20) or a tunnelled packet with the
+//	network's VNI from a node with a subnet of it (table 10, priority 150, straight to 135 with reg1 = the
+//	VNI; any other VNI of the networks' range: dropped at 140) comes here, and never meets 30-105:
+//	130 net-crosstalk     from a local pod (reg0 = its network's VNI): the destination's network into reg1,
+//	                      the source's own (its CIDR), or a cross-talk peer's (eth_src = the peer's
+//	                      gateway MAC, TTL - 1); else drop
+//	135 net-routing       reg1 + a local attachment's address → eth_dst = its MAC, reg2 = its port → 145;
+//	                      else → 140
+//	138 net-arp           ARP within reg1's network: a local attachment's address → its port; the node's
+//	                      gateway on the network (requests from local pods) answered here; else → 140
+//	140 net-tunnel        reg1 + another node's subnet of the network → tun_id = the VNI, tun_dst = the
+//	                      node, vxlan0; nothing from the tunnel goes back into it
+//	145 net-output        commit to the network's conntrack zone (NetworkZone), output:reg2
 //	253 version           a note carrying the pipeline version; never matched by traffic
 //
 // Every table ends in an explicit default (miss) flow, so drop counters in `flowctl dump` show where
-// packets die. Registers: reg0 = source VNID, reg1 = destination VNID, reg2 = output port (openshift-sdn's
+// packets die. Registers: reg0 = source VNID (a tenant's, or a Network's VNI), reg1 = destination VNID, reg2 = output port (openshift-sdn's
 // convention), reg3 = flags, reg4/reg5/reg6 = the chosen endpoint's IP and port and the service's
 // load-balancer ID, reg7 = sessionAffinity's hash (IP packets) or the proxy ARP responder's scratch
 // (ARP packets: never both in one packet); see the Reg* names below. ct_mark (service zone): bit 0 the
@@ -124,6 +139,11 @@ const (
 	TableTunnelEgress     TableID = 90
 	TableOutput           TableID = 100
 	TableHairpinOutput    TableID = 105
+	TableNetCrossTalk     TableID = 130
+	TableNetRouting       TableID = 135
+	TableNetARP           TableID = 138
+	TableNetTunnel        TableID = 140
+	TableNetOutput        TableID = 145
 	TableVersion          TableID = 253
 )
 
@@ -181,6 +201,11 @@ var Tables = []Table{
 	{TableTunnelEgress, "tunnel-egress", "encapsulate towards the node that hosts the destination subnet", NoTable},
 	{TableOutput, "output", "deliver to the port in reg2; hairpin back out of the ingress port via 105", NoTable},
 	{TableHairpinOutput, "hairpin-output", "send a hairpinned packet back out of its ingress port", NoTable},
+	{TableNetCrossTalk, "net-crosstalk", "Networks: the destination's network, the source's own or a cross-talk peer's (routed); else drop", NoTable},
+	{TableNetRouting, "net-routing", "Networks: deliver to a local attachment of the destination's network, else to the tunnel", TableNetTunnel},
+	{TableNetARP, "net-arp", "Networks: ARP for local attachments and the node's gateway on the network; else to the tunnel", TableNetTunnel},
+	{TableNetTunnel, "net-tunnel", "Networks: VXLAN with the network's VNI to the node that has the destination's subnet", NoTable},
+	{TableNetOutput, "net-output", "Networks: commit to the network's conntrack zone and deliver to the port in reg2", NoTable},
 	{TableVersion, "version", "records the pipeline version; never matched by traffic", NoTable},
 }
 

@@ -153,8 +153,15 @@ func renderUplinkEgress(s NodeState, n RemoteNode) []Flow {
 // br0 itself: the MAC a pod there has, so a pod's ARP cache is right whichever way the packets go.
 func proxyARP(p netip.Prefix) Flow {
 	return F(TableARP, 110, M(append(ARP, ARPOp(ARPRequest), ARPTPANet(p))...),
-		Move{Src: Whole(FieldEthSrc), Dst: Whole(FieldEthDst)},
-		Move{Src: Whole(FieldARPTPA), Dst: Bits(FieldEthSrc, 0, 31)}, Load{Dst: Bits(FieldEthSrc, 32, 47), Value: 0x0a58},
+		arpReply(Move{Src: Whole(FieldARPTPA), Dst: Bits(FieldEthSrc, 0, 31)}, Load{Dst: Bits(FieldEthSrc, 32, 47), Value: 0x0a58})...)
+}
+
+// arpReply turns an ARP request into its answer and sends it back where it came from: setMAC leaves
+// the answering MAC in eth_src (after the requester's moved to eth_dst), which becomes the sender's
+// hardware address; the sender and target addresses swap through RegARPScratch.
+func arpReply(setMAC ...Action) []Action {
+	out := append([]Action{Move{Src: Whole(FieldEthSrc), Dst: Whole(FieldEthDst)}}, setMAC...)
+	return append(out,
 		SetField{Field: FieldARPOp, Value: uint64(ARPReply)},
 		Move{Src: Whole(FieldARPSHA), Dst: Whole(FieldARPTHA)}, Move{Src: Whole(FieldEthSrc), Dst: Whole(FieldARPSHA)},
 		Move{Src: Whole(FieldARPTPA), Dst: Whole(RegARPScratch)}, Move{Src: Whole(FieldARPSPA), Dst: Whole(FieldARPTPA)},

@@ -56,6 +56,9 @@ const (
 	CategoryLearned Category = 9
 	// CategoryAdminPolicy is one ClusterNetworkPolicy (flows/pipeline/adminpolicy.go).
 	CategoryAdminPolicy Category = 10
+	// CategoryNetwork is one Network's own flows (flows/pipeline/networks.go); its pods' attachments
+	// are CategoryPod ("pod/ns/name@net1").
+	CategoryNetwork Category = 11
 )
 
 // categories is the registry of categories, by number: the name owner keys, dumps and metrics use.
@@ -66,7 +69,7 @@ var categories = []struct {
 }{
 	{CategoryNone, "none"}, {CategoryPipeline, "pipeline"}, {CategoryPod, "pod"}, {CategoryNode, "node"},
 	{CategoryTenant, "vnid"}, {CategoryService, "svc"}, {CategoryNetPol, "netpol"},
-	{CategoryTest, "test"}, {CategoryLearned, "learned"}, {CategoryAdminPolicy, "cnp"},
+	{CategoryTest, "test"}, {CategoryLearned, "learned"}, {CategoryAdminPolicy, "cnp"}, {CategoryNetwork, "net"},
 }
 
 // Categories lists every category in use, by number.

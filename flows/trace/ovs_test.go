@@ -92,7 +92,33 @@ func testState(mode pipeline.Mode) pipeline.NodeState {
 		},
 		Policies: []pipeline.PolicyState{{Namespace: "t1", Name: "web-80", Ingress: true, Pods: []pipeline.PolicyPod{{OFPort: 3}},
 			IngressRules: []pipeline.PolicyRule{{AllPeers: true, Ports: []pipeline.PolicyPort{{Protocol: openflow.IPProtoTCP, Port: 80}}}}}},
+		// Networks: red and blue share addresses (a pod on each has ipNet), green talks to red.
+		Networks: []pipeline.NetworkState{
+			network("red", vniRed, "10.200.0.0/16", "10.200.1.0/24", "10.200.2.0/24", "green"),
+			network("blue", vniBlue, "10.200.0.0/16", "10.200.1.0/24", "10.200.2.0/24"),
+			network("green", vniGreen, "10.201.0.0/16", "10.201.3.0/24", "10.201.2.0/24", "red"),
+		},
+		Attachments: []pipeline.AttachmentState{
+			{Namespace: "t1", Name: "a", Interface: "net1", Network: "red", VNI: vniRed, IP: ipNet, MAC: net.HardwareAddr(mac(ipNet)), OFPort: 6},
+			{Namespace: "t2", Name: "b", Interface: "net1", Network: "blue", VNI: vniBlue, IP: ipNet, MAC: net.HardwareAddr(mac(ipNet)), OFPort: 7},
+			{Namespace: "t1", Name: "a", Interface: "net2", Network: "green", VNI: vniGreen, IP: ipGreen, MAC: net.HardwareAddr(mac(ipGreen)), OFPort: 8},
+		},
 	}
+}
+
+const vniRed, vniBlue, vniGreen = 0xfff001, 0xfff002, 0xfff003
+
+var (
+	ipNet       = netip.MustParseAddr("10.200.1.5")
+	ipGreen     = netip.MustParseAddr("10.201.3.5")
+	ipNetRemote = netip.MustParseAddr("10.200.2.9")
+)
+
+// network is a Network with this node's subnet and n2's.
+func network(name string, vni uint32, cidr, local, remote string, talks ...string) pipeline.NetworkState {
+	return pipeline.NetworkState{Name: name, VNI: vni, CIDR: netip.MustParsePrefix(cidr), LocalSubnet: netip.MustParsePrefix(local),
+		Remotes:   []pipeline.NetworkRemote{{Node: "n2", NodeIP: peerIP, Subnet: netip.MustParsePrefix(remote)}},
+		CrossTalk: talks}
 }
 
 // fromPod is a packet a local pod sends to its gateway's MAC.
@@ -136,7 +162,8 @@ type want struct {
 func TestOfflineAgreesWithOFProtoTrace(t *testing.T) {
 	b := ofbridge.New(t)
 	ctx := context.Background()
-	addPorts(t, b, map[string]uint32{pipeline.PortNameVXLAN: pipeline.PortVXLAN, pipeline.PortNameTun0: pipeline.PortTun0, "pa": 3, "pb": 4, "pg": 5})
+	addPorts(t, b, map[string]uint32{pipeline.PortNameVXLAN: pipeline.PortVXLAN, pipeline.PortNameTun0: pipeline.PortTun0, "pa": 3, "pb": 4, "pg": 5,
+		"pa-net1": 6, "pb-net1": 7, "pa-net2": 8})
 	l := live{c: unixctl.New(b.Inst.Dir, "ovs-vswitchd"), bridge: "br0", last: new(string)}
 	r := reconcile.New(b.Switch, reconcile.Config{Round: 1})
 
@@ -148,12 +175,46 @@ func TestOfflineAgreesWithOFProtoTrace(t *testing.T) {
 	}
 	nodePort := Packet{InPort: pipeline.PortTun0, EthSrc: tun0MAC, EthDst: MAC(pipeline.ServiceMAC), Proto: "tcp", IPSrc: gw,
 		IPDst: pipeline.ServiceNodePortIP, SrcPort: 40000, DstPort: 30080}
+	netIn := func(vni uint64, src, dst netip.Addr) Packet {
+		return Packet{InPort: pipeline.PortVXLAN, TunID: vni, TunSrc: peerIP, TunDst: nodeIP, EthSrc: mac(src), EthDst: mac(dst),
+			Proto: "udp", IPSrc: src, IPDst: dst, SrcPort: 40000, DstPort: 5000}
+	}
+	everyMode := func(w want) map[pipeline.Mode]want {
+		return map[pipeline.Mode]want{pipeline.ModeMultitenant: w, pipeline.ModeSubnet: w, pipeline.ModeNetworkPolicy: w}
+	}
+	onNet := func(port uint32, vni uint32, src, dst netip.Addr, dport uint16) Packet {
+		return Packet{InPort: port, EthSrc: mac(src), EthDst: MAC(pipeline.NetworkGatewayMAC(vni)), Proto: "udp", IPSrc: src, IPDst: dst,
+			SrcPort: 40000, DstPort: dport}
+	}
 	cases := []struct {
 		name   string
 		p      Packet
 		follow netip.Addr // endpoint to follow in a select group
 		want   map[pipeline.Mode]want
 	}{
+		// Networks (pipeline/networks.go): the same address on two networks, each its own segment.
+		{"network: red pod to a red pod on n2", onNet(6, vniRed, ipNet, ipNetRemote, 5000), netip.Addr{},
+			everyMode(want{out: 1, tunDst: peerIP, tunID: vniRed, ipDst: ipNetRemote, dstPort: 5000})},
+		{"network: blue pod, same address, to n2", onNet(7, vniBlue, ipNet, ipNetRemote, 5000), netip.Addr{},
+			everyMode(want{out: 1, tunDst: peerIP, tunID: vniBlue, ipDst: ipNetRemote, dstPort: 5000})},
+		{"network: red in from n2 reaches the red pod only", netIn(vniRed, ipNetRemote, ipNet), netip.Addr{},
+			everyMode(want{out: 6, ipDst: ipNet, dstPort: 5000})},
+		{"network: blue in from n2 reaches the blue pod only", netIn(vniBlue, ipNetRemote, ipNet), netip.Addr{},
+			everyMode(want{out: 7, ipDst: ipNet, dstPort: 5000})},
+		{"network: cross-talk red to green", onNet(6, vniRed, ipNet, ipGreen, 5000), netip.Addr{},
+			everyMode(want{out: 8, ipDst: ipGreen, dstPort: 5000})},
+		{"network: no cross-talk blue to green", onNet(7, vniBlue, ipNet, ipGreen, 5000), netip.Addr{},
+			everyMode(want{dropAt: pipeline.TableNetCrossTalk})},
+		{"network: green from n2's red subnet", netIn(vniGreen, ipNetRemote, ipGreen), netip.Addr{},
+			everyMode(want{out: 8, ipDst: ipGreen, dstPort: 5000})},
+		{"network: an unknown network's VNI", netIn(0xfff0ff, ipRemote, ipA), netip.Addr{},
+			everyMode(want{dropAt: pipeline.TableTunnelIngress})},
+		{"network: to the cluster network", onNet(6, vniRed, ipNet, ipA, 5000), netip.Addr{},
+			everyMode(want{dropAt: pipeline.TableNetCrossTalk})},
+		{"network: to a node's tunnel port", onNet(6, vniRed, ipNet, peerIP, 4789), netip.Addr{},
+			everyMode(want{dropAt: pipeline.TableNetCrossTalk})},
+		{"network: spoofed source", onNet(6, vniRed, ipGreen, ipNetRemote, 5000), netip.Addr{},
+			everyMode(want{dropAt: pipeline.TablePodIngress})},
 		{"same tenant? no: a to b", fromPod(3, ipA, ipB, "tcp", 8080), netip.Addr{}, map[pipeline.Mode]want{
 			pipeline.ModeMultitenant: {dropAt: pipeline.TableIngressIsolation}, pipeline.ModeSubnet: {out: 4, ipDst: ipB, dstPort: 8080},
 			pipeline.ModeNetworkPolicy: {out: 4, ipDst: ipB, dstPort: 8080}}},
@@ -364,7 +425,8 @@ func offlineBridge(t testing.TB, b *ofbridge.Bridge) *Bridge {
 func TestOfflineAgreesWithOFProtoTraceUplink(t *testing.T) {
 	b := ofbridge.New(t)
 	ctx := context.Background()
-	addPorts(t, b, map[string]uint32{pipeline.PortNameVXLAN: pipeline.PortVXLAN, pipeline.PortNameTun0: pipeline.PortTun0, "pa": 3, "pb": 4, "pg": 5})
+	addPorts(t, b, map[string]uint32{pipeline.PortNameVXLAN: pipeline.PortVXLAN, pipeline.PortNameTun0: pipeline.PortTun0, "pa": 3, "pb": 4, "pg": 5,
+		"pa-net1": 6, "pb-net1": 7, "pa-net2": 8})
 	// The uplink port is a patch port into an uplink bridge that switches NORMAL, as on a node: live,
 	// ofproto/trace follows the packet on into that bridge, which is not br0's path.
 	b.Inst.AddBridge("br-ul")
