@@ -18,7 +18,7 @@ all: build
 deps:
 	@hack/install-deps.sh
 
-## k8s-bins: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl (skipped when built).
+## k8s-bins: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kubelet (skipped when built).
 k8s-bins:
 	@hack/build-k8s.sh
 

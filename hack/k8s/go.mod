@@ -1,5 +1,5 @@
-// A separate module that builds the lab's Kubernetes control plane (etcd, kube-apiserver,
-// kube-controller-manager, kube-scheduler, kubectl) from pinned sources. Kept apart from ofsdn's own
+// A separate module that builds the lab's Kubernetes (etcd, kube-apiserver, kube-controller-manager,
+// kube-scheduler, kubectl, kubelet) from pinned sources. Kept apart from ofsdn's own
 // module so ofsdn never depends on k8s.io/kubernetes; hack/build-k8s.sh builds it into _output/k8s/bin.
 module github.com/ofsdn/ofsdn/hack/k8s
 
@@ -16,8 +16,10 @@ require (
 	github.com/JeffAshton/win_pdh v0.0.0-20161109143554-76bb4ee9f0ab // indirect
 	github.com/MakeNowJust/heredoc v1.0.0 // indirect
 	github.com/Microsoft/go-winio v0.6.2 // indirect
+	github.com/Microsoft/hnslib v0.1.1 // indirect
 	github.com/NYTimes/gziphandler v1.1.1 // indirect
 	github.com/antlr4-go/antlr/v4 v4.13.0 // indirect
+	github.com/armon/circbuf v0.0.0-20190214190532-5111143e8da2 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/blang/semver/v4 v4.0.0 // indirect
 	github.com/cenkalti/backoff/v4 v4.3.0 // indirect
@@ -123,6 +125,7 @@ require (
 	go.etcd.io/etcd/pkg/v3 v3.6.4 // indirect
 	go.etcd.io/raft/v3 v3.6.0 // indirect
 	go.opentelemetry.io/auto/sdk v1.1.0 // indirect
+	go.opentelemetry.io/contrib/instrumentation/github.com/emicklei/go-restful/otelrestful v0.44.0 // indirect
 	go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc v0.60.0 // indirect
 	go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp v0.58.0 // indirect
 	go.opentelemetry.io/otel v1.35.0 // indirect
