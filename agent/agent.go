@@ -593,9 +593,12 @@ func ownerObject(o reconcile.Owner) *corev1.ObjectReference {
 }
 
 // installCNI writes the conflist and copies the plugin binary into the CNI directories, atomically.
+// The conflist offers CNI 1.1 through cniVersions (runtimes whose libcni knows 1.1 take it, with STATUS
+// and GC) and says 1.0.0 in cniVersion for the others: containerd 1.6 and 1.7 (libcni 1.1) refuse a
+// 1.1.0 result ("unsupported CNI result version"), which broke every pod on a real kubelet.
 func installCNI(cfg Config, mtu int) error {
 	if cfg.CNIConfDir != "" {
-		conf := fmt.Sprintf(`{"cniVersion":"1.1.0","name":"ofsdn","plugins":[{"type":"ofsdn","agentSocket":%q,"pendingDeletesDir":%q,"mtu":%d}]}`+"\n",
+		conf := fmt.Sprintf(`{"cniVersion":"1.0.0","cniVersions":["1.0.0","1.1.0"],"name":"ofsdn","plugins":[{"type":"ofsdn","agentSocket":%q,"pendingDeletesDir":%q,"mtu":%d}]}`+"\n",
 			cfg.CNISocket, cni.PendingDeletesDirFor(cfg.CNISocket), mtu)
 		if err := atomicfile.Write(filepath.Join(cfg.CNIConfDir, "80-ofsdn.conflist"), []byte(conf), 0o644); err != nil {
 			return fmt.Errorf("install CNI config: %w", err)
