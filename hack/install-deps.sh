@@ -8,7 +8,8 @@ command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v ping >/dev/null 2>&1 || need+=(iputils-ping)
 command -v nft >/dev/null 2>&1 || need+=(nftables) # tests read the table back with nft
 command -v curl >/dev/null 2>&1 || need+=(curl) # e2e: pods reach the API server through its service
-command -v ctr >/dev/null 2>&1 || need+=(containerd) # tests import the image with ctr (a private daemon per test)
+command -v ctr >/dev/null 2>&1 || need+=(containerd) # tests import the image with ctr; the lab's real nodes run it
+[ -x /usr/lib/cni/loopback ] || need+=(containernetworking-plugins) # containerd brings pods' lo up with it
 if [ ${#need[@]} -eq 0 ]; then exit 0; fi
 if [ "$(id -u)" -ne 0 ]; then
   echo "install-deps: missing ${need[*]}; run as root (apt-get install ${need[*]})" >&2

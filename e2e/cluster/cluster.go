@@ -22,6 +22,7 @@ import (
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
 	networkclient "github.com/ofsdn/ofsdn/client/clientset/versioned"
 	"github.com/ofsdn/ofsdn/e2e/kubelab"
+	"github.com/ofsdn/ofsdn/e2e/kubenode"
 	"github.com/ofsdn/ofsdn/e2e/lab"
 	"github.com/ofsdn/ofsdn/e2e/nodesim"
 	appsv1 "k8s.io/api/apps/v1"
@@ -56,7 +57,10 @@ type Options struct {
 	// NoController leaves ofsdn-controller out, for tests that write ClusterNetwork, HostSubnets and
 	// NetNamespaces themselves; Start then returns without waiting for the agents (WaitAgentsReady does).
 	NoController bool
-	Logger       *slog.Logger
+	// Kubelets runs a real containerd and kubelet on every node instead of the stand-in, and ofsdn's
+	// agent and controller from deploy/ and the image (kubelet.go).
+	Kubelets bool
+	Logger   *slog.Logger
 }
 
 // Cluster is a running lab cluster. Stop tears all of it down.
@@ -68,8 +72,10 @@ type Cluster struct {
 	Nodes  []*Node
 	BinDir string
 	Dir    string
-	opts   Options
-	log    *slog.Logger
+	// Image is ofsdn's image the kubelets run (Options.Kubelets).
+	Image string
+	opts  Options
+	log   *slog.Logger
 
 	ctx        context.Context
 	cancel     context.CancelFunc
@@ -77,10 +83,12 @@ type Cluster struct {
 	stopOnce   sync.Once
 }
 
-// Node is one lab node: its namespace and OVS, its agent and its kubelet stand-in.
+// Node is one lab node: its namespace and OVS, its agent and its kubelet stand-in (or, with
+// Options.Kubelets, its containerd and kubelet).
 type Node struct {
 	*lab.Node
 	Sim        *nodesim.Sim
+	Kube       *kubenode.Node
 	CNIConfDir string
 	CNIBinDir  string
 	CNISocket  string
@@ -151,7 +159,7 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
 	c.API, err = kubelab.Launch(kubelab.Options{BindAddress: c.Lab.Root.IP.String(), ControllerManager: true, Scheduler: true,
-		ServiceCIDR: opts.ServiceCIDR}, func(f string, a ...any) { c.log.Debug(fmt.Sprintf(f, a...)) })
+		ServiceCIDR: opts.ServiceCIDR, KubeletClient: opts.Kubelets}, func(f string, a ...any) { c.log.Debug(fmt.Sprintf(f, a...)) })
 	if err != nil {
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
@@ -160,6 +168,13 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	}
 	if c.Net, err = networkclient.NewForConfig(c.API.AdminConfig()); err != nil {
 		return nil, fmt.Errorf("cluster: %w", err)
+	}
+	if opts.Kubelets {
+		if err := c.startKubelets(ctx); err != nil {
+			return nil, err
+		}
+		c.log.Info("cluster up on real kubelets", "nodes", len(c.Nodes), "mode", opts.Mode, "took", time.Since(began).Round(time.Millisecond))
+		return c, nil
 	}
 	if err := c.applyDeploy(ctx); err != nil {
 		return nil, err
@@ -380,6 +395,17 @@ func (c *Cluster) Stop() {
 			}
 		}
 		c.cancel()
+		var wg sync.WaitGroup
+		for _, n := range c.Nodes {
+			if n.Kube != nil {
+				wg.Go(func() {
+					if err := n.Kube.Stop(); err != nil {
+						c.log.Error("node stop", "node", n.Name, "err", err)
+					}
+				})
+			}
+		}
+		wg.Wait()
 		for _, n := range c.Nodes {
 			c.StopAgent(n, false)
 		}
@@ -407,6 +433,13 @@ func (c *Cluster) Logs(lines int) string {
 		fmt.Fprintf(&b, "--- ofsdn-controller (%s):\n%s\n", c.controller.log, proc.Tail(c.controller.log, lines))
 	}
 	for _, n := range c.Nodes {
+		if n.Kube != nil {
+			fmt.Fprintf(&b, "--- kubelet on %s (%s):\n%s\n", n.Name, n.Kube.KubeletLog(), proc.Tail(n.Kube.KubeletLog(), lines))
+			for _, l := range n.Kube.ContainerLogs("ofsdn") {
+				fmt.Fprintf(&b, "--- %s:\n%s\n", l, proc.Tail(l, lines))
+			}
+			continue
+		}
 		fmt.Fprintf(&b, "--- ofsdn-agent on %s (%s):\n%s\n", n.Name, n.AgentLog, proc.Tail(n.AgentLog, lines))
 	}
 	return b.String()

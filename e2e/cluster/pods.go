@@ -65,6 +65,9 @@ func PodSpec(namespace, name, node string) *corev1.Pod {
 
 // RunPod creates a pod from spec and waits until it runs with an address and serves.
 func (c *Cluster) RunPod(ctx context.Context, spec *corev1.Pod) (*Pod, error) {
+	if c.opts.Kubelets {
+		spec = kubeletPodSpec(spec)
+	}
 	if _, err := c.Client.CoreV1().Pods(spec.Namespace).Create(ctx, spec, metav1.CreateOptions{}); err != nil {
 		return nil, fmt.Errorf("create pod %s/%s: %w", spec.Namespace, spec.Name, err)
 	}
@@ -105,6 +108,10 @@ func (c *Cluster) WaitPod(ctx context.Context, namespace, name string) (*Pod, er
 		NetNS: nodesim.NetNSName(c.Lab.Prefix+"-"+n.Name, namespace, name)}
 	if pod.Spec.HostNetwork {
 		p.NetNS = n.NetNS
+	} else if n.Kube != nil {
+		if err := c.attachPodNetNS(ctx, n, pod, p.NetNS); err != nil {
+			return nil, err
+		}
 	}
 	// The process starts after the status is written: wait until it answers locally.
 	err = proc.Until(ctx, 0, func() bool {

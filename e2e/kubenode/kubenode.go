@@ -86,8 +86,14 @@ type Config struct {
 	Mounts map[string]string
 	// KubeletArgs are extra kubelet flags.
 	KubeletArgs []string
-	Logger      *slog.Logger
+	// LoopbackPlugin is the CNI plugin containerd 1.6 brings each pod's lo up with, copied into the
+	// node's /opt/cni/bin as a node's OS packages put it there; default LoopbackPlugin.
+	LoopbackPlugin string
+	Logger         *slog.Logger
 }
+
+// LoopbackPlugin is where Debian's containernetworking-plugins installs the loopback plugin.
+const LoopbackPlugin = "/usr/lib/cni/loopback"
 
 // HostPaths are the paths each node sees as a directory of its own (Dir/host/<path>) unless
 // Config.Mounts binds them elsewhere: where containerd, kubelet and CNI keep state that hard-coded or
@@ -201,6 +207,17 @@ func (n *Node) writeFiles() error {
 		if err := os.MkdirAll(n.HostDir(p), 0o755); err != nil {
 			return err
 		}
+	}
+	loopback := c.LoopbackPlugin
+	if loopback == "" {
+		loopback = LoopbackPlugin
+	}
+	data, err := os.ReadFile(loopback)
+	if err != nil {
+		return fmt.Errorf("containerd needs the CNI loopback plugin (Debian: containernetworking-plugins; make deps): %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(n.HostDir("/opt/cni/bin"), "loopback"), data, 0o755); err != nil {
+		return err
 	}
 	for _, d := range []string{"sysctl", ".cgroup-hold", "containerd"} {
 		if err := os.MkdirAll(filepath.Join(c.Dir, d), 0o755); err != nil {
@@ -325,8 +342,11 @@ func (n *Node) nodeSetup() string {
 	for _, p := range paths {
 		fmt.Fprintf(&b, "mkdir -p %s\nmount --bind %s %s\n", q(p), q(n.HostDir(p)), q(p))
 	}
-	// Pod network namespaces containerd pins here must reach the agent's container (HostToContainer).
-	b.WriteString("mount --make-shared /run/netns\n")
+	// Shared inside the node, as / is on a systemd host: pod network namespaces containerd pins in
+	// /run/netns must reach the agent's container (HostToContainer), and containerd refuses such a
+	// volume on a private mount. unshare made every mount private first, so this peer group is the
+	// node's own and nothing propagates to the machine.
+	b.WriteString("mount --make-rshared /\n")
 	names := make([]string, 0, len(kernelDefaults))
 	for name := range kernelDefaults {
 		names = append(names, name)
@@ -505,4 +525,25 @@ func WriteKubeconfig(path string, cfg *rest.Config) error {
 		return fmt.Errorf("kubenode: write %s: %w", path, err)
 	}
 	return nil
+}
+
+// PodPID returns a process of the pod with the given UID (its sandbox's or a container's), found in
+// the pod's cgroup under the node's cgroup root (kubepods/[burstable|besteffort/]pod<UID>).
+func (n *Node) PodPID(uid string) (int, error) {
+	for _, h := range n.cgroups {
+		for _, qos := range []string{"", "burstable", "besteffort"} {
+			dir := filepath.Join(n.CgroupRoot(), "kubepods", qos, "pod"+uid)
+			if pids := cgroupPIDs([]string{h}, dir); len(pids) > 0 {
+				return pids[0], nil
+			}
+		}
+	}
+	return 0, fmt.Errorf("kubenode %s: no process in pod %s's cgroup", n.cfg.Name, uid)
+}
+
+// ContainerLogs lists the log files of the containers of pods in namespace on this node (kubelet
+// writes them to /var/log/pods/<namespace>_<pod>_<uid>/<container>/<restart>.log).
+func (n *Node) ContainerLogs(namespace string) []string {
+	logs, _ := filepath.Glob(filepath.Join(n.HostDir("/var/log/pods"), namespace+"_*", "*", "*.log"))
+	return logs
 }
