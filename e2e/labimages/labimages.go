@@ -8,6 +8,8 @@
 //	jessie-dnsutils lab.ofsdn.test/e2e-test-images/jessie-dnsutils:1.7 the tools (dig, getent, sh)
 //	busybox         lab.ofsdn.test/e2e-test-images/busybox:1.37.0-1    Debian's busybox-static
 //	ofsdn-testpod   lab.ofsdn.test/ofsdn-testpod:lab                   e2e/cmd/ofsdn-testpod (the lab's pods)
+//	coredns         lab.ofsdn.test/coredns:v1.12.1                     CoreDNS (hack/build-k8s-e2e.sh builds it),
+//	                                                                   when Options.CoreDNS names the binary
 //
 // The tools layer shared by agnhost and jessie-dnsutils carries what Kubernetes' e2e tests run inside
 // those images and upstream installs from Alpine: a shell and the usual commands (busybox), curl, dig
@@ -51,6 +53,8 @@ const (
 	BusyBox = E2ERegistry + "/busybox:1.37.0-1"
 	// TestPod runs the lab's own pods (e2e/cluster's PodSpec) on real kubelets.
 	TestPod = Registry + "/ofsdn-testpod:lab"
+	// CoreDNS is the lab's cluster DNS.
+	CoreDNS = Registry + "/coredns:v1.12.1"
 )
 
 // RepoList is the KUBE_TEST_REPO_LIST file that makes the e2e framework name the images as the lab
@@ -66,7 +70,9 @@ type Options struct {
 	// OutDir receives <name>.tar per image (and a stamp per image, so an unchanged image is not
 	// written again) and a cache of Debian packages (debs/).
 	OutDir string
-	Log    func(format string, args ...any)
+	// CoreDNS is a CoreDNS binary to build the CoreDNS image from; empty: no CoreDNS image.
+	CoreDNS string
+	Log     func(format string, args ...any)
 }
 
 // Image is one built image.
@@ -117,6 +123,10 @@ func Build(ctx context.Context, opts Options) ([]Image, error) {
 		return nil, err
 	}
 	base := baseLayer()
+	agnhostLayer, err := agnhostFiles(ctx, opts, bins)
+	if err != nil {
+		return nil, err
+	}
 	path := "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 	specs := []struct {
 		ref    string
@@ -126,14 +136,21 @@ func Build(ctx context.Context, opts Options) ([]Image, error) {
 		{Pause, []image.Layer{{CreatedBy: "ofsdn lab: /pause (e2e/cmd/ofsdn-pause)", Files: []image.File{
 			{Path: "pause", Type: tar.TypeReg, Mode: 0o755, Source: filepath.Join(bins, "ofsdn-pause")}}}},
 			image.Config{Entrypoint: []string{"/pause"}, User: "65535:65535"}},
-		{Agnhost, []image.Layer{base, tools, {CreatedBy: "ofsdn lab: /agnhost (k8s.io/kubernetes/test/images/agnhost)", Files: []image.File{
-			{Path: "agnhost", Type: tar.TypeReg, Mode: 0o755, Source: filepath.Join(bins, "agnhost")}}}},
-			image.Config{Entrypoint: []string{"/agnhost"}, Cmd: []string{"pause"}, Env: []string{path}}},
+		{Agnhost, []image.Layer{base, tools, agnhostLayer}, image.Config{Entrypoint: []string{"/agnhost"}, Cmd: []string{"pause"}, Env: []string{path}}},
 		{JessieDnsutils, []image.Layer{base, tools}, image.Config{Cmd: []string{"/bin/sh"}, Env: []string{path}}},
 		{BusyBox, []image.Layer{base, bbox}, image.Config{Cmd: []string{"/bin/sh"}, Env: []string{path}}},
 		{TestPod, []image.Layer{{CreatedBy: "ofsdn lab: /ofsdn-testpod (e2e/cmd/ofsdn-testpod)", Files: []image.File{
 			{Path: "ofsdn-testpod", Type: tar.TypeReg, Mode: 0o755, Source: filepath.Join(bins, "ofsdn-testpod")}}}},
 			image.Config{Entrypoint: []string{"/ofsdn-testpod"}, Cmd: []string{"serve"}}},
+	}
+	if opts.CoreDNS != "" {
+		specs = append(specs, struct {
+			ref    string
+			layers []image.Layer
+			cfg    image.Config
+		}{CoreDNS, []image.Layer{base, {CreatedBy: "ofsdn lab: /coredns (github.com/coredns/coredns, hack/coredns)", Files: []image.File{
+			{Path: "coredns", Type: tar.TypeReg, Mode: 0o755, Source: opts.CoreDNS}}}},
+			image.Config{Entrypoint: []string{"/coredns"}, Env: []string{path}}})
 	}
 	var out []Image
 	for _, s := range specs {
@@ -226,6 +243,41 @@ func compile(ctx context.Context, root, dir string) error {
 	return nil
 }
 
+// agnhostFiles is what upstream's agnhost image (test/images/agnhost/Dockerfile) adds besides its
+// tools: the binary (and agnhost-2, a link to it), porter's TLS certificate and key (the Proxy tests'
+// https ports), /uploads, CoreDNS at /coredns (the DNS tests start it from this image; the lab's build,
+// when there is one) and the user and group the image defines.
+func agnhostFiles(ctx context.Context, opts Options, bins string) (image.Layer, error) {
+	cmd := exec.CommandContext(ctx, "go", "list", "-m", "-f", "{{.Dir}}", "k8s.io/kubernetes")
+	cmd.Dir = filepath.Join(opts.RepoRoot, "hack", "k8s")
+	cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=readonly")
+	out, err := cmd.Output()
+	if err != nil {
+		return image.Layer{}, fmt.Errorf("labimages: find k8s.io/kubernetes's source: %w", err)
+	}
+	porter := filepath.Join(strings.TrimSpace(string(out)), "test", "images", "agnhost", "porter")
+	files := []image.File{
+		{Path: "agnhost", Type: tar.TypeReg, Mode: 0o755, Source: filepath.Join(bins, "agnhost")},
+		{Path: "agnhost-2", Type: tar.TypeSymlink, Mode: 0o777, Link: "agnhost"},
+		{Path: "localhost.crt", Type: tar.TypeReg, Mode: 0o644, Source: filepath.Join(porter, "localhost.crt")},
+		{Path: "localhost.key", Type: tar.TypeReg, Mode: 0o644, Source: filepath.Join(porter, "localhost.key")},
+		{Path: "uploads", Type: tar.TypeDir, Mode: 0o755},
+		{Path: "etc", Type: tar.TypeDir, Mode: 0o755},
+		{Path: "etc/passwd", Type: tar.TypeReg, Mode: 0o644, Data: []byte(passwd + "user-defined-in-image:x:1000:1000::/home/user-defined-in-image:/bin/sh\n")},
+		{Path: "etc/group", Type: tar.TypeReg, Mode: 0o644, Data: []byte(group + "user-defined-in-image:x:1000:\ngroup-defined-in-image:x:50000:user-defined-in-image\n")},
+	}
+	if opts.CoreDNS != "" {
+		files = append(files, image.File{Path: "coredns", Type: tar.TypeReg, Mode: 0o755, Source: opts.CoreDNS})
+	}
+	return image.Layer{CreatedBy: "ofsdn lab: /agnhost (k8s.io/kubernetes/test/images/agnhost) and what its Dockerfile adds", Files: files}, nil
+}
+
+// passwd and group of the lab's Debian-based images.
+const (
+	passwd = "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n"
+	group  = "root:x:0:\nnogroup:x:65534:\n"
+)
+
 // baseLayer is what a Debian-based image expects in /etc, and /tmp.
 func baseLayer() image.Layer {
 	dir := func(p string, mode int64) image.File { return image.File{Path: p, Type: tar.TypeDir, Mode: mode} }
@@ -234,8 +286,8 @@ func baseLayer() image.Layer {
 	}
 	return image.Layer{CreatedBy: "ofsdn lab: /etc (passwd, group, nsswitch.conf), /tmp", Files: []image.File{
 		dir("etc", 0o755),
-		reg("etc/passwd", "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n"),
-		reg("etc/group", "root:x:0:\nnogroup:x:65534:\n"),
+		reg("etc/passwd", passwd),
+		reg("etc/group", group),
 		reg("etc/nsswitch.conf", "passwd: files\ngroup: files\nhosts: files dns\n"),
 		dir("root", 0o700),
 		dir("tmp", 0o1777),
@@ -248,25 +300,39 @@ var toolsPackages = []image.DebPackage{
 	{Name: "curl", Keep: []string{"usr/bin/curl"}},
 	{Name: "bind9-dnsutils", Keep: []string{"usr/bin/dig", "usr/bin/nslookup"}},
 	{Name: "libc-bin", Keep: []string{"usr/bin/getent"}},
+	// The tests run `nc -v -t -w 2 HOST PORT`, `nc -v -u ...`, `nc -zv ...`: Alpine's nc (upstream's
+	// agnhost) takes those options, Debian's busybox nc does not; OpenBSD's netcat does.
+	{Name: "netcat-openbsd", Keep: []string{"bin/nc.openbsd"}},
+	// /bin/sh is Debian's dash: Debian's static busybox shell runs its own applets before PATH
+	// (FEATURE_SH_STANDALONE), so `sh -c "nc ..."` would never reach the nc above.
+	{Name: "dash", Keep: []string{"bin/dash"}},
+	// The rest of what upstream's agnhost image adds to Alpine: iproute2, iperf, bash.
+	{Name: "iproute2", Keep: []string{"bin/ip", "sbin/ip", "usr/bin/ip", "usr/sbin/ip"}},
+	{Name: "iperf", Keep: []string{"usr/bin/iperf"}},
+	{Name: "bash", Keep: []string{"bin/bash"}},
 }
 
 // toolsLayer: busybox with its applets as symbolic links, curl, dig, getent and their libraries.
 func toolsLayer(ctx context.Context, fetch *image.DebFetcher) (image.Layer, error) {
 	libs, err := image.LibraryClosure(ctx, []string{"libc6", "libcurl4", "zlib1g", "bind9-libs", "libedit2", "libidn2-0",
-		"libjemalloc2", "libkrb5-3", "libprotobuf-c1"}, "zlib1g", "bind9-libs")
+		"libjemalloc2", "libkrb5-3", "libprotobuf-c1", "libbsd0", "libbpf1", "libcap2", "libdb5.3", "libelf1", "libmnl0",
+		"libselinux1", "libtirpc3", "libxtables12", "libstdc++6", "libtinfo6"}, "zlib1g", "bind9-libs")
 	if err != nil {
 		return image.Layer{}, err
 	}
 	pkgs := slices.Clone(toolsPackages)
 	for _, l := range libs {
-		pkgs = append(pkgs, image.DebPackage{Name: l, Keep: image.LibraryDirs})
+		pkgs = append(pkgs, image.DebPackage{Name: l, Keep: image.LibraryDirs, MayBeEmpty: true})
 	}
 	files, versions, err := image.DebianFiles(ctx, fetch, pkgs)
 	if err != nil {
 		return image.Layer{}, err
 	}
-	// nslookup is dig's (bind9-dnsutils'): busybox's must not replace it.
-	files, err = withApplets(ctx, files, "bin/busybox", map[string]bool{"nslookup": true})
+	// nslookup is dig's (bind9-dnsutils'), nc OpenBSD's, sh dash: busybox's must not replace them. (Debian makes
+	// nc a link through update-alternatives when it installs the package; the image links it here.)
+	files = append(files, image.File{Path: "bin/nc", Type: tar.TypeSymlink, Mode: 0o777, Link: "nc.openbsd"},
+		image.File{Path: "bin/sh", Type: tar.TypeSymlink, Mode: 0o777, Link: "dash"})
+	files, err = withApplets(ctx, files, "bin/busybox", map[string]bool{"nslookup": true, "nc": true, "sh": true})
 	if err != nil {
 		return image.Layer{}, err
 	}

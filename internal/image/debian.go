@@ -23,6 +23,8 @@ type DebPackage struct {
 	// (path.Match) or is a directory that holds it. Empty keeps every file but documentation (usr/share/
 	// doc, man, info, locale, lintian, bug).
 	Keep []string
+	// MayBeEmpty lets Keep match nothing (a package of a library closure that ships no library).
+	MayBeEmpty bool
 }
 
 // DebFetcher downloads Debian packages with the system's own apt (`apt-get download`: the candidate
@@ -238,7 +240,7 @@ func readDebTar(tr *tar.Reader, p DebPackage) ([]File, error) {
 		kept[name] = true
 		files = append(files, f)
 	}
-	if len(files) == 0 {
+	if len(files) == 0 && !p.MayBeEmpty {
 		return nil, fmt.Errorf("package %s: nothing matches %v", p.Name, p.Keep)
 	}
 	return files, nil
