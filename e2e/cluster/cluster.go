@@ -60,7 +60,10 @@ type Options struct {
 	// Kubelets runs a real containerd and kubelet on every node instead of the stand-in, and ofsdn's
 	// agent and controller from deploy/ and the image (kubelet.go).
 	Kubelets bool
-	Logger   *slog.Logger
+	// CoreDNS is a CoreDNS binary; with Kubelets, the nodes also get the CoreDNS image made from it
+	// (labimages.CoreDNS), for a test to deploy cluster DNS.
+	CoreDNS string
+	Logger  *slog.Logger
 }
 
 // Cluster is a running lab cluster. Stop tears all of it down.
@@ -80,6 +83,7 @@ type Cluster struct {
 	ctx        context.Context
 	cancel     context.CancelFunc
 	controller *process
+	egress     *egressProxy // Options.Kubelets: the API server's way into the cluster
 	stopOnce   sync.Once
 }
 
@@ -158,8 +162,15 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
+	var apiFlags []string
+	if opts.Kubelets {
+		if apiFlags, err = c.setupEgress(); err != nil {
+			return nil, err
+		}
+	}
 	c.API, err = kubelab.Launch(kubelab.Options{BindAddress: c.Lab.Root.IP.String(), ControllerManager: true, Scheduler: true,
-		ServiceCIDR: opts.ServiceCIDR, KubeletClient: opts.Kubelets}, func(f string, a ...any) { c.log.Debug(fmt.Sprintf(f, a...)) })
+		ServiceCIDR: opts.ServiceCIDR, KubeletClient: opts.Kubelets, ExtraAPIServerFlags: apiFlags},
+		func(f string, a ...any) { c.log.Debug(fmt.Sprintf(f, a...)) })
 	if err != nil {
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
@@ -414,6 +425,9 @@ func (c *Cluster) Stop() {
 		}
 		if c.API != nil {
 			c.API.Stop()
+		}
+		if c.egress != nil {
+			c.egress.Close()
 		}
 		if c.Lab != nil {
 			if err := c.Lab.Stop(); err != nil {
