@@ -10,7 +10,7 @@ GOTEST   := $(GO) test -count=1
 # Real-OVS and real-apiserver tests run as root in network namespaces the tests make themselves.
 export OFSDN_REPO := $(CURDIR)
 
-.PHONY: all build image test unit integration e2e bench demo demo-down lint clean deps k8s-bins sweep
+.PHONY: all build image test unit integration e2e bench demo demo-down lint clean deps k8s-bins sweep k8s-e2e-bins conformance
 
 all: build
 
@@ -21,6 +21,18 @@ deps:
 ## k8s-bins: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kubelet (skipped when built).
 k8s-bins:
 	@hack/build-k8s.sh
+
+## k8s-e2e-bins: Kubernetes' e2e.test and ginkgo (same version as k8s-bins) and CoreDNS, for make conformance
+## (skipped when built; a cold build takes 5-15 minutes).
+k8s-e2e-bins:
+	@hack/build-k8s-e2e.sh
+
+## conformance: Kubernetes' own [sig-network] tests ([Conformance], Services, and Netpol where NetworkPolicy is
+## enforced) on the lab's real kubelets, once per plugin mode; prints a table and
+## "conformance: N passed, M failed, K skipped" (also in _output/conformance/table.md).
+CONFORMANCE_MODES ?= multitenant,networkpolicy
+conformance: deps k8s-bins k8s-e2e-bins sweep
+	$(GO) run ./e2e/cmd/ofsdn-conformance --modes $(CONFORMANCE_MODES) --out $(OUT)/conformance --table $(OUT)/conformance/table.md
 
 ## build: every binary into _output/bin.
 build:

@@ -57,7 +57,7 @@ func (c *Cluster) startKubelets(ctx context.Context) error {
 		return fmt.Errorf("cluster: no kubelet in %s: run `make k8s-bins`", kbin)
 	}
 	began := time.Now()
-	imgs, err := labimages.Build(ctx, labimages.Options{RepoRoot: root, OutDir: filepath.Join(root, ImagesDir),
+	imgs, err := labimages.Build(ctx, labimages.Options{RepoRoot: root, OutDir: filepath.Join(root, ImagesDir), CoreDNS: c.opts.CoreDNS,
 		Log: func(f string, a ...any) { c.log.Debug(fmt.Sprintf(f, a...)) }})
 	if err != nil {
 		return fmt.Errorf("cluster: %w", err)
