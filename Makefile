@@ -10,7 +10,7 @@ GOTEST   := $(GO) test -count=1
 # Real-OVS and real-apiserver tests run as root in network namespaces the tests make themselves.
 export OFSDN_REPO := $(CURDIR)
 
-.PHONY: all build image test unit integration e2e bench demo demo-down lint clean deps k8s-bins sweep k8s-e2e-bins conformance
+.PHONY: all build image image-ovs test unit integration e2e bench demo demo-down lint clean deps k8s-bins sweep k8s-e2e-bins conformance
 
 all: build
 
@@ -46,6 +46,12 @@ IMAGE    ?= ofsdn/ofsdn
 PUSH     ?=
 image:
 	$(GO) run ./internal/cmd/mkimage --out $(OUT)/image --name $(IMAGE) $(if $(PUSH),--push)
+
+## image-ovs: the Open vSwitch image deploy/ovs runs (Debian's Open vSwitch and ofsdn-ovs, no docker) into
+## $(OUT)/image-ovs; OVS_IMAGE names it, PUSH=1 pushes it as image does.
+OVS_IMAGE ?= ofsdn/openvswitch
+image-ovs: deps
+	$(GO) run ./internal/cmd/mkimage --ovs --out $(OUT)/image-ovs --name $(OVS_IMAGE) $(if $(PUSH),--push)
 
 ## test: every tier that exists: unit, then integration (real OVS, real API server), then e2e.
 test: deps k8s-bins unit integration e2e
