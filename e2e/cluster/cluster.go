@@ -63,7 +63,11 @@ type Options struct {
 	// CoreDNS is a CoreDNS binary; with Kubelets, the nodes also get the CoreDNS image made from it
 	// (labimages.CoreDNS), for a test to deploy cluster DNS.
 	CoreDNS string
-	Logger  *slog.Logger
+	// ContainerOVS (with Kubelets) starts the nodes without Open vSwitch (lab.Options.NoOVS): deploy/'s
+	// Open vSwitch DaemonSet brings it, from the image make image-ovs builds. Without it the lab's own
+	// Open vSwitch is the nodes' host OVS and the overlay leaves that DaemonSet out.
+	ContainerOVS bool
+	Logger       *slog.Logger
 }
 
 // Cluster is a running lab cluster. Stop tears all of it down.
@@ -158,7 +162,8 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 			return nil, err
 		}
 	}
-	c.Lab, err = lab.Start(ctx, lab.Options{Nodes: opts.Nodes, Prefix: opts.Prefix, RootLink: true, Logger: opts.Logger})
+	c.Lab, err = lab.Start(ctx, lab.Options{Nodes: opts.Nodes, Prefix: opts.Prefix, RootLink: true, NoOVS: opts.Kubelets && opts.ContainerOVS,
+		Logger: opts.Logger})
 	if err != nil {
 		return nil, fmt.Errorf("cluster: %w", err)
 	}

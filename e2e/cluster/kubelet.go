@@ -15,12 +15,14 @@ import (
 
 	"github.com/ofsdn/ofsdn/e2e/kubelab"
 	"github.com/ofsdn/ofsdn/e2e/kubenode"
+	"github.com/ofsdn/ofsdn/e2e/lab"
 	"github.com/ofsdn/ofsdn/e2e/labimages"
 	"github.com/ofsdn/ofsdn/internal/image"
 	"github.com/ofsdn/ofsdn/internal/proc"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
 )
 
 // Real kubelets (Options.Kubelets): every lab node runs Debian's containerd and kubelet (e2e/kubenode),
@@ -68,12 +70,22 @@ func (c *Cluster) startKubelets(ctx context.Context) error {
 	}
 	c.Image = ofsdn.Ref
 	tarballs := []string{ofsdn.Tarball}
+	var ovsRef string
+	if c.opts.ContainerOVS {
+		ovs, err := image.BuildOVS(ctx, image.Options{RepoRoot: root, OutDir: filepath.Join(root, ImagesDir, "openvswitch")},
+			filepath.Join(root, "_output", "debs"))
+		if err != nil {
+			return fmt.Errorf("cluster: %w", err)
+		}
+		ovsRef = ovs.Ref
+		tarballs = append(tarballs, ovs.Tarball)
+	}
 	for _, img := range imgs {
 		tarballs = append(tarballs, img.Tarball)
 	}
 	c.log.Info("images built", "ofsdn", ofsdn.Ref, "lab", len(imgs), "took", time.Since(began).Round(time.Millisecond))
 
-	if err := c.applyOverlay(ctx, ofsdn.Ref); err != nil {
+	if err := c.applyOverlay(ctx, ofsdn.Ref, ovsRef); err != nil {
 		return err
 	}
 	ca := filepath.Join(c.Dir, "ca.crt")
@@ -102,7 +114,8 @@ func (c *Cluster) startKubelets(ctx context.Context) error {
 				kn, err := kubenode.Start(ctx, kubenode.Config{Name: ln.Name, NetNS: ln.NetNS, IP: ln.IP, Dir: dir, KubeletBin: kubelet,
 					Kubeconfig: n.kubeconfig, ClientCAFile: ca, ClusterDNS: []string{c.ClusterDNSIP()}, SandboxImage: labimages.Pause,
 					Images: tarballs, Logger: c.log,
-					// The lab node's own Open vSwitch is the node's "host OVS".
+					// The node's Open vSwitch keeps its sockets in the lab node's directory, where the
+					// lab's helpers look: the lab's own (host OVS), or deploy/'s DaemonSet's.
 					Mounts: map[string]string{"/var/run/openvswitch": ln.Dir}})
 				mu.Lock()
 				n.Kube = kn
@@ -128,7 +141,7 @@ func (c *Cluster) startKubelets(ctx context.Context) error {
 // applyOverlay applies deploy/ through an overlay of the lab's, as README's Deploying section tells a
 // user to: the image, the API server's real address, the cluster network of Options, and what the
 // lab's nodes differ in from a host (the userspace datapath; extra agent flags of Options).
-func (c *Cluster) applyOverlay(ctx context.Context, ref string) error {
+func (c *Cluster) applyOverlay(ctx context.Context, ref, ovsRef string) error {
 	root, err := kubelab.RepoRoot()
 	if err != nil {
 		return err
@@ -163,6 +176,38 @@ func (c *Cluster) applyOverlay(ctx context.Context, ref string) error {
 	for _, a := range c.opts.AgentArgs {
 		agentPatch += fmt.Sprintf("      - {op: add, path: /spec/template/spec/containers/0/args/-, value: %q}\n", a)
 	}
+	// Open vSwitch: the lab's own (host OVS: the DaemonSet goes, as README's host-OVS overlay does), or
+	// deploy/'s DaemonSet on the userspace datapath, which must carry the node's address on a bridge.
+	ovsPatch := `  - patch: |-
+      $patch: delete
+      apiVersion: apps/v1
+      kind: DaemonSet
+      metadata: {name: ofsdn-ovs, namespace: ofsdn}
+`
+	ovsImage := ""
+	if ovsRef != "" {
+		ds, err := readDaemonSet(filepath.Join(root, "deploy", "ovs", "daemonset.yaml"))
+		if err != nil {
+			return err
+		}
+		at := -1
+		for i, a := range ds.Spec.Template.Spec.Containers[0].Args {
+			if strings.HasPrefix(a, "--datapath-type=") {
+				at = i
+			}
+		}
+		if at < 0 {
+			return fmt.Errorf("cluster: deploy/ovs's DaemonSet has no --datapath-type to patch")
+		}
+		ovsPatch = fmt.Sprintf(`  - target: {kind: DaemonSet, name: ofsdn-ovs}
+    patch: |-
+      - {op: replace, path: /spec/template/spec/containers/0/args/%d, value: --datapath-type=netdev}
+      - {op: add, path: /spec/template/spec/containers/0/args/-, value: --uplink=%s}
+      - {op: add, path: /spec/template/spec/containers/0/args/-, value: --uplink-bridge=%s}
+`, at, lab.Uplink, lab.UnderlayBridge)
+		on, ot, _ := strings.Cut(ovsRef, ":")
+		ovsImage = fmt.Sprintf("  - name: ofsdn/openvswitch\n    newName: %s\n    newTag: %q\n", on, ot)
+	}
 	name, tag, _ := strings.Cut(ref, ":")
 	cn := func(key, value string) string {
 		return fmt.Sprintf("      - {op: replace, path: /data/%s, value: %q}\n", key, value)
@@ -176,14 +221,15 @@ images:
   - name: ofsdn/ofsdn
     newName: %s
     newTag: %q
-patches:
+%spatches:
+%s
   - target: {kind: ConfigMap, name: ofsdn-apiserver}
     patch: |-
 %s%s  - target: {kind: ConfigMap, name: ofsdn-cluster-network}
     patch: |-
 %s%s%s%s%s%s  - target: {kind: DaemonSet, name: ofsdn-agent}
     patch: |-
-%s`, rel, name, tag, cn("host", u.Hostname()), cn("port", u.Port()),
+%s`, rel, name, tag, ovsImage, ovsPatch, cn("host", u.Hostname()), cn("port", u.Port()),
 		cn("clusterCIDRs", c.opts.ClusterCIDR), cn("hostSubnetLength", strconv.Itoa(c.opts.HostSubnetLength)),
 		cn("serviceNetwork", c.opts.ServiceCIDR), cn("pluginMode", string(c.opts.Mode)), cn("encapsulation", string(c.opts.Encapsulation)),
 		cn("mtu", strconv.Itoa(c.Lab.PodMTU())), agentPatch)
@@ -290,6 +336,22 @@ func (c *Cluster) attachPodNetNS(ctx context.Context, n *Node, pod *corev1.Pod, 
 		return fmt.Errorf("cluster: pod %s/%s: ip netns attach: %w: %s", pod.Namespace, pod.Name, err, out)
 	}
 	return nil
+}
+
+// readDaemonSet reads a DaemonSet manifest.
+func readDaemonSet(path string) (*appsv1.DaemonSet, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("cluster: %w", err)
+	}
+	var ds appsv1.DaemonSet
+	if err := yaml.UnmarshalStrict(data, &ds); err != nil {
+		return nil, fmt.Errorf("cluster: %s: %w", path, err)
+	}
+	if len(ds.Spec.Template.Spec.Containers) == 0 {
+		return nil, fmt.Errorf("cluster: %s has no container", path)
+	}
+	return &ds, nil
 }
 
 // nthAddr is the address n after the network address of an IPv4 cidr.

@@ -49,7 +49,7 @@ func TestReadJUnit(t *testing.T) {
 	}{
 		"[sig-network] Netpol NetworkPolicy between server and client should support allow-all policy [Feature:NetworkPolicy]": {"Netpol", Passed, ""},
 		"[sig-network] Services should be rejected when no endpoints exist":                                                    {"Services", Failed, "connection was not refused"},
-		"[sig-network] Services should have session affinity work for LoadBalancer service with ESIPP on [Slow] [LinuxOnly]":    {"Services", Skipped, "needs a cloud load balancer: the lab has no cloud provider"},
+		"[sig-network] Services should have session affinity work for LoadBalancer service with ESIPP on [Slow] [LinuxOnly]":   {"Services", Skipped, "needs a cloud load balancer: the lab has no cloud provider"},
 		"[sig-network] Services should serve a basic endpoint from pods [Conformance]":                                         {"Conformance", Passed, ""},
 		"[sig-network] Services should serve multiport endpoints from pods [Conformance]":                                      {"Conformance", Skipped, "Only supported for providers [gce gke] (not local)"},
 		"[sig-network] Services should work after restarting apiserver [Disruptive]":                                           {"Services", Skipped, Rules[0].Reason},

@@ -530,15 +530,23 @@ func WriteKubeconfig(path string, cfg *rest.Config) error {
 // PodPID returns a process of the pod with the given UID (its sandbox's or a container's), found in
 // the pod's cgroup under the node's cgroup root (kubepods/[burstable|besteffort/]pod<UID>).
 func (n *Node) PodPID(uid string) (int, error) {
+	if pids := n.PodPIDs(uid); len(pids) > 0 {
+		return pids[0], nil
+	}
+	return 0, fmt.Errorf("kubenode %s: no process in pod %s's cgroup", n.cfg.Name, uid)
+}
+
+// PodPIDs lists every process of the pod with the given UID.
+func (n *Node) PodPIDs(uid string) []int {
 	for _, h := range n.cgroups {
 		for _, qos := range []string{"", "burstable", "besteffort"} {
 			dir := filepath.Join(n.CgroupRoot(), "kubepods", qos, "pod"+uid)
 			if pids := cgroupPIDs([]string{h}, dir); len(pids) > 0 {
-				return pids[0], nil
+				return pids
 			}
 		}
 	}
-	return 0, fmt.Errorf("kubenode %s: no process in pod %s's cgroup", n.cfg.Name, uid)
+	return nil
 }
 
 // ContainerLogs lists the log files of the containers of pods in namespace on this node (kubelet
