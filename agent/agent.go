@@ -150,6 +150,8 @@ type Agent struct {
 	health *health
 	// uplink keeps br0's uplink port for encapsulation none (uplink.go); nil without OVSDB (unit tests).
 	uplink *uplinkSync
+	// healthChecks serves LoadBalancer services' health check node ports (healthcheck.go).
+	healthChecks *healthCheckServers
 
 	netInformers  networkinformers.SharedInformerFactory
 	kubeInformers kubeinformers.SharedInformerFactory
@@ -179,6 +181,7 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 		events: deps.Events}
 	a.conflicts = &conflictReporter{log: log.WithName("hostports")}
 	a.policyProblems = &policyProblemReporter{log: log.WithName("netpol")}
+	a.healthChecks = newHealthCheckServers(log)
 	// The flow sync's reconciler comes with the bridge in Run; everything that feeds it exists now.
 	a.fs = newFlowSync(a.view, nil, log)
 	a.fs.metrics = deps.Metrics
@@ -296,6 +299,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	a.conflicts.recorder = a.events
 	a.policyProblems.recorder = a.events
+	defer a.healthChecks.close()
 	steps := []struct {
 		name string
 		run  func(context.Context) error
@@ -529,6 +533,10 @@ func (a *Agent) applyHost(ctx context.Context, st pipeline.NodeState, stale []op
 	a.conflicts.report(found)
 	if err := a.host.setForwards(nodePortsOf(st.Services), hostPorts); err != nil {
 		return fmt.Errorf("NodePort and hostPort forwarding: %w", err)
+	}
+	// A port another process holds is told, and tried again at the next sync; it fails no flow sync.
+	if err := a.healthChecks.sync(a.view.healthChecks()); err != nil {
+		a.log.Error(err, "health check node ports")
 	}
 	return nil
 }

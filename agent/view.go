@@ -155,6 +155,13 @@ func (v *nodeView) resolvedHostPorts() ([]nodenet.HostPort, []hostPortConflict) 
 	return hostPortsOf(v.pods, v.hostPorts)
 }
 
+// healthChecks returns the health check node ports this node serves, with their local ready endpoints.
+func (v *nodeView) healthChecks() []healthCheck {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return healthChecksOf(v.services, v.slices, v.nodeName)
+}
+
 // snapshot returns the state to render. Pods whose namespace has no VNID yet are left out (they get
 // no connectivity rather than the wrong tenant's) and listed in pending.
 func (v *nodeView) snapshot() (st pipeline.NodeState, pending []string, generation uint64) {
