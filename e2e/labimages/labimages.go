@@ -310,13 +310,15 @@ var toolsPackages = []image.DebPackage{
 	{Name: "iproute2", Keep: []string{"bin/ip", "sbin/ip", "usr/bin/ip", "usr/sbin/ip"}},
 	{Name: "iperf", Keep: []string{"usr/bin/iperf"}},
 	{Name: "bash", Keep: []string{"bin/bash"}},
+	// The tests run `wget -q -O - -T 1 URL`: Debian's busybox wget has no -T (and crashes on it).
+	{Name: "wget", Keep: []string{"usr/bin/wget"}},
 }
 
 // toolsLayer: busybox with its applets as symbolic links, curl, dig, getent and their libraries.
 func toolsLayer(ctx context.Context, fetch *image.DebFetcher) (image.Layer, error) {
 	libs, err := image.LibraryClosure(ctx, []string{"libc6", "libcurl4", "zlib1g", "bind9-libs", "libedit2", "libidn2-0",
 		"libjemalloc2", "libkrb5-3", "libprotobuf-c1", "libbsd0", "libbpf1", "libcap2", "libdb5.3", "libelf1", "libmnl0",
-		"libselinux1", "libtirpc3", "libxtables12", "libstdc++6", "libtinfo6"}, "zlib1g", "bind9-libs")
+		"libselinux1", "libtirpc3", "libxtables12", "libstdc++6", "libtinfo6", "libpcre2-8-0", "libuuid1", "libgnutls30"}, "zlib1g", "bind9-libs")
 	if err != nil {
 		return image.Layer{}, err
 	}
@@ -328,11 +330,11 @@ func toolsLayer(ctx context.Context, fetch *image.DebFetcher) (image.Layer, erro
 	if err != nil {
 		return image.Layer{}, err
 	}
-	// nslookup is dig's (bind9-dnsutils'), nc OpenBSD's, sh dash: busybox's must not replace them. (Debian makes
+	// nslookup is dig's (bind9-dnsutils'), nc OpenBSD's, sh dash, wget GNU's: busybox's must not replace them. (Debian makes
 	// nc a link through update-alternatives when it installs the package; the image links it here.)
 	files = append(files, image.File{Path: "bin/nc", Type: tar.TypeSymlink, Mode: 0o777, Link: "nc.openbsd"},
 		image.File{Path: "bin/sh", Type: tar.TypeSymlink, Mode: 0o777, Link: "dash"})
-	files, err = withApplets(ctx, files, "bin/busybox", map[string]bool{"nslookup": true, "nc": true, "sh": true})
+	files, err = withApplets(ctx, files, "bin/busybox", map[string]bool{"nslookup": true, "nc": true, "sh": true, "wget": true})
 	if err != nil {
 		return image.Layer{}, err
 	}
