@@ -54,7 +54,7 @@ image-ovs: deps
 	$(GO) run ./internal/cmd/mkimage --ovs --out $(OUT)/image-ovs --name $(OVS_IMAGE) $(if $(PUSH),--push)
 
 ## test: every tier that exists: unit, then integration (real OVS, real API server), then e2e.
-test: deps k8s-bins unit integration e2e
+test: deps k8s-bins k8s-e2e-bins unit integration e2e
 
 ## unit: no root, no daemons: logic, and the controller and agent on fake clientsets (tests that need
 ## real parts skip under -short).
@@ -65,11 +65,14 @@ unit:
 integration: deps k8s-bins sweep
 	$(GOTEST) -timeout 30m $(PKGS)
 
-## e2e: the multi-node lab (tests in e2e/ with build tag e2e; the lab's own packages test in integration).
-e2e: deps k8s-bins build sweep
+## e2e: the multi-node lab (tests in e2e/ with build tag e2e; the lab's own packages test in integration),
+## then the CI subset of make conformance (e2e/conformance, build tag e2e).
+e2e: deps k8s-bins k8s-e2e-bins build sweep
 	@if ls e2e/*_test.go >/dev/null 2>&1; then \
 		$(GOTEST) -tags e2e -timeout 40m ./e2e/; \
 	else echo "e2e: no e2e suites yet"; fi
+	@# CI's share of make conformance: a subset of Kubernetes' own [sig-network] tests on real kubelets.
+	$(GOTEST) -tags e2e -timeout 30m ./e2e/conformance/
 
 ## bench: benchmarks that print their figures (ratios against baselines measured in the same run);
 ## then the lab's (CNI ADD latency, convergence across nodes, agent memory) on the 3-node cluster.
@@ -88,11 +91,11 @@ demo-down: build
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
-	$(GO) vet -tags e2e ./e2e/
+	$(GO) vet -tags e2e ./e2e/ ./e2e/conformance/
 	@command -v staticcheck >/dev/null || $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 	@# client/ is code-generator's output; its templates use client-go APIs staticcheck marks deprecated.
 	"$$($(GO) env GOPATH)/bin/staticcheck" $$($(GO) list $(PKGS) | grep -v '/ofsdn/client/')
-	"$$($(GO) env GOPATH)/bin/staticcheck" -tags e2e ./e2e/
+	"$$($(GO) env GOPATH)/bin/staticcheck" -tags e2e ./e2e/ ./e2e/conformance/
 
 ## sweep: remove network namespaces, daemons and temp dirs that killed test runs left behind.
 sweep:
