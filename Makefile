@@ -10,7 +10,7 @@ GOTEST   := $(GO) test -count=1
 # Real-OVS and real-apiserver tests run as root in network namespaces the tests make themselves.
 export OFSDN_REPO := $(CURDIR)
 
-.PHONY: all build image image-ovs test unit integration e2e bench demo demo-down lint clean deps k8s-bins sweep k8s-e2e-bins conformance
+.PHONY: all build image image-ovs test unit integration e2e e2e-kubelets bench demo demo-down lint clean deps k8s-bins sweep k8s-e2e-bins conformance
 
 all: build
 
@@ -73,6 +73,11 @@ e2e: deps k8s-bins k8s-e2e-bins build sweep
 	else echo "e2e: no e2e suites yet"; fi
 	@# CI's share of make conformance: a subset of Kubernetes' own [sig-network] tests on real kubelets.
 	$(GOTEST) -tags e2e -timeout 30m ./e2e/conformance/
+
+## e2e-kubelets: the e2e suites on real kubelets (containerd and kubelet per node, ofsdn from deploy/); the
+## tests that drive the kubelet stand-in or stop the agent's process skip, saying why.
+e2e-kubelets: deps k8s-bins build sweep
+	OFSDN_E2E_KUBELETS=1 $(GOTEST) -tags e2e -timeout 60m ./e2e/
 
 ## bench: benchmarks that print their figures (ratios against baselines measured in the same run);
 ## then the lab's (CNI ADD latency, convergence across nodes, agent memory) on the 3-node cluster.

@@ -63,6 +63,9 @@ type Options struct {
 	// CoreDNS is a CoreDNS binary; with Kubelets, the nodes also get the CoreDNS image made from it
 	// (labimages.CoreDNS), for a test to deploy cluster DNS.
 	CoreDNS string
+	// TestImages (with Kubelets) also gives the nodes the e2e framework's images (agnhost, busybox,
+	// jessie-dnsutils); without it they get the sandbox and the lab's test pod only.
+	TestImages bool
 	// ContainerOVS (with Kubelets) starts the nodes without Open vSwitch (lab.Options.NoOVS): deploy/'s
 	// Open vSwitch DaemonSet brings it, from the image make image-ovs builds. Without it the lab's own
 	// Open vSwitch is the nodes' host OVS and the overlay leaves that DaemonSet out.
@@ -104,7 +107,9 @@ type Node struct {
 	AgentLog   string
 	agent      *process
 	kubeconfig string
-	mu         sync.Mutex
+	// kubeAgentPID finds the agent's process in its pod (Options.Kubelets).
+	kubeAgentPID func() int
+	mu           sync.Mutex
 }
 
 // Binaries the cluster runs, and where their sources are.
@@ -333,6 +338,9 @@ func (c *Cluster) startController(ctx context.Context) error {
 // StartAgent starts (or restarts) a node's agent inside the node's namespace, as the DaemonSet's pod
 // (hostNetwork) would run.
 func (c *Cluster) StartAgent(n *Node) error {
+	if c.opts.Kubelets {
+		return fmt.Errorf("cluster: on real kubelets the agent on %s is a DaemonSet pod, not a process of the lab's", n.Name)
+	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.agent != nil && n.agent.running() {
@@ -374,6 +382,9 @@ func (c *Cluster) StopAgent(n *Node, crash bool) {
 
 // WaitAgentsReady waits until every agent has set up its node and installed the CNI configuration.
 func (c *Cluster) WaitAgentsReady(ctx context.Context) error {
+	if c.opts.Kubelets {
+		return c.waitKubeletCluster(ctx)
+	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	for _, n := range c.Nodes {
@@ -519,6 +530,9 @@ func (p *process) running() bool {
 
 // AgentPID returns the PID of a node's agent, or 0.
 func (n *Node) AgentPID() int {
+	if n.kubeAgentPID != nil {
+		return n.kubeAgentPID()
+	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.agent == nil || !n.agent.running() {

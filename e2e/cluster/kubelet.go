@@ -59,7 +59,11 @@ func (c *Cluster) startKubelets(ctx context.Context) error {
 		return fmt.Errorf("cluster: no kubelet in %s: run `make k8s-bins`", kbin)
 	}
 	began := time.Now()
-	imgs, err := labimages.Build(ctx, labimages.Options{RepoRoot: root, OutDir: filepath.Join(root, ImagesDir), CoreDNS: c.opts.CoreDNS,
+	var only []string
+	if !c.opts.TestImages {
+		only = []string{labimages.Pause, labimages.TestPod}
+	}
+	imgs, err := labimages.Build(ctx, labimages.Options{RepoRoot: root, OutDir: filepath.Join(root, ImagesDir), CoreDNS: c.opts.CoreDNS, Only: only,
 		Log: func(f string, a ...any) { c.log.Debug(fmt.Sprintf(f, a...)) }})
 	if err != nil {
 		return fmt.Errorf("cluster: %w", err)
@@ -255,7 +259,47 @@ func (c *Cluster) waitKubeletCluster(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("cluster: not ready: %s: %w", why, err)
 	}
+	for _, n := range c.Nodes {
+		c.kubeAgent(n)
+	}
 	return nil
+}
+
+// agentPod returns the node's running agent pod, or nil.
+func (c *Cluster) agentPod(ctx context.Context, n *Node) *corev1.Pod {
+	pods, err := c.Client.CoreV1().Pods(systemNamespace).List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + n.Name,
+		LabelSelector: "app.kubernetes.io/name=ofsdn-agent"})
+	if err != nil {
+		return nil
+	}
+	for i := range pods.Items {
+		if p := &pods.Items[i]; p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil {
+			return p
+		}
+	}
+	return nil
+}
+
+// kubeAgent points a node's AgentPID and AgentLog at its agent's pod: the ofsdn-agent process in the
+// pod's cgroup, and the container's log kubelet writes.
+func (c *Cluster) kubeAgent(n *Node) {
+	n.kubeAgentPID = func() int {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		p := c.agentPod(ctx, n)
+		if p == nil {
+			return 0
+		}
+		for _, pid := range n.Kube.PodPIDs(string(p.UID)) {
+			if comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); err == nil && strings.TrimSpace(string(comm)) == "ofsdn-agent" {
+				return pid
+			}
+		}
+		return 0
+	}
+	if p := c.agentPod(context.Background(), n); p != nil {
+		n.AgentLog = filepath.Join(n.Kube.HostDir("/var/log/pods"), fmt.Sprintf("%s_%s_%s", p.Namespace, p.Name, p.UID), "agent", "0.log")
+	}
 }
 
 // kubeletClusterNotReady says what is not ready yet, or "".

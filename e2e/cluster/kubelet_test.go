@@ -58,7 +58,7 @@ func TestKubeletsWithOVSDaemonSet(t *testing.T) {
 	checkAgentsAndMatrix(t, ctx, c)
 }
 
-func startKubelets(t *testing.T, opts Options) (*Cluster, context.Context) {
+func startKubelets(t testing.TB, opts Options) (*Cluster, context.Context) {
 	t.Helper()
 	lab.Require(t)
 	if _, err := kubelab.BinDir(); err != nil {

@@ -131,10 +131,17 @@ func (c *Cluster) DeletePod(ctx context.Context, namespace, name string) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	return proc.Until(ctx, 0, func() bool {
+	err := proc.Until(ctx, 0, func() bool {
 		_, err := c.Client.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
 		return apierrors.IsNotFound(err)
 	})
+	if c.opts.Kubelets {
+		// The name attachPodNetNS gave the pod's namespace holds it: let it go with the pod.
+		for _, n := range c.Nodes {
+			_ = exec.CommandContext(context.WithoutCancel(ctx), "ip", "netns", "del", nodesim.NetNSName(c.Lab.Prefix+"-"+n.Name, namespace, name)).Run()
+		}
+	}
+	return err
 }
 
 // Probe connects from the pod to dst with ofsdn-testpod (tcp or udp, optionally echoing payload bytes)

@@ -186,7 +186,7 @@ func runMode(ctx context.Context, opts Options, mode networkv1.PluginMode) ([]Re
 		return nil, nil
 	}
 	began := time.Now()
-	c, err := cluster.Start(ctx, cluster.Options{Kubelets: true, Mode: mode, CoreDNS: filepath.Join(opts.BinDir, "coredns"), Logger: opts.Logger})
+	c, err := cluster.Start(ctx, cluster.Options{Kubelets: true, TestImages: true, Mode: mode, CoreDNS: filepath.Join(opts.BinDir, "coredns"), Logger: opts.Logger})
 	if err != nil {
 		return nil, err
 	}

@@ -72,7 +72,9 @@ type Options struct {
 	OutDir string
 	// CoreDNS is a CoreDNS binary to build the CoreDNS image from; empty: no CoreDNS image.
 	CoreDNS string
-	Log     func(format string, args ...any)
+	// Only builds just these images (refs of All); empty: all of them.
+	Only []string
+	Log  func(format string, args ...any)
 }
 
 // Image is one built image.
@@ -108,25 +110,30 @@ func Build(ctx context.Context, opts Options) ([]Image, error) {
 	if out, err := exec.CommandContext(ctx, "go", "env", "GOARCH").Output(); err == nil {
 		info.Arch = strings.TrimSpace(string(out))
 	}
+	want := func(ref string) bool { return len(opts.Only) == 0 || slices.Contains(opts.Only, ref) }
 	bins := filepath.Join(opts.OutDir, "bin")
-	if err := compile(ctx, opts.RepoRoot, bins); err != nil {
+	if err := compile(ctx, opts.RepoRoot, bins, want(Agnhost)); err != nil {
 		return nil, err
 	}
-	opts.Log("labimages: compiled pause, ofsdn-testpod and agnhost in %s", time.Since(began).Round(time.Millisecond))
+	opts.Log("labimages: compiled the images' programs in %s", time.Since(began).Round(time.Millisecond))
 	fetch := &image.DebFetcher{CacheDir: filepath.Join(opts.OutDir, "debs"), Log: opts.Log}
-	tools, err := toolsLayer(ctx, fetch)
-	if err != nil {
-		return nil, err
+	var tools, bbox, agnhostLayer image.Layer
+	if want(Agnhost) || want(JessieDnsutils) {
+		if tools, err = toolsLayer(ctx, fetch); err != nil {
+			return nil, err
+		}
 	}
-	bbox, err := busyboxLayer(ctx, fetch)
-	if err != nil {
-		return nil, err
+	if want(BusyBox) {
+		if bbox, err = busyboxLayer(ctx, fetch); err != nil {
+			return nil, err
+		}
+	}
+	if want(Agnhost) {
+		if agnhostLayer, err = agnhostFiles(ctx, opts, bins); err != nil {
+			return nil, err
+		}
 	}
 	base := baseLayer()
-	agnhostLayer, err := agnhostFiles(ctx, opts, bins)
-	if err != nil {
-		return nil, err
-	}
 	path := "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 	specs := []struct {
 		ref    string
@@ -154,6 +161,9 @@ func Build(ctx context.Context, opts Options) ([]Image, error) {
 	}
 	var out []Image
 	for _, s := range specs {
+		if !want(s.ref) && s.ref != CoreDNS {
+			continue
+		}
 		s.cfg.Labels = map[string]string{"org.opencontainers.image.source": image.DefaultSource,
 			"org.opencontainers.image.revision": info.Revision, "org.opencontainers.image.description": "ofsdn lab image " + s.ref}
 		img, err := write(opts, s.ref, s.layers, s.cfg, info)
@@ -224,14 +234,15 @@ func write(opts Options, ref string, layers []image.Layer, cfg image.Config, inf
 
 // compile builds the Go binaries: pause and testpod in ofsdn's module, agnhost in hack/k8s (a package
 // of k8s.io/kubernetes itself, at the version the lab's control plane runs). All static.
-func compile(ctx context.Context, root, dir string) error {
+func compile(ctx context.Context, root, dir string, agnhost bool) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("labimages: %w", err)
 	}
-	for _, b := range []struct{ moduleDir, pkgs string }{
-		{root, "./e2e/cmd/ofsdn-pause ./e2e/cmd/ofsdn-testpod"},
-		{filepath.Join(root, "hack", "k8s"), "k8s.io/kubernetes/test/images/agnhost"},
-	} {
+	builds := []struct{ moduleDir, pkgs string }{{root, "./e2e/cmd/ofsdn-pause ./e2e/cmd/ofsdn-testpod"}}
+	if agnhost {
+		builds = append(builds, struct{ moduleDir, pkgs string }{filepath.Join(root, "hack", "k8s"), "k8s.io/kubernetes/test/images/agnhost"})
+	}
+	for _, b := range builds {
 		args := append([]string{"build", "-trimpath", "-ldflags", "-s -w -buildid=", "-o", dir + "/"}, strings.Fields(b.pkgs)...)
 		cmd := exec.CommandContext(ctx, "go", args...)
 		cmd.Dir = b.moduleDir

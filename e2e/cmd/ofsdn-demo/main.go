@@ -24,7 +24,7 @@ func main() {
 	keep := flag.Bool("keep", false, "keep the cluster up until interrupted")
 	down := flag.Bool("down", false, "only remove labs and API servers left by killed runs")
 	verbose := flag.Bool("v", false, "log the cluster's progress")
-	kubelets := flag.Bool("kubelets", false, "real containerd and kubelet per node; ofsdn from deploy/ and its image")
+	kubelets := flag.Bool("kubelets", true, "real containerd and kubelet per node, ofsdn from deploy/ and its image (false: the kubelet stand-in, ofsdn's daemons as processes)")
 	coreDNS := flag.String("coredns", "", "with --kubelets: a CoreDNS binary for the nodes' images (make k8s-e2e-bins builds one)")
 	flag.Parse()
 	if *down {
