@@ -33,28 +33,37 @@ func main() {
 	out := flag.String("out", "_output/conformance", "directory for JUnit reports and logs")
 	table := flag.String("table", "", "also write the table to this file")
 	verbose := flag.Bool("v", false, "show ginkgo's output as it runs")
+	fromReports := flag.Bool("from-reports", false, "run nothing: print the table from the JUnit reports an earlier run left in --out")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	code, err := run(ctx, *modes, *only, *procs, *out, *table, *verbose)
+	code, err := run(ctx, *modes, *only, *procs, *out, *table, *verbose, *fromReports)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "ofsdn-conformance:", err)
 	}
 	os.Exit(code)
 }
 
-func run(ctx context.Context, modes, only string, procs int, out, table string, verbose bool) (int, error) {
+func run(ctx context.Context, modes, only string, procs int, out, table string, verbose, fromReports bool) (int, error) {
+	opts := conformance.Options{Only: only, Procs: procs, OutDir: out,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))}
+	for _, m := range strings.Split(modes, ",") {
+		opts.Modes = append(opts.Modes, networkv1.PluginMode(strings.TrimSpace(m)))
+	}
+	if fromReports {
+		res, err := conformance.Report(out, opts.Modes, opts)
+		fmt.Print(conformance.Table(res))
+		if err != nil {
+			return 2, err
+		}
+		return 0, nil
+	}
 	if why := lab.Available(); why != "" {
 		return 2, fmt.Errorf("%s", why)
 	}
 	lab.Sweep(lab.DefaultPrefixBase)
 	kubelab.Sweep()
 	kubenode.Sweep("")
-	opts := conformance.Options{Only: only, Procs: procs, OutDir: out,
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))}
-	for _, m := range strings.Split(modes, ",") {
-		opts.Modes = append(opts.Modes, networkv1.PluginMode(strings.TrimSpace(m)))
-	}
 	if verbose {
 		opts.Progress = os.Stderr
 	} else {
