@@ -176,7 +176,9 @@ func l4Fields(proto uint8) (dst, src Field, ok bool) {
 
 // eligible picks the endpoints that take new connections, as kube-proxy does: the ready ones, or
 // when there are none, the serving ones that are terminating. Sorted and deduplicated, so buckets and
-// flows are stable whatever order the EndpointSlices came in.
+// flows are stable whatever order the EndpointSlices came in. Ready is what the EndpointSlice says,
+// terminating or not: a Service with publishNotReadyAddresses keeps its terminating pods ready (the
+// upstream test "should create endpoints for unready pods" found them refused).
 func eligible(eps []Endpoint, localOnly bool) []Endpoint {
 	var ready, terminating []Endpoint
 	for _, e := range eps {
@@ -184,7 +186,7 @@ func eligible(eps []Endpoint, localOnly bool) []Endpoint {
 			continue
 		}
 		switch {
-		case e.Ready && !e.Terminating:
+		case e.Ready:
 			ready = append(ready, e)
 		case e.Serving && e.Terminating:
 			terminating = append(terminating, e)

@@ -524,3 +524,29 @@ func TestRendererReusesUnchangedServices(t *testing.T) {
 		t.Errorf("%d owners rendered again, %d reused; want exactly the changed one again", rerendered, same)
 	}
 }
+
+// eligible takes what kube-proxy takes: ready endpoints (a ready one that is terminating too, as
+// publishNotReadyAddresses makes them, included), else serving terminating ones.
+func TestEligibleEndpoints(t *testing.T) {
+	ep := func(last byte, ready, serving, terminating bool) Endpoint {
+		return Endpoint{IP: netip.AddrFrom4([4]byte{10, 128, 0, last}), Port: 8080, Ready: ready, Serving: serving, Terminating: terminating}
+	}
+	for _, tc := range []struct {
+		name string
+		eps  []Endpoint
+		want []byte
+	}{
+		{"ready only, terminating serving ones waiting", []Endpoint{ep(1, true, true, false), ep(2, false, true, true)}, []byte{1}},
+		{"no ready one: the serving terminating ones", []Endpoint{ep(2, false, true, true), ep(3, false, false, true), ep(4, false, false, false)}, []byte{2}},
+		{"publishNotReadyAddresses: ready while terminating", []Endpoint{ep(5, true, false, true), ep(6, false, true, true)}, []byte{5}},
+		{"nothing usable", []Endpoint{ep(3, false, false, true)}, nil},
+	} {
+		var got []byte
+		for _, e := range eligible(tc.eps, false) {
+			got = append(got, e.IP.As4()[3])
+		}
+		if string(got) != string(tc.want) {
+			t.Errorf("%s: eligible %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
