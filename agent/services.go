@@ -113,10 +113,23 @@ func serviceStates(services map[string]*corev1.Service, endpointSlices map[strin
 	return out
 }
 
+// Labels by which a Service asks the cluster's service proxy to leave it alone, as kube-proxy honours
+// them (found by the upstream Services tests): one naming another proxy, and one marking it headless.
+const (
+	labelServiceProxyName = "service.kubernetes.io/service-proxy-name"
+	labelHeadless         = "service.kubernetes.io/headless"
+)
+
 // serviceState converts one Service and its slices; ok is false for what br0 does not serve
-// (headless and ExternalName services, IPv6-only ClusterIPs).
+// (headless and ExternalName services, IPv6-only ClusterIPs, services for another proxy).
 func serviceState(svc *corev1.Service, endpointSlices []*discoveryv1.EndpointSlice, nodeName string, vnids map[string]uint32) (pipeline.ServiceState, bool) {
 	if svc.Spec.Type == corev1.ServiceTypeExternalName {
+		return pipeline.ServiceState{}, false
+	}
+	if _, other := svc.Labels[labelServiceProxyName]; other {
+		return pipeline.ServiceState{}, false
+	}
+	if _, headless := svc.Labels[labelHeadless]; headless {
 		return pipeline.ServiceState{}, false
 	}
 	ip, err := netip.ParseAddr(svc.Spec.ClusterIP)
