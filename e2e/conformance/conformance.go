@@ -20,6 +20,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
@@ -232,8 +233,10 @@ func runMode(ctx context.Context, opts Options, mode networkv1.PluginMode) ([]Re
 		"--kubeconfig="+c.API.KubeconfigPath(), "--kubectl-path="+kubectl, "--provider=local", "--num-nodes="+strconv.Itoa(len(c.Nodes)),
 		"--dns-domain=cluster.local", "--report-dir="+dir, "--disable-log-dump", "--minStartupPods=0", "--allowed-not-ready-nodes=0")
 	cmd := exec.CommandContext(ctx, filepath.Join(opts.BinDir, "ginkgo"), args...)
-	// Interrupted, ginkgo still reports what ran (and e2e.test cleans up its namespaces).
-	cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
+	// Interrupted, ginkgo still reports what ran (and e2e.test cleans up its namespaces); ginkgo and its
+	// e2e.test processes are one process group, which goes whole once ginkgo is done.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGINT) }
 	cmd.WaitDelay = time.Minute
 	cmd.Dir = dir
 	// The lab's image registry (labimages): names and tags stay the framework's, nothing is pulled.
@@ -246,6 +249,9 @@ func runMode(ctx context.Context, opts Options, mode networkv1.PluginMode) ([]Re
 	cmd.Stdout, cmd.Stderr = io.MultiWriter(logf, opts.Progress), io.MultiWriter(logf, opts.Progress)
 	log.Info("running e2e.test", "focus", runFocus, "procs", opts.Procs, "report", junit)
 	runErr := cmd.Run()
+	if cmd.Process != nil {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // an e2e.test ginkgo left behind
+	}
 	res, err := ReadJUnit(junit, mode, suites, opts.Only, opts.Rules)
 	if err != nil {
 		return nil, fmt.Errorf("conformance: %s mode: ginkgo: %v; %w (log %s)", mode, runErr, err, logf.Name())
