@@ -42,6 +42,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -334,7 +335,7 @@ func (n *Node) nodeSetup() string {
 	fmt.Fprintf(&b, "mount --rbind /sys/fs/cgroup %s\nmount -t sysfs sysfs /sys\nmount --rbind %s /sys/fs/cgroup\numount -l %s\n", q(hold), q(hold), q(hold))
 	paths := append([]string(nil), HostPaths...)
 	for p := range c.Mounts {
-		if !contains(paths, p) {
+		if !slices.Contains(paths, p) {
 			paths = append(paths, p)
 		}
 	}
@@ -369,15 +370,6 @@ func (n *Node) joinRuntimeCgroup() string {
 		fmt.Fprintf(&b, "echo $$ > %s\n", q(filepath.Join(h, n.CgroupRoot(), "runtime", "cgroup.procs")))
 	}
 	return b.String()
-}
-
-func contains(ss []string, s string) bool {
-	for _, x := range ss {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 func (n *Node) startContainerd(ctx context.Context) error {
