@@ -337,7 +337,7 @@ func ReadJUnit(path string, mode networkv1.PluginMode, suites []Suite, only stri
 	var out []Result
 	for _, s := range js.Suites {
 		for _, tc := range s.Cases {
-			name := strings.TrimSpace(strings.TrimPrefix(tc.Name, "[It]"))
+			name := testName(tc.Name)
 			suite := ""
 			for _, su := range suites {
 				if regexp.MustCompile(su.Focus).MatchString(name) {
@@ -379,10 +379,26 @@ func ReadJUnit(path string, mode networkv1.PluginMode, suites []Suite, only stri
 	return out, nil
 }
 
+// labelSuffix is the list of labels ginkgo appends to a test's name in its JUnit report.
+var labelSuffix = regexp.MustCompile(` \[sig-[^\]]*\]$`)
+
+// testName is a JUnit test case's name as the e2e suite lists it: no "[It]", no label list.
+func testName(junit string) string {
+	return labelSuffix.ReplaceAllString(strings.TrimSpace(strings.TrimPrefix(junit, "[It]")), "")
+}
+
+// pathFlags and paths are what a failure message says about where things ran; the table leaves both
+// out (kubectl --server=... --kubeconfig=... becomes kubectl).
+var (
+	pathFlags = regexp.MustCompile(` --(server|kubeconfig)=\S+`)
+	paths     = regexp.MustCompile(`(/[\w.+-]+)+/([\w.+-]+)`)
+)
+
 func firstLine(s string) string {
 	for _, l := range strings.Split(s, "\n") {
 		if l = strings.TrimSpace(l); l != "" && l != "[FAILED]" {
-			return strings.TrimPrefix(l, "[FAILED] ")
+			l = pathFlags.ReplaceAllString(strings.TrimPrefix(l, "[FAILED] "), "")
+			return paths.ReplaceAllString(l, "$2")
 		}
 	}
 	return ""

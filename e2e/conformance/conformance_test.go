@@ -17,8 +17,8 @@ func TestReadJUnit(t *testing.T) {
 <testsuites tests="6">
   <testsuite name="Kubernetes e2e suite" tests="6">
     <testcase name="[It] [sig-network] Services should serve a basic endpoint from pods [Conformance]" status="passed" time="12.5"></testcase>
-    <testcase name="[It] [sig-network] Services should be rejected when no endpoints exist" status="failed" time="30">
-      <failure message="[FAILED] connection was not refused&#xA;more" type="failed">[FAILED] connection was not refused</failure>
+    <testcase name="[It] [sig-network] Services should be rejected when no endpoints exist [sig-network]" status="failed" time="30">
+      <failure message="[FAILED] error running /tmp/x/kubectl --server=https://192.0.2.1:6443 --kubeconfig=/tmp/k/admin.kubeconfig exec p -- curl&#xA;more" type="failed">[FAILED] x</failure>
     </testcase>
     <testcase name="[It] [sig-network] Services should work after restarting apiserver [Disruptive]" status="skipped" time="0">
       <skipped message="skipped"></skipped>
@@ -48,7 +48,7 @@ func TestReadJUnit(t *testing.T) {
 		reason string
 	}{
 		"[sig-network] Netpol NetworkPolicy between server and client should support allow-all policy [Feature:NetworkPolicy]": {"Netpol", Passed, ""},
-		"[sig-network] Services should be rejected when no endpoints exist":                                                    {"Services", Failed, "connection was not refused"},
+		"[sig-network] Services should be rejected when no endpoints exist":                                                    {"Services", Failed, "error running kubectl exec p -- curl"},
 		"[sig-network] Services should have session affinity work for LoadBalancer service with ESIPP on [Slow] [LinuxOnly]":   {"Services", Skipped, "needs a cloud load balancer: the lab has no cloud provider"},
 		"[sig-network] Services should serve a basic endpoint from pods [Conformance]":                                         {"Conformance", Passed, ""},
 		"[sig-network] Services should serve multiport endpoints from pods [Conformance]":                                      {"Conformance", Skipped, "Only supported for providers [gce gke] (not local)"},
