@@ -175,8 +175,10 @@ func (c *Cluster) applyOverlay(ctx context.Context, ref, ovsRef string) error {
 	if dp < 0 {
 		return fmt.Errorf("cluster: deploy/'s agent has no --datapath-type to patch")
 	}
-	// The lab's Open vSwitch runs in user space: its nodes have no kernel module.
-	agentPatch := fmt.Sprintf("      - {op: replace, path: /spec/template/spec/containers/0/args/%d, value: --datapath-type=netdev}\n", dp)
+	// The lab's Open vSwitch runs in user space: its nodes have no kernel module. The uplink lingers
+	// as briefly as the stand-in's agents' do (UplinkLinger), for the tests that switch encapsulation.
+	agentPatch := fmt.Sprintf("      - {op: replace, path: /spec/template/spec/containers/0/args/%d, value: --datapath-type=netdev}\n", dp) +
+		fmt.Sprintf("      - {op: add, path: /spec/template/spec/containers/0/args/-, value: --uplink-linger=%s}\n", UplinkLinger)
 	for _, a := range c.opts.AgentArgs {
 		agentPatch += fmt.Sprintf("      - {op: add, path: /spec/template/spec/containers/0/args/-, value: %q}\n", a)
 	}
