@@ -9,8 +9,10 @@ STATICCHECK_VERSION := v0.8.2
 GOTEST   := $(GO) test -count=1
 # Real-OVS and real-apiserver tests run as root in network namespaces the tests make themselves.
 export OFSDN_REPO := $(CURDIR)
+# make deps installs Chromium: a browser test that cannot find it fails instead of skipping.
+export OFSDN_REQUIRE_BROWSER := 1
 
-.PHONY: all build image image-ovs test unit integration e2e e2e-kubelets bench demo demo-down lint clean deps k8s-bins sweep k8s-e2e-bins conformance
+.PHONY: all build image image-ovs test unit integration e2e e2e-kubelets bench demo demo-down lint clean deps k8s-bins sweep k8s-e2e-bins conformance ui-test
 
 all: build
 
@@ -78,6 +80,12 @@ e2e: deps k8s-bins k8s-e2e-bins build sweep
 ## tests that drive the kubelet stand-in or stop the agent's process skip, saying why.
 e2e-kubelets: deps k8s-bins build sweep
 	OFSDN_E2E_KUBELETS=1 $(GOTEST) -tags e2e -timeout 60m ./e2e/
+
+## ui-test: the web console's browser tests alone (headless Chromium): the accessibility checker, the
+## console on fakes, then on the 3-node lab; screenshots in $(OUT)/ui-screenshots/.
+ui-test: deps k8s-bins build sweep
+	$(GOTEST) -run 'TestAccessibilityChecker|TestLoopbackOnly|TestUIInBrowser' ./internal/browser/ ./flowctl/
+	$(GOTEST) -tags e2e -timeout 20m -run 'TestConsole' ./e2e/
 
 ## bench: benchmarks that print their figures (ratios against baselines measured in the same run);
 ## then the lab's (CNI ADD latency, convergence across nodes, agent memory) on the 3-node cluster.

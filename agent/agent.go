@@ -9,10 +9,17 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
-	"strings"
 	"time"
 
+	nadclient "github.com/k8snetworkplumbingwg/network-attachment-definition-client/pkg/client/clientset/versioned"
+	nadinformers "github.com/k8snetworkplumbingwg/network-attachment-definition-client/pkg/client/informers/externalversions"
+	"github.com/ofsdn/ofsdn/agent/attach"
+	"github.com/ofsdn/ofsdn/agent/hostnet"
+	"github.com/ofsdn/ofsdn/agent/k8sobj"
+	"github.com/ofsdn/ofsdn/agent/networks"
 	"github.com/ofsdn/ofsdn/agent/nodenet"
+	"github.com/ofsdn/ofsdn/agent/policy"
+	"github.com/ofsdn/ofsdn/agent/services"
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
 	networkclient "github.com/ofsdn/ofsdn/client/clientset/versioned"
 	networkinformers "github.com/ofsdn/ofsdn/client/informers/externalversions"
@@ -21,6 +28,7 @@ import (
 	"github.com/ofsdn/ofsdn/flows/pipeline"
 	"github.com/ofsdn/ofsdn/flows/reconcile"
 	"github.com/ofsdn/ofsdn/internal/atomicfile"
+	"github.com/ofsdn/ofsdn/internal/loop"
 	"github.com/ofsdn/ofsdn/ofswitch"
 	"github.com/ofsdn/ofsdn/ovsdb"
 	"github.com/ofsdn/ofsdn/unixctl"
@@ -52,20 +60,25 @@ type Config struct {
 	// ResyncPeriod is how often the agent compares the bridge with what it wants and repairs drift.
 	ResyncPeriod time.Duration
 	// AbsentPodGrace is how long after its ADD an attached pod may be missing from the API before the
-	// agent releases its attachment (DefaultAbsentPodGrace).
+	// agent releases its attachment (attach.DefaultAbsentPodGrace).
 	AbsentPodGrace time.Duration
 	// UplinkLinger is how long br0's uplink port outlives a change from encapsulation none back to vxlan
-	// (DefaultUplinkLinger), for peers that still send unencapsulated until they follow.
+	// (hostnet.DefaultUplinkLinger), for peers that still send unencapsulated until they follow.
 	UplinkLinger time.Duration
-	// MetricsAddress serves /metrics, /healthz and /readyz ("" = not served). DebugAddress serves the
-	// read-only debug API (debugapi/) over TCP for flowctl through the API server's node proxy ("" = not
-	// served); DebugSocket serves it on a root-only unix socket for flowctl on the node (default
+	// MetricsAddress serves /metrics, /healthz and /readyz over TLS ("" = not served). DebugAddress
+	// serves the read-only debug API (debugapi/) over TLS, for flowctl through the API server's node
+	// proxy ("" = not served). Both answer only callers the API server authenticates and authorizes
+	// (agent/nodeauth; the probes' paths are open). DebugSocket serves the debug API on a root-only unix
+	// socket for flowctl on the node, its file mode its only guard (default
 	// <ovs-rundir>/<bridge>.ofsdn.sock; "-" = not served).
 	MetricsAddress string
 	DebugAddress   string
 	DebugSocket    string
-	// Profiling adds Go's /debug/pprof/ to the metrics address: off by default, as that address is
-	// unauthenticated and a CPU profile costs the node CPU.
+	// TLSCertFile and TLSKeyFile are a serving certificate of the operator's (PEM); without them the
+	// agent makes a self-signed one in <state-dir>/pki (nodeauth.SelfSignedCert).
+	TLSCertFile, TLSKeyFile string
+	// Profiling adds Go's /debug/pprof/ to the metrics address (off by default: a CPU profile costs the
+	// node CPU); it needs nodes/pprof of network.ofsdn.io like any other caller's request.
 	Profiling bool
 	Logger    klog.Logger
 }
@@ -96,10 +109,10 @@ func (c *Config) defaults() error {
 		c.ResyncPeriod = 5 * time.Minute
 	}
 	if c.UplinkLinger == 0 {
-		c.UplinkLinger = DefaultUplinkLinger
+		c.UplinkLinger = hostnet.DefaultUplinkLinger
 	}
 	if c.AbsentPodGrace == 0 {
-		c.AbsentPodGrace = DefaultAbsentPodGrace
+		c.AbsentPodGrace = attach.DefaultAbsentPodGrace
 	}
 	if c.DebugSocket == "" {
 		c.DebugSocket = DefaultDebugSocket(c.OVSRunDir, c.Bridge)
@@ -119,14 +132,20 @@ type Deps struct {
 	DB *ovsdb.Client
 	// DialSwitch opens the OpenFlow session to the bridge, which exists by the time it is called.
 	DialSwitch func(ctx context.Context) (*ofswitch.Session, error)
+	// NAD reads NetworkAttachmentDefinitions (pods' requests for Networks); nil: pods asking for
+	// Networks by annotation are refused, and meta-plugins' ADDs still work.
+	NAD nadclient.Interface
 	// Events records Warning Events on API objects; nil: Agent.Run records through Kube.
 	Events record.EventRecorder
 	// Metrics; nil: a fresh registry.
 	Metrics *Metrics
+	// Reviews makes the TokenReviews and SubjectAccessReviews that guard the node API; nil: Kube. Run
+	// gives it a client of its own, so callers with bad tokens cannot use up the agent's request rate.
+	Reviews kubernetes.Interface
 }
 
 // Agent is one node's agent: informers and CNI requests feed its nodeView; flowSync renders it onto
-// br0; hostSync carries it to the host (routes, nf_tables); podNetwork serves the CNI plugin.
+// br0; hostSync carries it to the host (routes, nf_tables); attach.Handler serves the CNI plugin.
 type Agent struct {
 	cfg     Config
 	deps    Deps
@@ -135,28 +154,40 @@ type Agent struct {
 	fs      *flowSync
 	host    *hostSide
 	hostFwd *hostSync
-	pods    *podNetwork
+	pods    *attach.Handler
 	metrics *Metrics
 	events  record.EventRecorder
+	// eventBroadcaster sends events to the API server once Run starts it (nil: Deps.Events records).
+	eventBroadcaster record.EventBroadcaster
 	// conflicts tells each hostPort conflict once; policyProblems each NetworkPolicy problem.
 	conflicts      *conflictReporter
 	policyProblems *policyProblemReporter
-	// purger clears the userspace datapath's flow cache after policy changes (datapathpurge.go); nil
+	// purger clears the userspace datapath's flow cache after policy changes (hostnet/purge.go); nil
 	// but for netdev.
-	purger *datapathPurger
-	// neighbors keeps ovs-vswitchd's tunnel neighbours right (tunnelneigh.go); nil but for netdev.
-	neighbors *tunnelNeighbors
+	purger *hostnet.DatapathPurger
+	// neighbors keeps ovs-vswitchd's tunnel neighbours right (hostnet/neighbors.go); nil but for netdev.
+	neighbors *hostnet.TunnelNeighbors
 	// health answers /healthz, /readyz and CNI STATUS (health.go).
 	health *health
-	// uplink keeps br0's uplink port for encapsulation none (uplink.go); nil without OVSDB (unit tests).
-	uplink *uplinkSync
-	// healthChecks serves LoadBalancer services' health check node ports (healthcheck.go).
-	healthChecks *healthCheckServers
+	// uplink keeps br0's uplink port for encapsulation none (hostnet/uplink.go); nil without OVSDB (unit tests).
+	uplink *hostnet.Uplink
+	// netReport writes NetworkSubnet status and pods' network-status (agent/networks); routes keeps
+	// running pods' cross-talk routes in step with their Networks (networks.go).
+	netReport *networks.Reporter
+	routes    *loop.Loop
+	// nadInformers watch NetworkAttachmentDefinitions when the cluster has them; the agent does not wait
+	// for them to sync (the CNI side asks the API server meanwhile).
+	nadInformers nadinformers.SharedInformerFactory
+	// healthChecks serves LoadBalancer services' health check node ports (services/healthcheck.go).
+	healthChecks *services.HealthCheckServers
 
 	netInformers  networkinformers.SharedInformerFactory
 	kubeInformers kubeinformers.SharedInformerFactory
 	// handlersSynced report whether each handler has seen every object its informer listed at start.
 	handlersSynced []cache.InformerSynced
+
+	// Where the metrics and debug servers listen (serveObservability), "" when not served.
+	metricsAddr, debugAddr string
 
 	// Set by Run's first step.
 	sess  *ofswitch.Session
@@ -179,70 +210,89 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	log := cfg.Logger.WithName("agent").WithValues("node", cfg.NodeName)
 	a := &Agent{cfg: cfg, deps: deps, log: log, view: newNodeView(cfg.NodeName), host: &hostSide{}, metrics: deps.Metrics,
 		events: deps.Events}
-	a.conflicts = &conflictReporter{log: log.WithName("hostports")}
-	a.policyProblems = &policyProblemReporter{log: log.WithName("netpol")}
-	a.healthChecks = newHealthCheckServers(log)
-	// The flow sync's reconciler comes with the bridge in Run; everything that feeds it exists now.
-	a.fs = newFlowSync(a.view, nil, log)
-	a.fs.metrics = deps.Metrics
-	a.fs.onFailure = a.ownerFailed
-	a.hostFwd = newHostSync(log, a.applyHost)
-	if deps.DialSwitch != nil { // a real bridge: its conntrack can be read
-		a.hostFwd.heldStale = a.staleHeld
+	if a.events == nil {
+		// Recorded to the API server once Run starts the broadcaster.
+		a.eventBroadcaster = record.NewBroadcaster()
+		a.events = a.eventBroadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "ofsdn-agent", Host: cfg.NodeName})
 	}
-	a.fs.host = a.hostFwd
-	a.fs.onIndexChanged = a.saveOwnerIndex
-	a.health = newHealth()
-	a.health.viewReady, a.health.flowLoop, a.fs.health = a.view.ready, a.fs.ping, a.health
+	a.conflicts = &conflictReporter{log: log.WithName("hostports"), recorder: a.events}
+	a.policyProblems = &policyProblemReporter{log: log.WithName("netpol"), recorder: a.events}
+	a.healthChecks = services.NewHealthCheckServers(log)
+	var heldStale func(context.Context, pipeline.NodeState) ([]openflow.ConntrackFlush, error)
+	if deps.DialSwitch != nil { // a real bridge: its conntrack can be read
+		heldStale = a.staleHeld
+	}
+	a.hostFwd = newHostSync(log, a.applyHost, heldStale)
+	// The flow sync's reconciler comes with the bridge (openBridge); everything that feeds it exists now.
+	a.fs = newFlowSync(a.view, nil, flowSyncHooks{metrics: deps.Metrics, host: a.hostFwd, onFailure: a.ownerFailed,
+		onIndexChanged: a.saveOwnerIndex}, log)
+	a.health = newHealth(a.view.Ready, a.fs.loop)
 	if err := deps.Metrics.Registry.Register(newStateCollector(a.counts)); err != nil {
 		return nil, fmt.Errorf("agent: metrics: %w", err)
 	}
-	a.pods = &podNetwork{view: a.view, sync: a.fs, db: deps.DB, bridge: cfg.Bridge, hostNetNS: cfg.HostNetNS,
-		netdev: cfg.DatapathType == "netdev", stateDir: filepath.Join(cfg.StateDir, "ipam"), log: log.WithName("cni"),
-		pendingDeletes: cni.PendingDeletesDirFor(cfg.CNISocket), absentGrace: cfg.AbsentPodGrace, bridgeUp: func() bool { return a.sess != nil && a.sess.Connected() }}
-
 	a.netInformers = networkinformers.NewSharedInformerFactory(deps.Net, 0)
-	// Every pod of the cluster (NetworkPolicy peers), trimmed to what the agent reads (trimForAgent).
-	a.kubeInformers = kubeinformers.NewSharedInformerFactoryWithOptions(deps.Kube, 0, kubeinformers.WithTransform(trimForAgent))
-	// Restore asks it whether a restored attachment's pod still exists.
-	a.pods.apiPods = apiPods{cache: a.kubeInformers.Core().V1().Pods().Informer().GetStore(), client: deps.Kube.CoreV1(), nodeName: cfg.NodeName}
-	w := &watchNetwork{view: a.view, sync: a.fs, log: log}
+	// Every pod of the cluster (NetworkPolicy peers), trimmed to what the agent reads (k8sobj.Trim).
+	a.kubeInformers = kubeinformers.NewSharedInformerFactoryWithOptions(deps.Kube, 0, kubeinformers.WithTransform(k8sobj.Trim))
+	a.netReport = networks.NewReporter(cfg.NodeName, deps.Net, deps.Kube, a.view, log)
+	requests := &networkRequests{view: a.view, pods: a.kubeInformers.Core().V1().Pods().Informer().GetStore(), kube: deps.Kube, nad: deps.NAD,
+		log: log.WithName("networks")}
+	if deps.NAD != nil {
+		a.nadInformers = nadinformers.NewSharedInformerFactory(deps.NAD, 0)
+		nads := a.nadInformers.K8sCniCncfIo().V1().NetworkAttachmentDefinitions()
+		requests.nads, requests.nadReady = nads.Lister(), nads.Informer().HasSynced
+	}
+	a.pods = attach.New(attach.Config{Bridge: cfg.Bridge, HostNetNS: cfg.HostNetNS, Netdev: cfg.DatapathType == "netdev",
+		StateDir: filepath.Join(cfg.StateDir, "ipam"), NetworksDir: filepath.Join(cfg.StateDir, "networks"),
+		PendingDeletes: cni.PendingDeletesDirFor(cfg.CNISocket), AbsentGrace: cfg.AbsentPodGrace, Logger: log.WithName("cni")},
+		attach.Deps{Node: a.view, Flows: a.fs, DB: deps.DB, Readiness: a.health.Ready,
+			BridgeUp: func() bool { return a.sess != nil && a.sess.Connected() },
+			// Restore asks the pod informer (then the API server) whether a restored attachment's pod exists.
+			Pods:     attach.APIPods{Cache: a.kubeInformers.Core().V1().Pods().Informer().GetStore(), Client: deps.Kube.CoreV1(), NodeName: cfg.NodeName},
+			Networks: requests, Warn: a.podEvent, Changed: a.netReport.Kick})
+	a.routes = loop.New(loop.Config{Name: "network-routes", Period: time.Minute, Log: log.WithName("networks"),
+		Quiet: func(err error) bool { return errors.Is(err, errNotReady) }}, a.syncRoutes)
+	var newPeer func(netip.Addr)
 	if cfg.DatapathType == "netdev" {
-		a.neighbors = newTunnelNeighbors(cfg.HostNetNS, cfg.OVSRunDir, a.view.peers, log)
-		w.newPeer = func(netip.Addr) { a.neighbors.kick() }
+		a.neighbors = hostnet.NewTunnelNeighbors(hostnet.Node{NetNS: cfg.HostNetNS}, unixctl.New(cfg.OVSRunDir, "ovs-vswitchd"), a.view.peers, log)
+		newPeer = func(netip.Addr) { a.neighbors.Kick() }
 		if deps.DialSwitch != nil { // a real ovs-vswitchd to purge
-			a.purger = newDatapathPurger(cfg.OVSRunDir)
+			a.purger = hostnet.NewDatapathPurger(cfg.OVSRunDir)
 		}
 	}
 	if deps.DB != nil {
-		a.uplink = newUplinkSync(a.view, a.fs.trigger, uplinkNode{cfg.HostNetNS}, deps.DB, cfg.Bridge, cfg.DatapathType, cfg.UplinkLinger, log)
-		a.uplink.warn = a.nodeEvent
-		w.uplink = a.uplink
+		a.uplink = hostnet.NewUplink(hostnet.UplinkConfig{Bridge: cfg.Bridge, Datapath: cfg.DatapathType, Linger: cfg.UplinkLinger, Logger: log},
+			hostnet.UplinkDeps{View: a.view, Host: hostnet.Node{NetNS: cfg.HostNetNS}, OVS: deps.DB, Changed: a.fs.trigger, Warn: a.nodeEvent})
 	}
+	w := &watchNetwork{view: a.view, sync: a.fs, log: log, newPeer: newPeer, uplink: a.uplink}
+	wn := &watchNetworks{view: a.view, sync: a.fs, log: log.WithName("networks"), changed: func() { a.routes.Kick(); a.netReport.Kick() }}
 	ws := &watchServices{view: a.view, sync: a.fs, log: log.WithName("services")}
-	wp := &watchPolicies{view: a.view, sync: a.fs}
+	policyPods, policyNamespaces, policies := (&watchPolicies{view: a.view, sync: a.fs}).handlers()
 	net := a.netInformers.Network().V1()
 	pods := a.kubeInformers.Core().V1().Pods().Informer()
 	for _, h := range []struct {
 		informer cache.SharedIndexInformer
-		handle   func(obj any, deleted bool)
+		handlers cache.ResourceEventHandlerFuncs
 	}{
-		{net.ClusterNetworks().Informer(), w.clusterNetwork},
-		{net.HostSubnets().Informer(), w.hostSubnet},
-		{net.NetNamespaces().Informer(), w.netNamespace},
+		{net.ClusterNetworks().Informer(), handlers(w.clusterNetwork)},
+		{net.HostSubnets().Informer(), handlers(w.hostSubnet)},
+		{net.NetNamespaces().Informer(), handlers(w.netNamespace)},
+		// Networks: their objects, node subnets, and the namespaces' labels their selectors read.
+		{net.Networks().Informer(), handlers(wn.network)},
+		{net.NetworkSubnets().Informer(), handlers(wn.networkSubnet)},
+		{a.kubeInformers.Core().V1().Namespaces().Informer(), handlers(wn.namespace)},
 		// Services and their endpoints: br0 load-balances them, no kube-proxy needed.
-		{a.kubeInformers.Core().V1().Services().Informer(), ws.service},
-		{a.kubeInformers.Discovery().V1().EndpointSlices().Informer(), ws.endpointSlice},
+		{a.kubeInformers.Core().V1().Services().Informer(), handlers(ws.service)},
+		{a.kubeInformers.Discovery().V1().EndpointSlices().Informer(), handlers(ws.endpointSlice)},
 		// The pods bound to this node: their hostPorts.
-		{pods, (&watchHostPorts{view: a.view, sync: a.fs}).pod},
+		{pods, handlers((&watchHostPorts{view: a.view, sync: a.fs}).pod)},
 		// NetworkPolicies and what their selectors select (every mode; enforced in networkpolicy mode).
-		{pods, wp.pod},
+		{pods, policyPods},
 		// Other nodes' pods: the source VNID of what arrives unencapsulated (encapsulation none).
-		{pods, (&watchRemotePods{view: a.view, sync: a.fs}).pod},
-		{a.kubeInformers.Core().V1().Namespaces().Informer(), wp.namespace},
-		{a.kubeInformers.Networking().V1().NetworkPolicies().Informer(), wp.networkPolicy},
+		{pods, handlers((&watchRemotePods{view: a.view, sync: a.fs}).pod)},
+		{a.kubeInformers.Core().V1().Namespaces().Informer(), policyNamespaces},
+		{a.kubeInformers.Networking().V1().NetworkPolicies().Informer(), policies},
 	} {
-		reg, err := h.informer.AddEventHandler(handlers(h.handle))
+		reg, err := h.informer.AddEventHandler(h.handlers)
 		if err != nil {
 			return nil, fmt.Errorf("agent: %w", err)
 		}
@@ -263,11 +313,19 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := checkPrerequisites(ctx, cfg, cfg.Logger.WithName("agent").WithValues("node", cfg.NodeName)); err != nil {
 		return err
 	}
-	kube, err := kubernetes.NewForConfig(cfg.RestConfig)
+	rc := rest.CopyConfig(cfg.RestConfig)
+	if rc.QPS == 0 {
+		// client-go's default (5/s, bursts of 10) would queue a node's pod-start burst behind its own
+		// writes: a pod the informer has not seen yet is read from the API server by its ADD (its
+		// networks), and each attached pod gets its network-status. Reads of this rate are the
+		// kubelet's order, per node.
+		rc.QPS, rc.Burst = 50, 100
+	}
+	kube, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}
-	net, err := networkclient.NewForConfig(cfg.RestConfig)
+	net, err := networkclient.NewForConfig(rc)
 	if err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}
@@ -276,7 +334,17 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("agent: %w", err)
 	}
 	defer db.Close()
-	a, err := New(cfg, Deps{Kube: kube, Net: net, DB: db, DialSwitch: func(ctx context.Context) (*ofswitch.Session, error) {
+	nad, err := nadclient.NewForConfig(rc)
+	if err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	rr := rest.CopyConfig(cfg.RestConfig)
+	rr.QPS, rr.Burst = reviewQPS, reviewBurst
+	reviews, err := kubernetes.NewForConfig(rr)
+	if err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	a, err := New(cfg, Deps{Kube: kube, Net: net, NAD: nad, DB: db, Reviews: reviews, DialSwitch: func(ctx context.Context) (*ofswitch.Session, error) {
 		return ofswitch.Dial(ctx, ofswitch.Config{Socket: filepath.Join(cfg.OVSRunDir, cfg.Bridge+".mgmt"), Bridge: cfg.Bridge, Logger: cfg.Logger})
 	}})
 	if err != nil {
@@ -291,15 +359,11 @@ func (a *Agent) Run(ctx context.Context) error {
 	if a.deps.DB == nil || a.deps.DialSwitch == nil {
 		return errors.New("agent: Run needs the node's OVSDB and a way to dial its bridge")
 	}
-	if a.events == nil {
-		broadcaster := record.NewBroadcaster(record.WithContext(ctx))
-		broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: a.deps.Kube.CoreV1().Events("")})
-		defer broadcaster.Shutdown()
-		a.events = broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "ofsdn-agent", Host: a.cfg.NodeName})
+	if a.eventBroadcaster != nil {
+		a.eventBroadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: a.deps.Kube.CoreV1().Events("")})
+		defer a.eventBroadcaster.Shutdown()
 	}
-	a.conflicts.recorder = a.events
-	a.policyProblems.recorder = a.events
-	defer a.healthChecks.close()
+	defer a.healthChecks.Close()
 	steps := []struct {
 		name string
 		run  func(context.Context) error
@@ -309,7 +373,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		{"sync informers", a.syncInformers},
 		{"wait for the node's subnet", a.waitForNode},
 		{"set up the node", a.setUpNode},
-		{"restore pods", a.pods.restore},
+		{"restore pods", a.pods.Restore},
 		{"install this round", a.installRound},
 		{"serve CNI", a.serveCNI},
 	}
@@ -346,7 +410,7 @@ func (a *Agent) openBridge(ctx context.Context) error {
 	context.AfterFunc(ctx, func() { _ = a.sess.Close() })
 	a.recon = reconcile.New(meteredSwitch{ofswitch.FlowsSwitch(a.sess), a.metrics}, reconcile.Config{Round: round,
 		PipelineVersion: pipeline.PipelineVersion, VersionOf: pipeline.VersionOf})
-	a.fs.r = a.recon
+	a.fs.useBridge(a.recon)
 	a.health.setSession(a.sess, a.recon, a.deps.DB)
 	rep, err := a.recon.LoadInstalled(ctx)
 	if err != nil {
@@ -363,8 +427,8 @@ func (a *Agent) openBridge(ctx context.Context) error {
 		if err := a.host.ensure(ctx); err != nil {
 			return err
 		}
-		a.neighbors.kick() // a restarted ovs-vswitchd starts with an empty tunnel neighbour cache
-		a.uplink.kick()    // tun0 came back with a MAC of its own
+		a.neighbors.Kick() // a restarted ovs-vswitchd starts with an empty tunnel neighbour cache
+		a.uplink.Kick()    // tun0 came back with a MAC of its own
 		if err := a.fs.resync(ctx, resyncReconnect); err != nil {
 			return err
 		}
@@ -380,6 +444,9 @@ func (a *Agent) openBridge(ctx context.Context) error {
 func (a *Agent) syncInformers(ctx context.Context) error {
 	a.netInformers.Start(ctx.Done())
 	a.kubeInformers.Start(ctx.Done())
+	if a.nadInformers != nil {
+		a.nadInformers.Start(ctx.Done()) // not waited for: see networkRequests
+	}
 	for _, wait := range []func(<-chan struct{}) map[reflect.Type]bool{a.netInformers.WaitForCacheSync, a.kubeInformers.WaitForCacheSync} {
 		for typ, ok := range wait(ctx.Done()) {
 			if !ok {
@@ -395,8 +462,8 @@ func (a *Agent) syncInformers(ctx context.Context) error {
 
 // waitForNode waits until this node has a subnet and the cluster network is known.
 func (a *Agent) waitForNode(ctx context.Context) error {
-	for a.view.ready() != nil {
-		a.log.Info("waiting for the node's HostSubnet and the ClusterNetwork", "reason", a.view.ready())
+	for a.view.Ready() != nil {
+		a.log.Info("waiting for the node's HostSubnet and the ClusterNetwork", "reason", a.view.Ready())
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -417,13 +484,13 @@ func (a *Agent) setUpNode(ctx context.Context) error {
 		vxlanPort = int(networkv1.DefaultVXLANPort)
 	}
 	db := a.deps.DB
-	if _, err := db.EnsureVXLANPort(ctx, a.cfg.Bridge, "vxlan0", vxlanPort, int(pipeline.PortVXLAN)); err != nil {
+	if _, err := db.EnsureVXLANPort(ctx, a.cfg.Bridge, pipeline.PortNameVXLAN, vxlanPort, int(pipeline.PortVXLAN)); err != nil {
 		return err
 	}
-	a.view.mu.Lock()
-	nc := nodenet.Config{HostNetNS: a.cfg.HostNetNS, Tun0: "tun0", LocalSubnet: a.view.localSubnet, Logger: a.cfg.Logger.WithName("nodenet"),
-		ClusterNetworks: append([]netip.Prefix(nil), a.view.clusterNets...), NodeIP: a.view.nodeIP}
-	a.view.mu.Unlock()
+	a.view.update(func(v *nodeView) { v.vxlan0Port = uint16(vxlanPort) })
+	nodeIP, subnet, clusterNets := a.view.addressing()
+	nc := nodenet.Config{HostNetNS: a.cfg.HostNetNS, Tun0: pipeline.PortNameTun0, LocalSubnet: subnet, Logger: a.cfg.Logger.WithName("nodenet"),
+		ClusterNetworks: clusterNets, NodeIP: nodeIP}
 	if sn, err := netip.ParsePrefix(string(cn.Spec.ServiceNetwork)); err == nil {
 		nc.ServiceNetwork = sn
 	}
@@ -436,26 +503,26 @@ func (a *Agent) setUpNode(ctx context.Context) error {
 		mtu = uplink - 50 // VXLAN overhead
 	}
 	nc.MTU = mtu
-	a.pods.mtu = mtu
+	a.view.update(func(v *nodeView) { v.mtu = mtu })
 	// br0 serves services behind tun0 at link-local addresses of its own (flows/pipeline/services.go).
 	nc.BridgeAddresses = []netip.Addr{pipeline.ServiceHairpinIP, pipeline.ServiceNodePortIP}
 	nc.ServiceNextHop = pipeline.ServiceHairpinIP
 	nc.Forwards = nodenet.Forwards{NodePortTarget: pipeline.ServiceNodePortIP, RejectPorts: [2]uint16{pipeline.RejectPortMin, pipeline.RejectPortMax}}
 	nc.MasqueradePorts = [2]uint16{pipeline.MasqueradePortMin, pipeline.MasqueradePortMax}
-	if _, err := db.EnsureInternalPort(ctx, a.cfg.Bridge, "tun0", int(pipeline.PortTun0), mtu); err != nil {
+	if _, err := db.EnsureInternalPort(ctx, a.cfg.Bridge, pipeline.PortNameTun0, int(pipeline.PortTun0), mtu); err != nil {
 		return err
 	}
 	if err := nodenet.Ensure(ctx, nc); err != nil {
 		return err
 	}
 	a.host.set(nc)
-	go a.neighbors.run(ctx) // once vxlan0 exists: OVS snoops ARP only when it tunnels
+	go a.neighbors.Run(ctx) // once vxlan0 exists: OVS snoops ARP only when it tunnels
 	if a.uplink != nil {
 		// Before the first sync, so a restart in encapsulation none renders the flows it had.
-		if err := a.uplink.ensure(ctx); err != nil {
+		if err := a.uplink.Ensure(ctx); err != nil {
 			a.log.Error(err, "uplink port (retried)")
 		}
-		go a.uplink.run(ctx)
+		go a.uplink.Run(ctx)
 	}
 	return nil
 }
@@ -492,13 +559,16 @@ func (a *Agent) serveCNI(ctx context.Context) error {
 	// Listening: connections queue until Serve takes them. Ready before the conflist tells the runtime.
 	a.health.setCNIListening(true)
 	defer a.health.setCNIListening(false)
-	if err := installCNI(a.cfg, a.pods.mtu); err != nil {
+	_, _, mtu := a.view.Subnet()
+	if err := installCNI(a.cfg, mtu); err != nil {
 		return err
 	}
 	go a.fs.run(ctx)
 	go a.hostFwd.run(ctx)
-	go a.pods.runJanitor(ctx) // DELs the plugin left while no agent listened, from now on too
-	go a.fs.resyncEvery(ctx, a.cfg.ResyncPeriod)
+	go a.pods.RunJanitor(ctx) // DELs the plugin left while no agent listened, from now on too
+	go a.fs.driftChecks(a.cfg.ResyncPeriod).Run(ctx)
+	go a.netReport.Run(ctx)
+	go a.routes.Run(ctx)
 	go a.health.watch(ctx)
 	a.health.setStep("")
 	a.log.Info("agent running", "bridge", a.cfg.Bridge, "cniSocket", a.cfg.CNISocket)
@@ -507,8 +577,8 @@ func (a *Agent) serveCNI(ctx context.Context) error {
 
 // applyHost carries a synced state to the host: conntrack flushes, forwards, hostPort conflicts; and
 // reports the NetworkPolicy problems the sync found.
-func (a *Agent) applyHost(ctx context.Context, st pipeline.NodeState, stale []openflow.ConntrackFlush) error {
-	a.policyProblems.report(a.view.problemsOfPolicies())
+func (a *Agent) applyHost(ctx context.Context, st pipeline.NodeState, problems map[string][]policy.Problem, stale []openflow.ConntrackFlush) error {
+	a.policyProblems.report(problems)
 	// UDP and SCTP entries towards endpoints a service no longer uses would keep their clients on
 	// them: flush them in br0's service zone.
 	if len(stale) > 0 && a.sess != nil {
@@ -523,7 +593,7 @@ func (a *Agent) applyHost(ctx context.Context, st pipeline.NodeState, stale []op
 		}
 	}
 	if a.purger != nil {
-		if purged, err := a.purger.synced(ctx, st); err != nil {
+		if purged, err := a.purger.Synced(ctx, st); err != nil {
 			a.log.Error(err, "policy verdicts may lag in the datapath cache")
 		} else if purged {
 			a.log.V(2).Info("purged the datapath flow cache after a policy change")
@@ -535,7 +605,7 @@ func (a *Agent) applyHost(ctx context.Context, st pipeline.NodeState, stale []op
 		return fmt.Errorf("NodePort and hostPort forwarding: %w", err)
 	}
 	// A port another process holds is told, and tried again at the next sync; it fails no flow sync.
-	if err := a.healthChecks.sync(a.view.healthChecks()); err != nil {
+	if err := a.healthChecks.Sync(a.view.healthChecks()); err != nil {
 		a.log.Error(err, "health check node ports")
 	}
 	return nil
@@ -580,24 +650,11 @@ func (a *Agent) ownerFailed(o reconcile.Owner, fail *ownerFailure) {
 
 // ownerObject is the API object an owner's flows render, when there is one.
 func ownerObject(o reconcile.Owner) *corev1.ObjectReference {
-	ns, rest, namespaced := strings.Cut(o.Name, "/")
-	switch o.Category {
-	case reconcile.CategoryPod:
-		if namespaced {
-			return &corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: ns, Name: rest}
-		}
-	case reconcile.CategoryService:
-		if name, _, ok := strings.Cut(rest, ":"); namespaced && ok {
-			return &corev1.ObjectReference{Kind: "Service", APIVersion: "v1", Namespace: ns, Name: name}
-		}
-	case reconcile.CategoryNetPol:
-		if namespaced {
-			return &corev1.ObjectReference{Kind: "NetworkPolicy", APIVersion: "networking.k8s.io/v1", Namespace: ns, Name: rest}
-		}
-	case reconcile.CategoryNode:
-		return &corev1.ObjectReference{Kind: "Node", APIVersion: "v1", Name: o.Name}
+	obj, ok := pipeline.ObjectOf(o)
+	if !ok {
+		return nil
 	}
-	return nil
+	return &corev1.ObjectReference{Kind: string(obj.Kind), APIVersion: obj.Kind.APIVersion(), Namespace: obj.Namespace, Name: obj.Name}
 }
 
 // installCNI writes the conflist and copies the plugin binary into the CNI directories, atomically.
@@ -622,4 +679,12 @@ func installCNI(cfg Config, mtu int) error {
 		}
 	}
 	return nil
+}
+
+// nodeEvent records a Warning Event on this node's Node object.
+func (a *Agent) nodeEvent(reason, message string) {
+	if a.events == nil {
+		return
+	}
+	a.events.Eventf(&corev1.ObjectReference{Kind: "Node", APIVersion: "v1", Name: a.cfg.NodeName}, corev1.EventTypeWarning, reason, "%s", message)
 }

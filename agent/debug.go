@@ -2,8 +2,10 @@ package agent
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
@@ -12,6 +14,9 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/ofsdn/ofsdn/agent/attach"
+	"github.com/ofsdn/ofsdn/agent/k8sobj"
+	"github.com/ofsdn/ofsdn/agent/nodeauth"
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
 	"github.com/ofsdn/ofsdn/debugapi"
 	"github.com/ofsdn/ofsdn/flows/openflow"
@@ -25,7 +30,18 @@ import (
 
 // The agent's observability: the metrics and health server, and the read-only debug API flowctl asks
 // (debugapi/), served on a root-only unix socket and, for flowctl through the API server's node proxy,
-// on a TCP port of the node.
+// on a TCP port of the node. Both TCP servers speak TLS and go through one nodeauth.Guard: whatever
+// they serve, now or later (a drop stream), answers only callers the API server authenticates and
+// authorizes; only the probes' paths are open (agent/nodeauth says what each path needs, and why a
+// token in a header of its own rather than the API server's identity). The unix socket's file mode
+// (root only) is its authorization.
+
+// Rate of the node API's reviews (Deps.Reviews): a client of their own, so a flood of bad tokens slows
+// only other callers of the node API, never the agent's own requests.
+const (
+	reviewQPS   = 20
+	reviewBurst = 40
+)
 
 // DefaultDebugSocket is where the agent serves its debug API on the node: beside the bridge's OpenFlow
 // management socket and owner index, so flowctl --rundir finds all three.
@@ -39,13 +55,28 @@ func (a *Agent) serveObservability(ctx context.Context) error {
 	logErr := func(what string) func(error) {
 		return func(err error) { a.log.Error(err, "serving "+what) }
 	}
+	var tlsConfig *tls.Config
+	var guard *nodeauth.Guard
+	if a.cfg.MetricsAddress != "" || a.cfg.DebugAddress != "" {
+		cert, err := a.servingCert()
+		if err != nil {
+			return err
+		}
+		tlsConfig = cert.TLSConfig()
+		reviews := a.deps.Reviews
+		if reviews == nil {
+			reviews = a.deps.Kube
+		}
+		guard = nodeauth.NewGuard(a.cfg.NodeName, reviews, a.log.WithName("node-api"))
+	}
 	if a.cfg.MetricsAddress != "" {
 		ln, err := net.Listen("tcp", a.cfg.MetricsAddress)
 		if err != nil {
 			return fmt.Errorf("metrics and health: %w", err)
 		}
-		serveHTTP(ctx, ln, a.metricsHandler(), logErr("metrics"))
-		a.log.Info("serving /metrics, /healthz and /readyz", "address", ln.Addr().String())
+		a.metricsAddr = ln.Addr().String()
+		serveHTTP(ctx, ln, tlsConfig, guard.Wrap(a.metricsHandler()), logErr("metrics"))
+		a.log.Info("serving /metrics, /healthz and /readyz over TLS", "address", ln.Addr().String(), "profiling", a.cfg.Profiling)
 	}
 	api := debugapi.Handler(debugBackend{a}, a.log.WithName("debug-api"))
 	if a.cfg.DebugSocket != "" && a.cfg.DebugSocket != "-" {
@@ -53,7 +84,7 @@ func (a *Agent) serveObservability(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("debug API: %w", err)
 		}
-		serveHTTP(ctx, ln, api, logErr("the debug API"))
+		serveHTTP(ctx, ln, nil, api, logErr("the debug API"))
 		context.AfterFunc(ctx, func() { _ = os.Remove(a.cfg.DebugSocket) })
 	}
 	if a.cfg.DebugAddress != "" {
@@ -61,10 +92,32 @@ func (a *Agent) serveObservability(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("debug API: %w", err)
 		}
-		serveHTTP(ctx, ln, api, logErr("the debug API"))
-		a.log.Info("serving the read-only debug API", "address", ln.Addr().String(), "socket", a.cfg.DebugSocket)
+		a.debugAddr = ln.Addr().String()
+		serveHTTP(ctx, ln, tlsConfig, guard.Wrap(api), logErr("the debug API"))
+		a.log.Info("serving the read-only debug API over TLS", "address", ln.Addr().String(), "socket", a.cfg.DebugSocket)
 	}
 	return nil
+}
+
+// servingCert is the operator's certificate, else the agent's own for the node's name and the
+// addresses it serves on.
+func (a *Agent) servingCert() (*nodeauth.ServingCert, error) {
+	if a.cfg.TLSCertFile != "" || a.cfg.TLSKeyFile != "" {
+		return nodeauth.CertFiles(a.cfg.TLSCertFile, a.cfg.TLSKeyFile)
+	}
+	var ips []net.IP
+	for _, addr := range []string{a.cfg.DebugAddress, a.cfg.MetricsAddress} {
+		if host, _, err := net.SplitHostPort(addr); err == nil {
+			if ip := net.ParseIP(host); ip != nil && !ip.IsUnspecified() && !slices.ContainsFunc(ips, ip.Equal) {
+				ips = append(ips, ip)
+			}
+		}
+	}
+	cert, err := nodeauth.SelfSignedCert(filepath.Join(a.cfg.StateDir, "pki"), a.cfg.NodeName, ips)
+	if err != nil {
+		return nil, fmt.Errorf("node API: %w", err)
+	}
+	return cert, nil
 }
 
 // listenUnix listens on a socket only root may open, replacing a stale one.
@@ -104,14 +157,6 @@ func (h *health) parts() (*ofswitch.Session, *reconcile.Reconciler, *ovsdb.Clien
 	return h.sess, h.recon, h.db
 }
 
-// readiness is the CNI STATUS answer: the agent's readiness where there is an agent, else the view's.
-func (p *podNetwork) readiness() error {
-	if p.sync != nil && p.sync.health != nil {
-		return p.sync.health.Ready()
-	}
-	return p.view.ready()
-}
-
 // counts reads the state gauges.
 func (a *Agent) counts() nodeCounts {
 	n := nodeCounts{Flows: map[reconcile.Category]int{}, Groups: map[reconcile.Category]int{}}
@@ -127,14 +172,7 @@ func (a *Agent) counts() nodeCounts {
 	if db != nil {
 		n.OVSDBUp = db.Connected()
 	}
-	a.view.mu.Lock()
-	n.Pods, n.Services = len(a.view.pods), len(a.view.services)
-	for name := range a.view.remote {
-		if name != a.view.nodeName {
-			n.RemoteNodes++
-		}
-	}
-	a.view.mu.Unlock()
+	n.Pods, n.Services, n.RemoteNodes = a.view.sizes()
 	n.Ready = a.health.Ready() == nil
 	return n
 }
@@ -172,24 +210,22 @@ func (d debugBackend) running() (*ofswitch.Session, *reconcile.Reconciler, error
 
 func (d debugBackend) Node(ctx context.Context) (*debugapi.NodeInfo, error) {
 	a := d.a
-	if err := a.view.ready(); err != nil {
+	if err := a.view.Ready(); err != nil {
 		return nil, fmt.Errorf("%w: %v", debugapi.ErrUnavailable, err)
 	}
-	st, _, _ := a.view.snapshot()
+	st := a.view.snapshot().state
+	if last, ok := a.fs.lastSynced(); ok {
+		st = last.state // what br0 holds, policies resolved
+	}
 	info := &debugapi.NodeInfo{Name: st.NodeName, Bridge: a.cfg.Bridge, NodeIP: st.NodeIP, Subnet: st.LocalSubnet,
 		Gateway: pipeline.Gateway(st.LocalSubnet), Mode: string(st.Mode), ClusterNetworks: st.ClusterNetworks,
 		Round: a.round, PipelineVersion: pipeline.PipelineVersion, NodePortAddress: pipeline.ServiceNodePortIP,
-		VNIDs: map[string]uint32{}}
+		VNIDs: a.view.namespaceVNIDs()}
 	if cn, err := a.netInformers.Network().V1().ClusterNetworks().Lister().Get(networkv1.ClusterNetworkName); err == nil {
 		if sn, err := netip.ParsePrefix(string(cn.Spec.ServiceNetwork)); err == nil {
 			info.ServiceNetwork = sn
 		}
 	}
-	a.view.mu.Lock()
-	for ns, v := range a.view.vnids {
-		info.VNIDs[ns] = v
-	}
-	a.view.mu.Unlock()
 	for _, p := range st.Pods {
 		info.Pods = append(info.Pods, debugapi.Pod{Namespace: p.Namespace, Name: p.Name, IP: p.IP, MAC: p.MAC.String(), OFPort: p.OFPort, VNID: p.VNID})
 	}
@@ -223,17 +259,86 @@ func (d debugBackend) Node(ctx context.Context) (*debugapi.NodeInfo, error) {
 			return nil, fmt.Errorf("ports of %s: %w", a.cfg.Bridge, err)
 		}
 		for _, p := range ports {
-			port := debugapi.Port{Name: p.Name, Type: p.Type, OFPort: p.OFPort, MAC: p.MAC, Error: p.Error}
-			if ns, name := p.ExternalIDs[extPodNamespace], p.ExternalIDs[extPodName]; ns != "" && name != "" {
-				port.Pod = podKey(ns, name)
-			}
-			if ip, err := netip.ParseAddr(p.ExternalIDs[extIP]); err == nil {
-				port.IP = ip
-			}
-			info.Ports = append(info.Ports, port)
+			info.Ports = append(info.Ports, portInfo(p))
 		}
 	}
+	info.Networks, info.Attachments = networksInfo(st, a.view.netAttachmentStatuses())
 	return info, nil
+}
+
+// portInfo is a port of the bridge as OVSDB records it. A pod's interface on a Network is named
+// namespace/name@net1, never namespace/name: that is the pod's cluster-network interface, the one
+// flowctl sends a pod's packets from.
+func portInfo(p ovsdb.PortInfo) debugapi.Port {
+	port := debugapi.Port{Name: p.Name, Type: p.Type, OFPort: p.OFPort, MAC: p.MAC, Error: p.Error}
+	ids := p.ExternalIDs
+	if ns, name := ids[attach.ExtPodNamespace], ids[attach.ExtPodName]; ns != "" && name != "" {
+		port.Pod, port.Interface = k8sobj.PodKey(ns, name), ids[attach.ExtIfName]
+		if network := ids[attach.ExtNetwork]; network != "" {
+			port.Network, port.Pod = network, ""
+			if port.Interface != "" {
+				port.Pod = attach.NetAttachmentKey(ns, name, port.Interface)
+			}
+		}
+	}
+	if ip, err := netip.ParseAddr(ids[attach.ExtIP]); err == nil {
+		port.IP = ip
+	}
+	return port
+}
+
+// networksInfo is what the debug API says of Networks: st's (the last synced state: what br0 holds),
+// and every pod interface on them, of st and of the view. An attachment carries traffic when its
+// flows are in st (as pipeline.Render keeps them); any other says why not, so an interface that is
+// attached but not admitted shows as such.
+func networksInfo(st pipeline.NodeState, view []netAttachmentStatus) ([]debugapi.Network, []debugapi.Attachment) {
+	var nets []debugapi.Network
+	rendered := map[string]uint32{} // network → VNI, for those Render gives flows
+	for i := range st.Networks {
+		n := &st.Networks[i]
+		if pipeline.IsNetworkVNI(n.VNI) && n.CIDR.IsValid() {
+			rendered[n.Name] = n.VNI
+		}
+		d := debugapi.Network{Name: n.Name, VNI: n.VNI, CIDR: n.CIDR, Subnet: n.LocalSubnet}
+		if n.LocalSubnet.IsValid() {
+			d.Gateway = pipeline.Gateway(n.LocalSubnet)
+		}
+		for _, r := range n.Remotes {
+			d.Remotes = append(d.Remotes, debugapi.NetworkRemote{Node: r.Node, NodeIP: r.NodeIP, Subnet: r.Subnet})
+		}
+		for _, p := range st.NetworkPeers(n) {
+			d.CrossTalk = append(d.CrossTalk, p.Name)
+		}
+		nets = append(nets, d)
+	}
+	atts := map[string]debugapi.Attachment{}
+	for _, a := range st.Attachments {
+		if vni, ok := rendered[a.Network]; ok && vni == a.VNI && a.OFPort != 0 && a.IP.IsValid() {
+			key := attach.NetAttachmentKey(a.Namespace, a.Name, a.Interface)
+			atts[key] = debugapi.Attachment{Namespace: a.Namespace, Name: a.Name, Interface: a.Interface, Network: a.Network,
+				IP: a.IP, MAC: a.MAC.String(), OFPort: a.OFPort, VNI: a.VNI, Carrying: true}
+		}
+	}
+	for _, s := range view {
+		a := s.NetAttachment
+		d, carrying := atts[a.Key()]
+		if !carrying || d.Network != a.Network || d.OFPort != a.OFPort {
+			d = debugapi.Attachment{Namespace: a.Namespace, Name: a.Name, Interface: a.IfName, Network: a.Network,
+				IP: a.IP, MAC: a.MAC.String(), OFPort: a.OFPort, Reason: s.whyNot}
+			switch {
+			case d.Reason != "":
+			case a.OFPort == 0:
+				d.Reason = "its port on the bridge has no OpenFlow number yet"
+			default:
+				d.Reason = "its flows are not on br0 yet (the flow loop has not synced it)"
+			}
+		}
+		d.Prefix = a.Prefix
+		atts[a.Key()] = d
+	}
+	out := slices.Collect(maps.Values(atts))
+	sort.Slice(out, func(i, j int) bool { return out[i].Key() < out[j].Key() })
+	return nets, out
 }
 
 func (d debugBackend) Desired(context.Context) (*debugapi.Desired, error) {

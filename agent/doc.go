@@ -12,30 +12,42 @@
 //   - view.go: nodeView, the one picture of the node every flow is rendered from; its generation counter
 //     lets a CNI ADD wait for exactly its own change.
 //   - informers.go: ClusterNetwork, HostSubnets and NetNamespaces into the view.
-//   - services.go: Services and EndpointSlices into pipeline.ServiceState (with a conversion cache, so
-//     one endpoint change converts one service).
-//   - netpol.go: NetworkPolicy resolution — policies, every pod of the cluster and namespaces into
-//     pipeline.PolicyState for the policies that select a local pod, and the pods' isolation
-//     (networkpolicy mode); incremental, so one pod's change resolves only the policies it can affect.
-//     netpol_watch.go: their informers (pods cluster-wide, kept as compact agentPods by the informers'
-//     transform trimForAgent) and the Warning Events of policies enforced only in part.
+//   - services.go: the Services and EndpointSlices informers into the view; services/ (its own
+//     package) turns them into pipeline.ServiceState (with a conversion cache, so one endpoint change
+//     converts one service) and serves LoadBalancer services' health check node ports, which hostSync
+//     keeps in step with each synced state.
+//   - policy/ (its own package): NetworkPolicy resolution — policies, every pod of the cluster and
+//     namespaces into pipeline.PolicyState for the policies that select a local pod, and the pods'
+//     isolation; incremental, so one pod's change resolves only the policies it can affect. The flow
+//     loop owns its index and resolves there, outside the view's lock (networkpolicy mode).
+//     netpol_watch.go: their informers (pods cluster-wide, kept as compact k8sobj.Pods by the informers'
+//     transform k8sobj.Trim) filing changes in the view, and the Warning Events of policies enforced
+//     only in part.
 //   - hostside.go: the node's own side through nodenet — routes, tun0, nf_tables SNAT, NodePort and
 //     hostPort forwards (of this node's pods, from the cluster-wide pod informer), HostPortConflict Events — and hostSync, the loop that carries synced states there
 //     (and flushes stale UDP conntrack, at start those conntrack holds against the first state, then
 //     reads conntrack again to verify each flush) off the flow path.
-//   - cnihandler.go: the CNI verbs (IPAM in ipam/, the veth in podnet/, the OVS port with its external_ids);
-//     a repeated ADD of an intact attachment answers with its result and changes nothing.
-//   - restore.go: after a restart, every attachment's pieces (OVS port, reservation, marked veth, pending
-//     DEL) checked against its netns, the API server and newer sandboxes: the live ones come back, the rest
-//     are released; the janitor serves the DELs the plugin left while no agent could take them.
+//   - attach/ (its own package): the CNI verbs (IPAM in ipam/, the veth in podnet/, the OVS port with
+//     its external_ids); a repeated ADD of an intact attachment answers with its result and changes
+//     nothing; after a restart every attachment's pieces (OVS port, reservation, marked veth, pending
+//     DEL) are checked against its netns, the API server and newer sandboxes: the live ones come back,
+//     the rest are released; the janitor serves the DELs the plugin left while no agent could take
+//     them. It sees the view through attach.Node (view.go) and the flow loop through attach.Flows.
+//   - networks/ (its own package) and networks.go: Networks (network.ofsdn.io) — the Networks, their
+//     node subnets and the namespaces' labels into the view's networks.Index (watchNetworks), which
+//     gives the pipeline its NetworkStates and the attachments that carry traffic (admitted); a pod's
+//     k8s.v1.cni.cncf.io/networks annotation resolved through its NetworkAttachmentDefinitions
+//     (networkRequests) for attach/, which plumbs each interface (attach/networks.go); the Reporter
+//     writing NetworkSubnet status and the pods' network-status; the routes loop keeping running pods'
+//     cross-talk routes in step (attach.Handler.SyncRoutes).
 //   - flowsync.go: render, diff per owner, one Apply; concurrent callers coalesce; failing owners keep
 //     their last good flows and are retried with back-off; resyncs (reconnect, periodic) run in its loop.
-//   - uplink.go: encapsulation none — br0's patch port into the OVS bridge holding the node's address,
-//     which peers are on its segment (the others, and every peer of a node without such a bridge, get
-//     VXLAN, with an EncapsulationFallback Event), tun0's MAC; informers.go's watchRemotePods keeps
+//   - hostnet/ (its own package): the node's host-side jobs beyond nodenet's plumbing — encapsulation
+//     none's uplink port (br0's patch port into the OVS bridge holding the node's address, which peers
+//     are on its segment, an EncapsulationFallback Event when the node cannot, tun0's MAC), ovs-
+//     vswitchd's tunnel neighbours checked against the kernel's (userspace datapath), and the datapath
+//     flow cache purged after policy changes (userspace datapath); informers.go's watchRemotePods keeps
 //     other nodes' pods' addresses for the source VNID of unencapsulated traffic (multitenant).
-//   - tunnelneigh.go: userspace datapath only — ovs-vswitchd's tunnel neighbour cache (through unixctl/)
-//     checked against the kernel's neighbour table for every peer's next hop, and corrected.
 //   - round.go: the reconciliation round stamped in cookies (kept in br0's external_ids), so a restarted
 //     agent installs its flows beside the previous round's and only then deletes those: no datapath gap.
 //   - metrics.go: the agent's Prometheus metrics (counters where things happen, gauges of the node's
@@ -45,6 +57,9 @@
 //   - debug.go: the read-only debug API flowctl asks (debugapi/): the node's view with OVSDB's ports,
 //     desired flows by owner, the drift report, the bridge's dump, ofproto/trace through unixctl; served
 //     on a root-only socket beside the bridge and on the node's address for the API server's node proxy.
+//     The node's addresses (debug API, metrics, pprof) speak TLS and go through nodeauth/ (its own
+//     package): a bearer token reviewed by the API server, a SubjectAccessReview for what the path needs,
+//     and why the token travels in a header of its own through the node proxy.
 //
 // Tests: informers_test.go and services_test.go run the agent's own informers on fake clientsets and
 // check the view (make unit); flowsync_ovs_test.go runs flowSync against a real bridge.

@@ -6,10 +6,13 @@ import (
 	"fmt"
 	"reflect"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/ofsdn/ofsdn/agent/policy"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
 	"github.com/ofsdn/ofsdn/flows/reconcile"
+	"github.com/ofsdn/ofsdn/internal/loop"
 	"k8s.io/klog/v2"
 )
 
@@ -25,17 +28,22 @@ type flowSync struct {
 	view     *nodeView
 	r        *reconcile.Reconciler
 	renderer pipeline.Renderer // remembers each service's render: one endpoint change renders one service
-	log      klog.Logger
+	// policies resolves NetworkPolicy from what the informers saw, here, outside the view's lock.
+	policies *policy.Index
+	// last is the last state synced and the policy problems found with it (the debug API reads it).
+	last atomic.Pointer[syncedState]
+	log  klog.Logger
 	// applied is what the reconciler accepted for each owner: a render equal to it needs nothing.
 	applied map[reconcile.Owner]reconcile.OwnerState
 	// failing are owners whose latest render could not be installed.
 	failing map[reconcile.Owner]*ownerFailure
 	synced  uint64 // view generation of the last successful sync
-	kick    chan struct{}
-	// resyncWanted asks the loop for a full resync from the switch (after a reconnect, periodically).
-	resyncWanted chan resyncRequest
-	// ping is answered by the loop between syncs: the liveness check (health.go) of a loop that is stuck.
-	ping chan chan struct{}
+	// loop runs syncs: on every trigger, when a failing owner is due, after a failed sync with back-off;
+	// between syncs it answers the watchdog's pings (health.go).
+	loop *loop.Loop
+	// resyncs are the full resyncs from the switch asked of the loop (after a reconnect, periodically).
+	resyncMu sync.Mutex
+	resyncs  []resyncRequest
 	// onSynced, when set, observes each sync that sent something (metrics, convergence benchmarks).
 	onSynced func(reconcile.SyncStats, time.Duration)
 	// onFailure, when set, tells the rest of the agent that an owner failed (again).
@@ -47,7 +55,6 @@ type flowSync struct {
 	onIndexChanged func(*reconcile.OwnerIndex)
 	indexGen       uint64
 	metrics        *Metrics // optional
-	health         *health  // optional: CNI STATUS answers from it (health.go)
 	clock          func() time.Time
 	// injected owners are added to every render: tests use it to make an owner the switch refuses.
 	injected map[reconcile.Owner]reconcile.OwnerState
@@ -68,19 +75,43 @@ const (
 	ownerRetryMax = 5 * time.Minute
 )
 
-func newFlowSync(view *nodeView, r *reconcile.Reconciler, log klog.Logger) *flowSync {
-	return &flowSync{view: view, r: r, log: log.WithName("flowsync"),
-		applied: map[reconcile.Owner]reconcile.OwnerState{}, failing: map[reconcile.Owner]*ownerFailure{},
-		kick: make(chan struct{}, 1), resyncWanted: make(chan resyncRequest, 1), ping: make(chan chan struct{}, 1), clock: time.Now}
+// syncedState is a state the flow loop synced, with its policies' problems.
+type syncedState struct {
+	state    pipeline.NodeState
+	problems map[string][]policy.Problem
+}
+
+// flowSyncHooks are the parts of the agent a flow sync reports to; each is optional.
+type flowSyncHooks struct {
+	metrics *Metrics
+	// host receives every synced state (port forwards, conntrack flushes) without the sync waiting.
+	host *hostSync
+	// onFailure is told that an owner failed (again).
+	onFailure func(reconcile.Owner, *ownerFailure)
+	// onIndexChanged is called after a sync that changed the set of owners (the agent saves the owner
+	// index flowctl reads).
+	onIndexChanged func(*reconcile.OwnerIndex)
+}
+
+// newFlowSync makes the flow sync of view. r is the bridge's reconciler; an agent gets it only once
+// it opened the bridge and hands it over with useBridge (nil until then: no sync runs).
+func newFlowSync(view *nodeView, r *reconcile.Reconciler, hooks flowSyncHooks, log klog.Logger) *flowSync {
+	f := &flowSync{view: view, r: r, log: log.WithName("flowsync"), policies: policy.NewIndex(view.nodeName),
+		metrics: hooks.metrics, host: hooks.host, onFailure: hooks.onFailure, onIndexChanged: hooks.onIndexChanged,
+		applied: map[reconcile.Owner]reconcile.OwnerState{}, failing: map[reconcile.Owner]*ownerFailure{}, clock: time.Now}
+	f.loop = loop.New(loop.Config{Name: "flowsync", Log: f.log, Quiet: func(err error) bool { return errors.Is(err, errNotReady) }}, f.pass)
+	return f
+}
+
+// useBridge hands over the reconciler of the bridge the agent opened (Agent.openBridge).
+func (f *flowSync) useBridge(r *reconcile.Reconciler) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.r = r
 }
 
 // trigger asks the background loop for a sync; bursts of events coalesce into one.
-func (f *flowSync) trigger() {
-	select {
-	case f.kick <- struct{}{}:
-	default:
-	}
-}
+func (f *flowSync) trigger() { f.loop.Kick() }
 
 // syncThrough returns once the view's generation gen is on the bridge (a CNI ADD returns only once its
 // pod's flows are in). Concurrent callers coalesce: whoever gets the lock first renders the latest view,
@@ -104,6 +135,13 @@ func (f *flowSync) syncThrough(ctx context.Context, gen uint64, owners ...reconc
 	return st, nil
 }
 
+// SyncThrough is syncThrough for attachments (attach.Flows): they wait for their pod's flows, not for
+// the statistics.
+func (f *flowSync) SyncThrough(ctx context.Context, gen uint64, owners ...reconcile.Owner) error {
+	_, err := f.syncThrough(ctx, gen, owners...)
+	return err
+}
+
 // syncNow renders and reconciles the latest view synchronously.
 func (f *flowSync) syncNow(ctx context.Context) (reconcile.SyncStats, error) {
 	f.mu.Lock()
@@ -112,11 +150,13 @@ func (f *flowSync) syncNow(ctx context.Context) (reconcile.SyncStats, error) {
 }
 
 func (f *flowSync) syncLocked(ctx context.Context) (reconcile.SyncStats, error) {
-	if err := f.view.ready(); err != nil {
+	if err := f.view.Ready(); err != nil {
 		return reconcile.SyncStats{}, err
 	}
 	start := f.clock()
-	st, pending, gen := f.view.snapshot()
+	snap := f.view.takeSnapshot()
+	st, gen := snap.state, snap.generation
+	problems := f.resolvePolicies(&st, snap.policies)
 	owners, renderFailed, err := f.renderer.Render(st)
 	if err != nil {
 		return reconcile.SyncStats{}, err
@@ -125,20 +165,20 @@ func (f *flowSync) syncLocked(ctx context.Context) (reconcile.SyncStats, error) 
 		owners[o] = os
 	}
 	now := f.clock()
-	changes := map[reconcile.Owner]*reconcile.OwnerState{}
-	for o, os := range owners {
-		if prev, ok := f.applied[o]; ok && reflect.DeepEqual(prev, os) {
-			delete(f.failing, o) // its input came back to what is installed
-			continue
+	changes := reconcile.Changes(f.applied, owners)
+	for o := range f.failing {
+		if _, changed := changes[o]; !changed {
+			if _, rendered := owners[o]; rendered {
+				delete(f.failing, o) // its input came back to what is installed
+			}
 		}
-		if fail := f.failing[o]; fail != nil && now.Before(fail.retryAt) && reflect.DeepEqual(fail.state, os) {
-			continue // the same state failed: wait for its retry
-		}
-		changes[o] = &os
 	}
-	for o := range f.applied {
-		if _, still := owners[o]; !still && renderFailed[o] == nil {
-			changes[o] = nil
+	for o, os := range changes {
+		switch fail := f.failing[o]; {
+		case os == nil && renderFailed[o] != nil:
+			delete(changes, o) // it failed to render: it keeps its last good flows
+		case os != nil && fail != nil && now.Before(fail.retryAt) && reflect.DeepEqual(fail.state, *os):
+			delete(changes, o) // the same state failed: wait for its retry
 		}
 	}
 	for o := range f.failing {
@@ -178,11 +218,12 @@ func (f *flowSync) syncLocked(ctx context.Context) (reconcile.SyncStats, error) 
 	if f.metrics != nil {
 		f.metrics.FailingOwners.Set(float64(len(f.failing)))
 	}
+	f.last.Store(&syncedState{state: st, problems: problems})
 	if f.host != nil {
-		f.host.post(st)
+		f.host.post(st, problems)
 	}
-	if len(pending) > 0 {
-		f.log.V(2).Info("pods wait for their namespace's VNID", "pods", pending)
+	if len(snap.waiting) > 0 {
+		f.log.V(2).Info("pods wait for their namespace's VNID", "pods", snap.waiting)
 	}
 	for _, o := range res.Collisions {
 		f.log.Info("owner hash collision: dumps name both owners; diffs stay exact", "owner", o.String())
@@ -199,6 +240,34 @@ func (f *flowSync) syncLocked(ctx context.Context) (reconcile.SyncStats, error) 
 		f.metrics.observeSync("apply", res.Stats, f.clock().Sub(start))
 	}
 	return res.Stats, nil
+}
+
+// resolvePolicies brings the policy index up to date with the snapshot's changes and, in networkpolicy
+// mode, resolves the policies into st with each local pod's isolation; it returns the policies'
+// problems (none outside networkpolicy mode, where nothing is enforced).
+func (f *flowSync) resolvePolicies(st *pipeline.NodeState, in policyInput) map[string][]policy.Problem {
+	f.policies.Apply(in.changes)
+	if st.Mode != pipeline.ModeNetworkPolicy {
+		return nil
+	}
+	f.policies.SetLocal(in.local)
+	f.policies.SetNodes(in.nodeAddrs, st.ClusterNetworks)
+	st.Policies = f.policies.Resolve()
+	iso := policy.Isolation(st.Policies)
+	for i := range st.Pods {
+		p := &st.Pods[i]
+		p.IngressIsolated, p.EgressIsolated = iso[p.OFPort][0], iso[p.OFPort][1]
+	}
+	return f.policies.Problems()
+}
+
+// lastSynced returns the last state synced (false before the first sync).
+func (f *flowSync) lastSynced() (syncedState, bool) {
+	s := f.last.Load()
+	if s == nil {
+		return syncedState{}, false
+	}
+	return *s, true
 }
 
 // fail records an owner's failure and schedules its retry.
@@ -295,11 +364,10 @@ func (f *flowSync) resyncLocked(ctx context.Context, trigger string) error {
 // periodic drift check).
 func (f *flowSync) resync(ctx context.Context, trigger string) error {
 	done := make(chan error, 1)
-	select {
-	case f.resyncWanted <- resyncRequest{trigger: trigger, done: done}:
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	f.resyncMu.Lock()
+	f.resyncs = append(f.resyncs, resyncRequest{trigger: trigger, done: done})
+	f.resyncMu.Unlock()
+	f.loop.Kick()
 	select {
 	case err := <-done:
 		return err
@@ -308,60 +376,36 @@ func (f *flowSync) resync(ctx context.Context, trigger string) error {
 	}
 }
 
-// run syncs on every trigger and resync request until ctx ends, retrying failures with back-off and
-// failing owners when they are due.
-func (f *flowSync) run(ctx context.Context) {
-	backoff := 50 * time.Millisecond
-	retry := time.NewTimer(time.Hour)
-	defer retry.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-f.kick:
-		case <-retry.C:
-		case pong := <-f.ping:
-			close(pong)
-			continue
-		case req := <-f.resyncWanted:
-			f.mu.Lock()
-			err := f.resyncLocked(ctx, req.trigger)
-			f.mu.Unlock()
-			req.done <- err
-			if err != nil && ctx.Err() == nil {
-				f.log.Error(err, "resync from the switch")
-			}
-		}
-		if _, err := f.syncNow(ctx); err != nil {
-			if ctx.Err() != nil {
-				return
-			}
-			if !errors.Is(err, errNotReady) {
-				f.log.Info("flow sync failed; retrying", "err", err, "retryIn", backoff)
-			}
-			time.AfterFunc(backoff, f.trigger)
-			backoff = min(backoff*2, 5*time.Second)
-			continue
-		}
-		backoff = 50 * time.Millisecond
-		if next := f.nextRetry(); !next.IsZero() {
-			retry.Reset(max(time.Until(next), 10*time.Millisecond))
+// run syncs until ctx ends (see loop).
+func (f *flowSync) run(ctx context.Context) { f.loop.Run(ctx) }
+
+// pass is one pass of the loop: the resyncs asked for, then a sync of the latest view. It asks to run
+// again when the earliest failing owner is due.
+func (f *flowSync) pass(ctx context.Context) (time.Duration, error) {
+	f.resyncMu.Lock()
+	resyncs := f.resyncs
+	f.resyncs = nil
+	f.resyncMu.Unlock()
+	for _, req := range resyncs {
+		f.mu.Lock()
+		err := f.resyncLocked(ctx, req.trigger)
+		f.mu.Unlock()
+		req.done <- err
+		if err != nil && ctx.Err() == nil {
+			f.log.Error(err, "resync from the switch", "trigger", req.trigger)
 		}
 	}
+	if _, err := f.syncNow(ctx); err != nil {
+		return 0, err
+	}
+	if next := f.nextRetry(); !next.IsZero() {
+		return max(next.Sub(f.clock()), 10*time.Millisecond), nil
+	}
+	return 0, nil
 }
 
-// resyncEvery asks the loop for a full resync every period (drift repair).
-func (f *flowSync) resyncEvery(ctx context.Context, period time.Duration) {
-	t := time.NewTicker(period)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			if err := f.resync(ctx, resyncPeriodic); err != nil && ctx.Err() == nil {
-				f.log.Error(err, "periodic resync")
-			}
-		}
-	}
+// driftChecks asks the loop for a full resync every period (drift repair).
+func (f *flowSync) driftChecks(period time.Duration) *loop.Loop {
+	return loop.New(loop.Config{Name: "drift-check", Period: period, FirstAfter: period, Log: f.log},
+		func(ctx context.Context) (time.Duration, error) { return 0, f.resync(ctx, resyncPeriodic) })
 }

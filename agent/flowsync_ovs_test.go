@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ofsdn/ofsdn/agent/attach"
+	"github.com/ofsdn/ofsdn/agent/k8sobj"
 	"github.com/ofsdn/ofsdn/flows/openflow"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
 	"github.com/ofsdn/ofsdn/flows/reconcile"
@@ -26,8 +28,8 @@ func TestRefusedOwnerDoesNotStopTheNode(t *testing.T) {
 	b := ofbridge.New(t)
 	ctx := context.Background()
 	v := testView()
-	v.update(func(v *nodeView) { v.pods = map[string]localPod{} })
-	fs := newFlowSync(v, reconcile.New(b.Switch, reconcile.Config{Round: 1, PipelineVersion: pipeline.PipelineVersion, VersionOf: pipeline.VersionOf}), klog.Background())
+	v.update(func(v *nodeView) { v.pods = map[string]attach.Pod{} })
+	fs := newFlowSync(v, reconcile.New(b.Switch, reconcile.Config{Round: 1, PipelineVersion: pipeline.PipelineVersion, VersionOf: pipeline.VersionOf}), flowSyncHooks{}, klog.Background())
 	fs.metrics = NewMetrics(nil)
 	var reported []string
 	fs.onFailure = func(o reconcile.Owner, fail *ownerFailure) {
@@ -47,7 +49,7 @@ func TestRefusedOwnerDoesNotStopTheNode(t *testing.T) {
 		p := b.Inst.AddPod(ofbridge.Name, fmt.Sprint("p", i), netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 128, 0, host}), 23), mac, 20+i)
 		pods = append(pods, p)
 		gen := v.update(func(v *nodeView) {
-			v.pods[podKey("a", p.Name)] = localPod{Namespace: "a", Name: p.Name, IP: p.IP.Addr(), MAC: mac, OFPort: uint32(p.OFPort)}
+			v.pods[k8sobj.PodKey("a", p.Name)] = attach.Pod{Namespace: "a", Name: p.Name, IP: p.IP.Addr(), MAC: mac, OFPort: uint32(p.OFPort)}
 		})
 		if _, err := fs.syncThrough(ctx, gen, pipeline.PodOwner("a", p.Name)); err != nil {
 			t.Fatalf("pod %s: %v", p.Name, err)

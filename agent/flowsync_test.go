@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"testing"
 
+	"github.com/ofsdn/ofsdn/agent/attach"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
 	"github.com/ofsdn/ofsdn/flows/reconcile"
 	"k8s.io/klog/v2"
@@ -32,8 +33,8 @@ func testView() *nodeView {
 		v.nodeIP = netip.MustParseAddr("192.0.2.11")
 		v.localSubnet = netip.MustParsePrefix("10.128.0.0/23")
 		v.vnids["a"], v.vnids["b"] = 11, 12
-		v.pods["a/web"] = localPod{Namespace: "a", Name: "web", IP: netip.MustParseAddr("10.128.0.2"), MAC: net.HardwareAddr{0x0a, 0x58, 10, 128, 0, 2}, OFPort: 3}
-		v.pods["b/db"] = localPod{Namespace: "b", Name: "db", IP: netip.MustParseAddr("10.128.0.3"), MAC: net.HardwareAddr{0x0a, 0x58, 10, 128, 0, 3}, OFPort: 4}
+		v.pods["a/web"] = attach.Pod{Namespace: "a", Name: "web", IP: netip.MustParseAddr("10.128.0.2"), MAC: net.HardwareAddr{0x0a, 0x58, 10, 128, 0, 2}, OFPort: 3}
+		v.pods["b/db"] = attach.Pod{Namespace: "b", Name: "db", IP: netip.MustParseAddr("10.128.0.3"), MAC: net.HardwareAddr{0x0a, 0x58, 10, 128, 0, 3}, OFPort: 4}
 		v.remote["n2"] = pipeline.RemoteNode{Name: "n2", NodeIP: netip.MustParseAddr("192.0.2.12"), Subnet: netip.MustParsePrefix("10.128.2.0/23")}
 	})
 	return v
@@ -43,7 +44,7 @@ func TestFlowSyncOnlyChangedOwners(t *testing.T) {
 	ctx := context.Background()
 	sw := &countingSwitch{}
 	v := testView()
-	fs := newFlowSync(v, reconcile.New(sw, reconcile.Config{Round: 1}), klog.Background())
+	fs := newFlowSync(v, reconcile.New(sw, reconcile.Config{Round: 1}), flowSyncHooks{}, klog.Background())
 	if _, err := fs.syncNow(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +72,7 @@ func TestFlowSyncOnlyChangedOwners(t *testing.T) {
 	}
 	// A pod whose namespace has no VNID yet gets no flows rather than the wrong tenant's.
 	v.update(func(v *nodeView) {
-		v.pods["c/x"] = localPod{Namespace: "c", Name: "x", IP: netip.MustParseAddr("10.128.0.9"), MAC: net.HardwareAddr{0x0a, 0x58, 10, 128, 0, 9}, OFPort: 7}
+		v.pods["c/x"] = attach.Pod{Namespace: "c", Name: "x", IP: netip.MustParseAddr("10.128.0.9"), MAC: net.HardwareAddr{0x0a, 0x58, 10, 128, 0, 9}, OFPort: 7}
 	})
 	st, err = fs.syncNow(ctx)
 	if err != nil || st.Messages != 0 {
@@ -80,7 +81,7 @@ func TestFlowSyncOnlyChangedOwners(t *testing.T) {
 }
 
 func TestFlowSyncWaitsForNodeState(t *testing.T) {
-	fs := newFlowSync(newNodeView("n1"), reconcile.New(&countingSwitch{}, reconcile.Config{Round: 1}), klog.Background())
+	fs := newFlowSync(newNodeView("n1"), reconcile.New(&countingSwitch{}, reconcile.Config{Round: 1}), flowSyncHooks{}, klog.Background())
 	if _, err := fs.syncNow(context.Background()); err == nil {
 		t.Fatal("a node without subnet synced")
 	}
@@ -92,14 +93,14 @@ func TestSyncThroughCoalesces(t *testing.T) {
 	ctx := context.Background()
 	sw := &countingSwitch{}
 	v := testView()
-	fs := newFlowSync(v, reconcile.New(sw, reconcile.Config{Round: 1}), klog.Background())
+	fs := newFlowSync(v, reconcile.New(sw, reconcile.Config{Round: 1}), flowSyncHooks{}, klog.Background())
 	var gens []uint64
 	for i := range 5 {
 		ip := netip.MustParseAddr("10.128.0.20").As4()
 		ip[3] += byte(i)
 		gens = append(gens, v.update(func(v *nodeView) {
 			name := "p" + string(rune('0'+i))
-			v.pods["a/"+name] = localPod{Namespace: "a", Name: name, IP: netip.AddrFrom4(ip),
+			v.pods["a/"+name] = attach.Pod{Namespace: "a", Name: name, IP: netip.AddrFrom4(ip),
 				MAC: net.HardwareAddr{0x0a, 0x58, 10, 128, 0, ip[3]}, OFPort: uint32(20 + i)}
 		}))
 	}

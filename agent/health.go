@@ -2,16 +2,20 @@ package agent
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
+	stdlog "log"
 	"net"
 	"net/http"
 	"net/http/pprof"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ofsdn/ofsdn/flows/reconcile"
+	"github.com/ofsdn/ofsdn/internal/loop"
 	"github.com/ofsdn/ofsdn/ofswitch"
 	"github.com/ofsdn/ofsdn/ovsdb"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -41,11 +45,12 @@ type health struct {
 	clock      func() time.Time
 	watchEvery time.Duration // watchdogEvery; tests shorten it
 
-	// What the checks read, set once the agent has them (nil: not yet).
+	// What the checks read: the view and the flow loop from the start, the sessions once the bridge
+	// is open (nil: not yet).
+	viewReady  func() error
+	flowLoop   pinger
 	openflowUp func() bool
 	ovsdbUp    func() bool
-	viewReady  func() error
-	flowLoop   chan chan struct{} // the flow sync loop's ping channel
 
 	mu           sync.Mutex
 	sess         *ofswitch.Session // set once the bridge is open (setSession)
@@ -59,8 +64,13 @@ type health struct {
 	ovsDownSince time.Time // zero while both sessions are up
 }
 
-func newHealth() *health {
-	return &health{clock: time.Now, watchEvery: watchdogEvery, step: "starting"}
+// pinger is a loop the watchdog pings (loop.Loop).
+type pinger interface {
+	Ping(ctx context.Context) error
+}
+
+func newHealth(viewReady func() error, flowLoop pinger) *health {
+	return &health{clock: time.Now, watchEvery: watchdogEvery, step: "starting", viewReady: viewReady, flowLoop: flowLoop}
 }
 
 func (h *health) setStep(step string) {
@@ -176,44 +186,26 @@ func failed(checks []check) error {
 // Ready is nil when the agent can serve ADDs: what /readyz and CNI STATUS say.
 func (h *health) Ready() error { return failed(h.readiness()) }
 
-// watch pings the flow sync loop and watches the OVS sessions until ctx ends. Call it once the loops run.
+// watch runs the watchdog until ctx ends: every watchEvery it looks at the OVS sessions and, when
+// the last ping was answered, pings the flow loop again. One ping at a time: a stuck loop is not sent a
+// pile of them, and a loop that answers at once is not pinged again at once (ping-pong between the two
+// loops once burned a whole core and tripled CNI ADD latency).
 func (h *health) watch(ctx context.Context) {
 	h.mu.Lock()
 	h.loopsRunning = h.clock()
 	h.mu.Unlock()
-	t := time.NewTicker(h.watchEvery)
-	defer t.Stop()
-	var pong chan struct{}
-	due := true
-	for {
-		// One ping per period, and only when the last one was answered: a stuck loop is not sent a
-		// pile of them, and a loop that answers at once is not pinged again at once (ping-pong
-		// between the two loops once burned a whole core and tripled CNI ADD latency).
-		if due && pong == nil && h.flowLoop != nil {
-			due = false
-			p := make(chan struct{})
-			select {
-			case h.flowLoop <- p:
-				pong = p
-			default:
-			}
+	var pinging atomic.Bool
+	loop.New(loop.Config{Name: "watchdog", Period: h.watchEvery}, func(ctx context.Context) (time.Duration, error) {
+		if h.flowLoop != nil && pinging.CompareAndSwap(false, true) {
+			go func() {
+				defer pinging.Store(false)
+				if h.flowLoop.Ping(ctx) == nil {
+					h.mu.Lock()
+					h.loopAnswered = h.clock()
+					h.mu.Unlock()
+				}
+			}()
 		}
-		var answered <-chan struct{}
-		if pong != nil {
-			answered = pong
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-answered:
-			h.mu.Lock()
-			h.loopAnswered = h.clock()
-			h.mu.Unlock()
-			pong = nil
-			continue
-		case <-t.C:
-		}
-		due = true
 		down := failed(h.ovsChecks()) != nil
 		h.mu.Lock()
 		switch {
@@ -223,7 +215,8 @@ func (h *health) watch(ctx context.Context) {
 			h.ovsDownSince = time.Time{}
 		}
 		h.mu.Unlock()
-	}
+		return 0, nil
+	}).Run(ctx)
 }
 
 // serveChecks writes a report as Kubernetes components do ("[+]name ok" / "[-]name failed: why").
@@ -265,16 +258,35 @@ func (a *Agent) metricsHandler() http.Handler {
 	return mux
 }
 
-// serveHTTP serves handler on an already bound listener until ctx ends.
-func serveHTTP(ctx context.Context, ln net.Listener, handler http.Handler, log func(error)) {
-	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second}
+// serverErrors takes net/http's own error lines (a handler's panic, say) to log, except failed TLS
+// handshakes: those are a caller's doing (a scanner, plain HTTP to the TLS port), nothing of the agent's.
+type serverErrors func(error)
+
+func (s serverErrors) Write(p []byte) (int, error) {
+	if msg := strings.TrimSpace(string(p)); !strings.Contains(msg, "TLS handshake error") {
+		s(errors.New(msg))
+	}
+	return len(p), nil
+}
+
+// serveHTTP serves handler on an already bound listener until ctx ends, over TLS with tlsConfig (nil:
+// plain HTTP, for the unix socket).
+func serveHTTP(ctx context.Context, ln net.Listener, tlsConfig *tls.Config, handler http.Handler, log func(error)) {
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second, TLSConfig: tlsConfig,
+		ErrorLog: stdlog.New(serverErrors(log), "", 0)}
 	context.AfterFunc(ctx, func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		_ = srv.Shutdown(sctx)
 	})
 	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		var err error
+		if tlsConfig != nil {
+			err = srv.ServeTLS(ln, "", "") // the certificate comes from tlsConfig
+		} else {
+			err = srv.Serve(ln)
+		}
+		if err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log(err)
 		}
 	}()

@@ -13,6 +13,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/ofsdn/ofsdn/agent/attach"
 	"github.com/ofsdn/ofsdn/cni"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -40,7 +41,8 @@ func (c *fakeClock) add(d time.Duration) {
 // server, the node's subnet and both sessions — and CNI STATUS says the same as /readyz.
 func TestHealthChecks(t *testing.T) {
 	clock := &fakeClock{now: time.Unix(1000, 0)}
-	h := newHealth()
+	loop := chanPinger(make(chan chan struct{}, 1))
+	h := newHealth(nil, loop)
 	h.clock = clock.Now
 	h.watchEvery = 20 * time.Millisecond // the test waits for the next ping after a stuck period
 	var ofUp, dbUp = true, true
@@ -49,7 +51,7 @@ func TestHealthChecks(t *testing.T) {
 	set := func(p *bool, v bool) { mu.Lock(); *p = v; mu.Unlock() }
 	viewErr := errors.New("no HostSubnet for node n1 yet")
 	h.viewReady = func() error { mu.Lock(); defer mu.Unlock(); return viewErr }
-	pods := &podNetwork{view: testView(), sync: &flowSync{health: h}}
+	pods := attach.New(attach.Config{}, attach.Deps{Node: testView(), Flows: &flowSync{}, Readiness: h.Ready})
 
 	if err := failed(h.liveness()); err != nil {
 		t.Fatalf("not live during start-up: %v", err)
@@ -77,8 +79,6 @@ func TestHealthChecks(t *testing.T) {
 	}
 
 	// The loops start; the watchdog pings the flow loop, which answers.
-	loop := make(chan chan struct{}, 1)
-	h.flowLoop = loop
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go h.watch(ctx)
@@ -213,12 +213,30 @@ func TestCNIMetrics(t *testing.T) {
 	}
 }
 
+// chanPinger is a flow loop whose answers the test gives: each ping arrives on the channel, and is
+// answered when the test closes it.
+type chanPinger chan chan struct{}
+
+func (c chanPinger) Ping(ctx context.Context) error {
+	pong := make(chan struct{})
+	select {
+	case c <- pong:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case <-pong:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 // TestWatchdogPingsOncePerPeriod: a flow loop that answers at once is pinged once per watchdog period,
 // not again at once (the two loops once played ping-pong, burning a core).
 func TestWatchdogPingsOncePerPeriod(t *testing.T) {
-	h := newHealth()
-	loop := make(chan chan struct{})
-	h.flowLoop = loop
+	loop := chanPinger(make(chan chan struct{}))
+	h := newHealth(nil, loop)
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan struct{})
 	go func() { defer close(done); h.watch(ctx) }()
@@ -251,7 +269,7 @@ func TestProfilingIsOptIn(t *testing.T) {
 		profiling bool
 		want      int
 	}{{false, http.StatusNotFound}, {true, http.StatusOK}} {
-		a := &Agent{cfg: Config{Profiling: tc.profiling}, health: newHealth(), metrics: NewMetrics(nil)}
+		a := &Agent{cfg: Config{Profiling: tc.profiling}, health: newHealth(nil, nil), metrics: NewMetrics(nil)}
 		srv := httptest.NewServer(a.metricsHandler())
 		resp, err := http.Get(srv.URL + "/debug/pprof/")
 		if err != nil {

@@ -10,9 +10,13 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ofsdn/ofsdn/agent/attach"
+	"github.com/ofsdn/ofsdn/agent/k8sobj"
 	"github.com/ofsdn/ofsdn/agent/nodenet"
+	"github.com/ofsdn/ofsdn/agent/policy"
 	"github.com/ofsdn/ofsdn/flows/openflow"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
+	"github.com/ofsdn/ofsdn/internal/loop"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
@@ -98,11 +102,11 @@ type watchHostPorts struct {
 }
 
 func (w *watchHostPorts) pod(obj any, deleted bool) {
-	pod, ok := obj.(*agentPod)
+	pod, ok := obj.(*k8sobj.Pod)
 	if !ok {
 		return
 	}
-	key := podKey(pod.Namespace, pod.Name)
+	key := k8sobj.PodKey(pod.Namespace, pod.Name)
 	var ports []corev1.ContainerPort
 	// The informer holds every pod of the cluster: only this node's publish hostPorts here.
 	if !deleted && pod.NodeName == w.view.nodeName && pod.Phase != corev1.PodSucceeded && pod.Phase != corev1.PodFailed && !pod.HostNetwork {
@@ -138,7 +142,7 @@ type hostPortConflict struct {
 // hostPortsOf resolves the local pods' hostPorts: oldest pod first, so a port never changes hands while
 // its holder lives; a later pod asking for a held port (same protocol and port, on an overlapping host
 // IP) is reported, not given it. Pods not attached yet (no IP) wait.
-func hostPortsOf(pods map[string]localPod, hp map[string]hostPortPod) ([]nodenet.HostPort, []hostPortConflict) {
+func hostPortsOf(pods map[string]attach.Pod, hp map[string]hostPortPod) ([]nodenet.HostPort, []hostPortConflict) {
 	keys := make([]string, 0, len(hp))
 	for k := range hp {
 		keys = append(keys, k)
@@ -160,7 +164,7 @@ func hostPortsOf(pods map[string]localPod, hp map[string]hostPortPod) ([]nodenet
 			continue
 		}
 		for _, p := range hp[key].ports {
-			proto, ok := protocolNumber(p.Protocol)
+			proto, ok := k8sobj.ProtocolNumber(p.Protocol)
 			if !ok || p.HostPort <= 0 || p.HostPort > 65535 || p.ContainerPort <= 0 || p.ContainerPort > 65535 {
 				continue
 			}
@@ -224,10 +228,12 @@ type hostSync struct {
 	mu      sync.Mutex
 	last    *pipeline.NodeState // the last posted state, to find what the next one makes stale
 	pending *pipeline.NodeState
-	stale   []openflow.ConntrackFlush
-	kick    chan struct{}
+	// problems are the NetworkPolicy problems of the last posted state, for the apply to report.
+	problems map[string][]policy.Problem
+	stale    []openflow.ConntrackFlush
+	loop     *loop.Loop
 	// apply does the work; an error makes the loop try the latest state again after a pause.
-	apply func(ctx context.Context, st pipeline.NodeState, stale []openflow.ConntrackFlush) error
+	apply func(ctx context.Context, st pipeline.NodeState, problems map[string][]policy.Problem, stale []openflow.ConntrackFlush) error
 	// heldStale, when set, finds the stale entries of the first state from what conntrack holds: at
 	// start there is no previous state, and endpoints removed while no agent ran would keep their UDP
 	// clients forever. Until it succeeds it is asked again with each state.
@@ -240,101 +246,104 @@ type hostSync struct {
 	verifyAfter  time.Duration
 	verifyChecks int
 	verifyLeft   int
+	verifyAt     time.Time // when the next check is due (zero: none is)
 	log          klog.Logger
 }
 
-func newHostSync(log klog.Logger, apply func(context.Context, pipeline.NodeState, []openflow.ConntrackFlush) error) *hostSync {
-	return &hostSync{kick: make(chan struct{}, 1), apply: apply, log: log.WithName("hostsync"),
-		verifyAfter: time.Second, verifyChecks: 4}
+// newHostSync makes the host loop: apply does the work; heldStale (nil: none) reads conntrack.
+func newHostSync(log klog.Logger, apply func(context.Context, pipeline.NodeState, map[string][]policy.Problem, []openflow.ConntrackFlush) error,
+	heldStale func(context.Context, pipeline.NodeState) ([]openflow.ConntrackFlush, error)) *hostSync {
+	h := &hostSync{apply: apply, heldStale: heldStale, log: log.WithName("hostsync"), verifyAfter: time.Second, verifyChecks: 4}
+	// A failed apply is tried again with the latest state, from a second on.
+	h.loop = loop.New(loop.Config{Name: "hostsync", BackoffMin: time.Second, BackoffMax: 30 * time.Second, Log: h.log}, h.pass)
+	return h
 }
 
-// post hands over a synced state; it never blocks.
-func (h *hostSync) post(st pipeline.NodeState) {
+// post hands over a synced state and its policy problems; it never blocks.
+func (h *hostSync) post(st pipeline.NodeState, problems map[string][]policy.Problem) {
 	h.mu.Lock()
 	if h.last != nil {
 		h.stale = append(h.stale, pipeline.StaleConntrack(*h.last, st)...)
 	}
-	h.last, h.pending = &st, &st
+	h.last, h.pending, h.problems = &st, &st, problems
 	h.mu.Unlock()
-	select {
-	case h.kick <- struct{}{}:
-	default:
-	}
+	h.loop.Kick()
 }
 
 // run applies posted states until ctx ends.
-func (h *hostSync) run(ctx context.Context) {
-	retry := time.NewTimer(time.Hour)
-	defer retry.Stop()
-	verify := time.NewTimer(time.Hour)
-	verify.Stop() // armed by a flush
-	defer verify.Stop()
-	for {
-		verifying := false
-		select {
-		case <-ctx.Done():
-			return
-		case <-h.kick:
-		case <-retry.C:
-		case <-verify.C:
-			verifying = true
-		}
-		h.mu.Lock()
-		st, stale := h.pending, h.stale
-		h.pending, h.stale = nil, nil
-		recheck := st == nil && verifying // only the check: nothing new to apply unless it finds some
-		if recheck {
-			st = h.last
-		}
-		h.mu.Unlock()
-		if st == nil {
-			continue
-		}
-		if h.heldStale != nil && (!h.heldDone || verifying) {
-			held, err := h.heldStale(ctx, *st)
-			switch {
-			case err != nil:
-				h.log.Error(err, "reading conntrack for stale service entries; asking again with the next state")
-			case verifying:
-				if len(held) == 0 {
-					h.verifyLeft = 0 // nothing stale is held: no more checks
-				} else {
-					h.log.Info("flushing again conntrack entries a flush left leading to removed endpoints", "entries", held)
-				}
-			default:
-				h.heldDone = true
-				if len(held) > 0 {
-					h.log.Info("flushing conntrack entries of endpoints removed while no agent ran", "entries", len(held))
-				}
+func (h *hostSync) run(ctx context.Context) { h.loop.Run(ctx) }
+
+// pass applies the latest posted state (with the conntrack entries every state since made stale), and
+// when a verification of a flush is due, reads conntrack again. It asks to run again when the next
+// verification is due.
+func (h *hostSync) pass(ctx context.Context) (time.Duration, error) {
+	verifying := !h.verifyAt.IsZero() && !time.Now().Before(h.verifyAt)
+	if verifying {
+		h.verifyAt = time.Time{}
+	}
+	h.mu.Lock()
+	st, stale, problems := h.pending, h.stale, h.problems
+	h.pending, h.stale = nil, nil
+	recheck := st == nil && verifying // only the check: nothing new to apply unless it finds some
+	if recheck {
+		st = h.last
+	}
+	h.mu.Unlock()
+	if st == nil {
+		return h.untilVerify(), nil
+	}
+	if h.heldStale != nil && (!h.heldDone || verifying) {
+		held, err := h.heldStale(ctx, *st)
+		switch {
+		case err != nil:
+			h.log.Error(err, "reading conntrack for stale service entries; asking again with the next state")
+		case verifying:
+			if len(held) == 0 {
+				h.verifyLeft = 0 // nothing stale is held: no more checks
+			} else {
+				h.log.Info("flushing again conntrack entries a flush left leading to removed endpoints", "entries", held)
 			}
-			stale = append(stale, held...)
-		}
-		if h.heldStale != nil && h.heldDone {
-			// A flush (re)starts the checks; each check that still found some (or could not read
-			// conntrack) uses one up and arms the next, later one. Nothing else moves the timer: states
-			// posted without a flush must not put a pending check off.
-			switch {
-			case !verifying && len(stale) > 0:
-				h.verifyLeft = h.verifyChecks
-				verify.Reset(h.verifyAfter)
-			case verifying && h.verifyLeft > 0:
-				h.verifyLeft--
-				if h.verifyLeft > 0 {
-					verify.Reset(h.verifyAfter << (h.verifyChecks - h.verifyLeft))
-				}
+		default:
+			h.heldDone = true
+			if len(held) > 0 {
+				h.log.Info("flushing conntrack entries of endpoints removed while no agent ran", "entries", len(held))
 			}
 		}
-		if recheck && len(stale) == 0 {
-			continue
-		}
-		if err := h.apply(ctx, *st, stale); err != nil {
-			h.log.Error(err, "host side of a synced state; retrying")
-			h.mu.Lock()
-			if h.pending == nil {
-				h.pending = st
+		stale = append(stale, held...)
+	}
+	if h.heldStale != nil && h.heldDone {
+		// A flush (re)starts the checks; each check that still found some (or could not read
+		// conntrack) uses one up and arms the next, later one. Nothing else moves the deadline: states
+		// posted without a flush must not put a pending check off.
+		switch {
+		case !verifying && len(stale) > 0:
+			h.verifyLeft = h.verifyChecks
+			h.verifyAt = time.Now().Add(h.verifyAfter)
+		case verifying && h.verifyLeft > 0:
+			h.verifyLeft--
+			if h.verifyLeft > 0 {
+				h.verifyAt = time.Now().Add(h.verifyAfter << (h.verifyChecks - h.verifyLeft))
 			}
-			h.mu.Unlock()
-			retry.Reset(time.Second)
 		}
 	}
+	if recheck && len(stale) == 0 {
+		return h.untilVerify(), nil
+	}
+	if err := h.apply(ctx, *st, problems, stale); err != nil {
+		h.mu.Lock()
+		if h.pending == nil {
+			h.pending = st
+		}
+		h.mu.Unlock()
+		return h.untilVerify(), fmt.Errorf("host side of a synced state: %w", err)
+	}
+	return h.untilVerify(), nil
+}
+
+// untilVerify is how long until the next verification (0: none is due).
+func (h *hostSync) untilVerify() time.Duration {
+	if h.verifyAt.IsZero() {
+		return 0
+	}
+	return max(time.Until(h.verifyAt), time.Millisecond)
 }

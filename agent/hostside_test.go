@@ -9,7 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ofsdn/ofsdn/agent/attach"
 	"github.com/ofsdn/ofsdn/agent/nodenet"
+	"github.com/ofsdn/ofsdn/agent/policy"
 	"github.com/ofsdn/ofsdn/flows/openflow"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
 	corev1 "k8s.io/api/core/v1"
@@ -18,7 +20,7 @@ import (
 
 func TestHostPortsOf(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	pods := map[string]localPod{
+	pods := map[string]attach.Pod{
 		"a/old": {IP: netip.MustParseAddr("10.128.0.5")},
 		"a/new": {IP: netip.MustParseAddr("10.128.0.6")},
 		"a/ip":  {IP: netip.MustParseAddr("10.128.0.7")},
@@ -69,10 +71,10 @@ func TestHostSyncFlushesWhatConntrackHeldAtStart(t *testing.T) {
 		stale []openflow.ConntrackFlush
 	}
 	calls := make(chan call, 10)
-	h := newHostSync(klog.Background(), func(_ context.Context, _ pipeline.NodeState, stale []openflow.ConntrackFlush) error {
+	h := newHostSync(klog.Background(), func(_ context.Context, _ pipeline.NodeState, _ map[string][]policy.Problem, stale []openflow.ConntrackFlush) error {
 		calls <- call{stale}
 		return nil
-	})
+	}, nil)
 	old := openflow.ConntrackFlush{Protocol: openflow.IPProtoUDP, Dst: netip.MustParseAddr("172.30.0.53"), DstPort: 53, ReplySrc: netip.MustParseAddr("10.128.0.9")}
 	asked := 0
 	h.heldStale = func(context.Context, pipeline.NodeState) ([]openflow.ConntrackFlush, error) {
@@ -96,15 +98,15 @@ func TestHostSyncFlushesWhatConntrackHeldAtStart(t *testing.T) {
 		}
 	}
 	st := pipeline.NodeState{LocalSubnet: netip.MustParsePrefix("10.128.0.0/23")}
-	h.post(st)
+	h.post(st, nil)
 	if c := next(); len(c.stale) != 0 {
 		t.Errorf("conntrack unreadable: flushed %v", c.stale)
 	}
-	h.post(st)
+	h.post(st, nil)
 	if c := next(); len(c.stale) != 1 || c.stale[0] != old {
 		t.Errorf("second state: flushed %v, want %v", c.stale, old)
 	}
-	h.post(st)
+	h.post(st, nil)
 	if c := next(); len(c.stale) != 0 || asked != 2 {
 		t.Errorf("third state: flushed %v, conntrack asked %d times (want 2)", c.stale, asked)
 	}
@@ -115,10 +117,10 @@ func TestHostSyncFlushesWhatConntrackHeldAtStart(t *testing.T) {
 // once nothing stale is held.
 func TestHostSyncVerifiesAFlush(t *testing.T) {
 	calls := make(chan []openflow.ConntrackFlush, 10)
-	h := newHostSync(klog.Background(), func(_ context.Context, _ pipeline.NodeState, stale []openflow.ConntrackFlush) error {
+	h := newHostSync(klog.Background(), func(_ context.Context, _ pipeline.NodeState, _ map[string][]policy.Problem, stale []openflow.ConntrackFlush) error {
 		calls <- stale
 		return nil
-	})
+	}, nil)
 	h.verifyAfter = 10 * time.Millisecond
 	old := openflow.ConntrackFlush{Protocol: openflow.IPProtoUDP, Dst: netip.MustParseAddr("172.30.0.53"), DstPort: 53, ReplySrc: netip.MustParseAddr("10.128.0.9")}
 	type answer struct {
@@ -143,7 +145,7 @@ func TestHostSyncVerifiesAFlush(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go h.run(ctx)
-	h.post(pipeline.NodeState{LocalSubnet: netip.MustParsePrefix("10.128.0.0/23")})
+	h.post(pipeline.NodeState{LocalSubnet: netip.MustParsePrefix("10.128.0.0/23")}, nil)
 	for i := range 2 {
 		select {
 		case stale := <-calls:
@@ -171,7 +173,9 @@ func TestHostSyncVerifiesAFlush(t *testing.T) {
 // States posted without a flush (pods coming and going on a busy node) must not put a pending check
 // off: the check runs on its schedule however often states arrive.
 func TestHostSyncChecksUnderAStreamOfStates(t *testing.T) {
-	h := newHostSync(klog.Background(), func(context.Context, pipeline.NodeState, []openflow.ConntrackFlush) error { return nil })
+	h := newHostSync(klog.Background(), func(context.Context, pipeline.NodeState, map[string][]policy.Problem, []openflow.ConntrackFlush) error {
+		return nil
+	}, nil)
 	h.verifyAfter = 20 * time.Millisecond
 	old := openflow.ConntrackFlush{Protocol: openflow.IPProtoUDP, Dst: netip.MustParseAddr("172.30.0.53"), DstPort: 53, ReplySrc: netip.MustParseAddr("10.128.0.9")}
 	var mu sync.Mutex
@@ -190,7 +194,7 @@ func TestHostSyncChecksUnderAStreamOfStates(t *testing.T) {
 	go h.run(ctx)
 	st := pipeline.NodeState{LocalSubnet: netip.MustParsePrefix("10.128.0.0/23")}
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		h.post(st) // every 5 ms, a quarter of the check's delay
+		h.post(st, nil) // every 5 ms, a quarter of the check's delay
 		mu.Lock()
 		n := asked
 		mu.Unlock()

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 
+	"github.com/ofsdn/ofsdn/agent/k8sobj"
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
 	corev1 "k8s.io/api/core/v1"
@@ -20,12 +21,12 @@ type watchNetwork struct {
 	// newPeer, when set, is told of each remote node address as it appears (tunnel neighbour warm-up).
 	newPeer func(netip.Addr)
 	// uplink, when set, is asked to look again when the encapsulation or the peers change.
-	uplink interface{ kick() }
+	uplink interface{ Kick() }
 }
 
 func (w *watchNetwork) kickUplink() {
 	if w.uplink != nil {
-		w.uplink.kick()
+		w.uplink.Kick()
 	}
 }
 
@@ -78,11 +79,16 @@ func (w *watchNetwork) clusterNetwork(obj any, deleted bool) {
 		w.log.Error(fmt.Errorf("unknown encapsulation %q", cn.Spec.Encapsulation), "using vxlan")
 		encap = pipeline.EncapVXLAN
 	}
+	tunnelPort := uint16(cn.Spec.VXLANPort)
+	if cn.Spec.VXLANPort <= 0 || cn.Spec.VXLANPort > 65535 {
+		tunnelPort = uint16(networkv1.DefaultVXLANPort)
+	}
 	var was pipeline.Mode
 	var wasEncap pipeline.Encapsulation
 	w.view.update(func(v *nodeView) {
 		was, v.mode, v.clusterNets = v.mode, mode, nets
 		wasEncap, v.encap = v.encap, encap
+		v.tunnelPort = tunnelPort
 	})
 	if was != mode {
 		w.log.Info("pluginMode", "mode", mode, "networkPolicyEnforced", mode == pipeline.ModeNetworkPolicy)
@@ -151,11 +157,11 @@ type watchRemotePods struct {
 }
 
 func (w *watchRemotePods) pod(obj any, deleted bool) {
-	pod, ok := obj.(*agentPod)
+	pod, ok := obj.(*k8sobj.Pod)
 	if !ok {
 		return
 	}
-	key := podKey(pod.Namespace, pod.Name)
+	key := k8sobj.PodKey(pod.Namespace, pod.Name)
 	var rp remotePod
 	keep := !deleted && pod.NodeName != "" && pod.NodeName != w.view.nodeName && !pod.HostNetwork &&
 		pod.Phase != corev1.PodSucceeded && pod.Phase != corev1.PodFailed && len(pod.IPs) > 0

@@ -20,15 +20,19 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
+	"github.com/ofsdn/ofsdn/agent/attach"
+	"github.com/ofsdn/ofsdn/agent/k8sobj"
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
 	networkfake "github.com/ofsdn/ofsdn/client/clientset/versioned/fake"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
 	"github.com/ofsdn/ofsdn/internal/proc"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
 	kubefake "k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/klog/v2"
 )
 
 const testNode = "n1"
@@ -41,10 +45,11 @@ var agentWatches = []string{"clusternetworks", "hostsubnets", "netnamespaces", "
 const waitTimeout = time.Minute
 
 type fakeAPI struct {
-	kube *kubefake.Clientset
-	net  *networkfake.Clientset
-	ctx  context.Context
-	logs *logLines // what the agent logged
+	kube   *kubefake.Clientset
+	net    *networkfake.Clientset
+	ctx    context.Context
+	logs   *logLines // what the agent logged
+	events *eventLog // the Events it recorded
 }
 
 // logLines keeps an agent's log lines, so a test can tell that an event it must ignore was handled.
@@ -121,7 +126,8 @@ func newTestAgent(t testing.TB, objects ...runtime.Object) (*Agent, *fakeAPI, ch
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	api := &fakeAPI{kube: kubefake.NewClientset(kubeObjs...), net: networkfake.NewSimpleClientset(netObjs...), ctx: ctx, logs: &logLines{}}
+	api := &fakeAPI{kube: kubefake.NewClientset(kubeObjs...), net: networkfake.NewSimpleClientset(netObjs...), ctx: ctx, logs: &logLines{},
+		events: &eventLog{}}
 	watching := make(chan string, 2*len(agentWatches))
 	for _, cs := range []interface {
 		PrependWatchReactor(string, k8stesting.WatchReactionFunc)
@@ -137,7 +143,7 @@ func newTestAgent(t testing.TB, objects ...runtime.Object) (*Agent, *fakeAPI, ch
 		})
 	}
 
-	a, err := New(Config{NodeName: testNode, Logger: api.logs.logger()}, Deps{Kube: api.kube, Net: api.net})
+	a, err := New(Config{NodeName: testNode, Logger: api.logs.logger()}, Deps{Kube: api.kube, Net: api.net, Events: api.events})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,7 +157,8 @@ func waitSnapshot(t *testing.T, a *Agent, what string, ok func(st pipeline.NodeS
 	var st pipeline.NodeState
 	var pending []string
 	if err := proc.Until(context.Background(), waitTimeout, func() bool {
-		st, pending, _ = a.view.snapshot()
+		snap := a.view.snapshot()
+		st, pending = snap.state, snap.waiting
 		return ok(st, pending)
 	}); err != nil {
 		t.Fatalf("waiting for %s: %v; the view has %+v (pending %v)", what, err, st, pending)
@@ -200,7 +207,7 @@ func TestClusterNetworkHandler(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			a, api := startAgent(t, tc.cn)
 			// syncInformers returned: the handlers have seen every object the API held.
-			if st, _, _ := a.view.snapshot(); st.Mode != tc.wantMode || !reflect.DeepEqual(st.ClusterNetworks, tc.wantNets) {
+			if st := a.view.snapshot().state; st.Mode != tc.wantMode || !reflect.DeepEqual(st.ClusterNetworks, tc.wantNets) {
 				t.Errorf("mode %s networks %v, want %s %v", st.Mode, st.ClusterNetworks, tc.wantMode, tc.wantNets)
 			}
 			if tc.wantLog != "" && api.logs.count(tc.wantLog) != 1 {
@@ -215,13 +222,13 @@ func TestClusterNetworkHandler(t *testing.T) {
 			t.Fatal(err)
 		}
 		proc.Eventually(t, waitTimeout, "the deletion handled", func() bool { return api.logs.count("ClusterNetwork deleted") == 1 })
-		if st, _, _ := a.view.snapshot(); st.Mode != pipeline.ModeMultitenant || !reflect.DeepEqual(st.ClusterNetworks, prefixes("10.128.0.0/14")) {
+		if st := a.view.snapshot().state; st.Mode != pipeline.ModeMultitenant || !reflect.DeepEqual(st.ClusterNetworks, prefixes("10.128.0.0/14")) {
 			t.Errorf("after the deletion: mode %s networks %v", st.Mode, st.ClusterNetworks)
 		}
 	})
 	t.Run("another ClusterNetwork than default is ignored", func(t *testing.T) {
 		a, _ := startAgent(t, clusterNetwork("other", networkv1.PluginModeMultitenant, "10.0.0.0/8"))
-		if st, _, _ := a.view.snapshot(); st.Mode != pipeline.ModeSubnet || len(st.ClusterNetworks) != 0 {
+		if st := a.view.snapshot().state; st.Mode != pipeline.ModeSubnet || len(st.ClusterNetworks) != 0 {
 			t.Errorf("ClusterNetwork other configured the node: mode %s networks %v", st.Mode, st.ClusterNetworks)
 		}
 	})
@@ -259,11 +266,11 @@ func TestHostSubnetHandler(t *testing.T) {
 	remote := func(name, ip, subnet string) pipeline.RemoteNode {
 		return pipeline.RemoteNode{Name: name, NodeIP: netip.MustParseAddr(ip), Subnet: netip.MustParsePrefix(subnet)}
 	}
-	st, _, _ := a.view.snapshot()
+	st := a.view.snapshot().state
 	if n := api.logs.count("malformed HostSubnet ignored"); n != 2 {
 		t.Errorf("%d malformed HostSubnets reported, want 2 (bad, badip)", n)
 	}
-	if err := a.view.ready(); err != nil {
+	if err := a.view.Ready(); err != nil {
 		t.Errorf("view not ready with a HostSubnet and the ClusterNetwork: %v", err)
 	}
 	if st.LocalSubnet != netip.MustParsePrefix("10.128.0.0/23") || st.NodeIP != netip.MustParseAddr("192.0.2.1") || st.NodeName != testNode {
@@ -316,21 +323,19 @@ func TestHostSubnetHandler(t *testing.T) {
 	}
 }
 
-// attach puts a pod on the node's bridge in the view, as a CNI ADD does, and returns the view's
+// attachPod puts a pod on the node's bridge in the view, as a CNI ADD does, and returns the view's
 // generation with it.
-func attach(a *Agent, namespace, name, ip string, ofport uint32) uint64 {
-	return a.view.update(func(v *nodeView) {
-		v.pods[podKey(namespace, name)] = localPod{Namespace: namespace, Name: name, IP: netip.MustParseAddr(ip),
-			MAC: net.HardwareAddr{0x0a, 0x58, 10, 128, 0, byte(ofport)}, OFPort: ofport}
-	})
+func attachPod(a *Agent, namespace, name, ip string, ofport uint32) uint64 {
+	return a.view.Attach(attach.Pod{Namespace: namespace, Name: name, IP: netip.MustParseAddr(ip),
+		MAC: net.HardwareAddr{0x0a, 0x58, 10, 128, 0, byte(ofport)}, OFPort: ofport})
 }
 
 func TestNetNamespaceHandler(t *testing.T) {
 	a, api := startAgent(t, clusterNetwork("default", networkv1.PluginModeMultitenant, "10.128.0.0/14"),
 		hostSubnet(testNode, testNode, "192.0.2.1", "10.128.0.0/23"), netNamespace("blue", 12), netNamespace("default", 0))
-	attach(a, "blue", "b1", "10.128.0.5", 5)
-	attach(a, "red", "r1", "10.128.0.6", 6)
-	attach(a, "default", "d1", "10.128.0.7", 7)
+	attachPod(a, "blue", "b1", "10.128.0.5", 5)
+	attachPod(a, "red", "r1", "10.128.0.6", 6)
+	attachPod(a, "default", "d1", "10.128.0.7", 7)
 	vnids := func(st pipeline.NodeState) map[string]uint32 {
 		m := map[string]uint32{}
 		for _, p := range st.Pods {
@@ -374,4 +379,66 @@ func TestNetNamespaceHandler(t *testing.T) {
 	waitSnapshot(t, a, "subnet mode", func(st pipeline.NodeState, _ []string) bool {
 		return st.Mode == pipeline.ModeSubnet && reflect.DeepEqual(vnids(st), map[string]uint32{"blue/b1": 0, "default/d1": 0})
 	})
+}
+
+// TestRemotePodsInSnapshot: in multitenant mode with an uplink port each remote node carries its pods'
+// addresses with their namespaces' VNIDs; pods of namespaces without a VNID, of this node, hostNetwork
+// or finished ones are left out; other modes carry none.
+func TestRemotePodsInSnapshot(t *testing.T) {
+	v := newNodeView("n1")
+	v.mode, v.uplink = pipeline.ModeMultitenant, "br-ul"
+	v.localSubnet, v.nodeIP = netip.MustParsePrefix("10.128.0.0/23"), netip.MustParseAddr("192.0.2.11")
+	v.remote["n2"] = pipeline.RemoteNode{Name: "n2", NodeIP: netip.MustParseAddr("192.0.2.12"), Subnet: netip.MustParsePrefix("10.128.2.0/23")}
+	v.vnids = map[string]uint32{"a": 20, "default": 0}
+	w := &watchRemotePods{view: v, sync: newFlowSync(v, nil, flowSyncHooks{}, klog.Background())}
+	pod := func(ns, name, node, ip string, mod func(*k8sobj.Pod)) *k8sobj.Pod {
+		p := &k8sobj.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, NodeName: node, IPs: []string{ip}, Phase: corev1.PodRunning}
+		if mod != nil {
+			mod(p)
+		}
+		return p
+	}
+	for _, p := range []*k8sobj.Pod{
+		pod("a", "x", "n2", "10.128.2.5", nil),
+		pod("default", "y", "n2", "10.128.2.3", nil),
+		pod("novnid", "z", "n2", "10.128.2.9", nil),
+		pod("a", "local", "n1", "10.128.0.5", nil),
+		pod("a", "host", "n2", "192.0.2.12", func(p *k8sobj.Pod) { p.HostNetwork = true }),
+		pod("a", "done", "n2", "10.128.2.7", func(p *k8sobj.Pod) { p.Phase = corev1.PodSucceeded }),
+		pod("a", "pending", "n2", "", func(p *k8sobj.Pod) { p.IPs = nil }),
+	} {
+		w.pod(p, false)
+	}
+	st := v.snapshot().state
+	want := []pipeline.RemotePod{{IP: netip.MustParseAddr("10.128.2.3"), VNID: 0}, {IP: netip.MustParseAddr("10.128.2.5"), VNID: 20}}
+	if got := st.RemoteNodes[0].Pods; len(got) != len(want) || got[0] != want[0] || got[1] != want[1] {
+		t.Errorf("n2's pods %v, want %v", got, want)
+	}
+	w.pod(pod("a", "x", "n2", "10.128.2.5", nil), true)
+	if st = v.snapshot().state; len(st.RemoteNodes[0].Pods) != 1 {
+		t.Errorf("a deleted pod stays: %v", st.RemoteNodes[0].Pods)
+	}
+	v.mode = pipeline.ModeSubnet
+	if st = v.snapshot().state; st.RemoteNodes[0].Pods != nil {
+		t.Errorf("subnet mode carries pods: %v", st.RemoteNodes[0].Pods)
+	}
+}
+
+// TestUplinkInSnapshot: what the uplink job records reaches the state the flows render from.
+func TestUplinkInSnapshot(t *testing.T) {
+	v := newNodeView("n1")
+	v.encap = pipeline.EncapNone
+	v.remote["n2"] = pipeline.RemoteNode{Name: "n2", NodeIP: netip.MustParseAddr("192.0.2.12"), Subnet: netip.MustParsePrefix("10.128.2.0/23")}
+	v.remote["n3"] = pipeline.RemoteNode{Name: "n3", NodeIP: netip.MustParseAddr("198.51.100.13"), Subnet: netip.MustParsePrefix("10.128.4.0/23")}
+	mac := net.HardwareAddr{2, 0, 0, 0, 0, 1}
+	if !v.SetUplink("br-ul", map[string]bool{"n2": true}, mac) {
+		t.Fatal("a new uplink changed nothing")
+	}
+	if v.SetUplink("br-ul", map[string]bool{"n2": true}, nil) {
+		t.Error("the same uplink (MAC unknown this time) changed something")
+	}
+	st := v.snapshot().state
+	if !st.Uplink || !st.RemoteNodes[0].OnSegment || st.RemoteNodes[1].OnSegment || st.GatewayMAC.String() != mac.String() {
+		t.Errorf("snapshot: uplink %v, on segment %v %v, gateway MAC %s", st.Uplink, st.RemoteNodes[0].OnSegment, st.RemoteNodes[1].OnSegment, st.GatewayMAC)
+	}
 }

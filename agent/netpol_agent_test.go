@@ -10,6 +10,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ofsdn/ofsdn/agent/attach"
+	pt "github.com/ofsdn/ofsdn/agent/policy/policytest"
+
+	"github.com/ofsdn/ofsdn/agent/k8sobj"
+	"github.com/ofsdn/ofsdn/agent/policy"
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
 	"github.com/ofsdn/ofsdn/flows/openflow"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
@@ -91,18 +96,17 @@ func newPolicyAgentOn(t testing.TB, sw reconcile.Switch, mode networkv1.PluginMo
 		}
 	}
 	a, api := startAgent(t, all...)
-	pa := &policyAgent{Agent: a, api: api, events: &eventLog{}}
-	a.events, a.conflicts.recorder, a.policyProblems.recorder = pa.events, pa.events, pa.events
+	pa := &policyAgent{Agent: a, api: api, events: api.events}
 	a.recon = reconcile.New(sw, reconcile.Config{Round: 1, PipelineVersion: pipeline.PipelineVersion, VersionOf: pipeline.VersionOf})
-	a.fs.r = a.recon
-	proc.Eventually(t, waitTimeout, "the node's subnet and cluster network", func() bool { return a.view.ready() == nil })
+	a.fs.useBridge(a.recon)
+	proc.Eventually(t, waitTimeout, "the node's subnet and cluster network", func() bool { return a.view.Ready() == nil })
 	go a.hostFwd.run(api.ctx)
 	return pa
 }
 
 // attach puts a pod on the bridge as a CNI ADD does.
 func (pa *policyAgent) attach(ns, name, ip string, ofport uint32) uint64 {
-	return attach(pa.Agent, ns, name, ip, ofport)
+	return attachPod(pa.Agent, ns, name, ip, ofport)
 }
 
 // flowsOf is an owner's flows on the switch, as ovs-ofctl prints them (without cookies).
@@ -141,11 +145,11 @@ func anyContains(lines []string, s string) bool {
 }
 
 func apiPod(ns, name, node, ip string, labels map[string]string, ports ...corev1.ContainerPort) *corev1.Pod {
-	return tpod{ns: ns, name: name, node: node, ip: ip, labels: labels, ports: ports}.api()
+	return pt.Pod(ns, name, node, ip, labels, ports...)
 }
 
 func apiNamespace(name string, labels map[string]string) *corev1.Namespace {
-	l := lbl("kubernetes.io/metadata.name", name)
+	l := pt.Labels("kubernetes.io/metadata.name", name)
 	for k, v := range labels {
 		l[k] = v
 	}
@@ -158,13 +162,13 @@ func apiNamespace(name string, labels map[string]string) *corev1.Namespace {
 // back removes and restores them, isolation included.
 func TestAgentEnforcesPoliciesLive(t *testing.T) {
 	ctx := context.Background()
-	web := apiPod("x", "web", "n1", "10.128.0.10", lbl("app", "web"), named("http", corev1.ProtocolTCP, 8080))
-	client := apiPod("x", "client", "n2", "10.128.2.20", lbl("app", "client"))
-	other := apiPod("y", "other", "n2", "10.128.2.30", lbl("app", "client"))
-	np := policy("x", "web", lbl("app", "web"), func(s *networkingv1.NetworkPolicySpec) {
+	web := apiPod("x", "web", "n1", "10.128.0.10", pt.Labels("app", "web"), pt.Named("http", corev1.ProtocolTCP, 8080))
+	client := apiPod("x", "client", "n2", "10.128.2.20", pt.Labels("app", "client"))
+	other := apiPod("y", "other", "n2", "10.128.2.30", pt.Labels("app", "client"))
+	np := pt.Policy("x", "web", pt.Labels("app", "web"), func(s *networkingv1.NetworkPolicySpec) {
 		s.Ingress = []networkingv1.NetworkPolicyIngressRule{{
-			From:  []networkingv1.NetworkPolicyPeer{podPeer(lbl("app", "client")), nsPeer(lbl("team", "blue"))},
-			Ports: []networkingv1.NetworkPolicyPort{namedPort(corev1.ProtocolTCP, "http")},
+			From:  []networkingv1.NetworkPolicyPeer{pt.PodPeer(pt.Labels("app", "client")), pt.NsPeer(pt.Labels("team", "blue"))},
+			Ports: []networkingv1.NetworkPolicyPort{pt.NamedPort(corev1.ProtocolTCP, "http")},
 		}}
 	})
 	pa := newPolicyAgent(t, networkv1.PluginModeNetworkPolicy, apiNamespace("x", nil), apiNamespace("y", nil), web, client, other, np)
@@ -179,12 +183,12 @@ func TestAgentEnforcesPoliciesLive(t *testing.T) {
 	})
 
 	// y/other comes in when namespace y is labelled team=blue; goes again when unlabelled.
-	if _, err := pa.api.kube.CoreV1().Namespaces().Update(ctx, apiNamespace("y", lbl("team", "blue")), metav1.UpdateOptions{}); err != nil {
+	if _, err := pa.api.kube.CoreV1().Namespaces().Update(ctx, apiNamespace("y", pt.Labels("team", "blue")), metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	pa.eventually(t, "namespace relabelled in", func() bool { return anyContains(pa.flowsOf(owner), "nw_src=10.128.2.30") })
 	// x/client is relabelled out of the podSelector peer.
-	client.Labels = lbl("app", "gone")
+	client.Labels = pt.Labels("app", "gone")
 	if _, err := pa.api.kube.CoreV1().Pods("x").Update(ctx, client, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -201,7 +205,7 @@ func TestAgentEnforcesPoliciesLive(t *testing.T) {
 	pa.eventually(t, "networkpolicy mode restores them", func() bool { return anyContains(pa.flowsOf(owner), "nw_src=10.128.2.30") && isolated() })
 
 	// The policy changes to an ipBlock, then goes: web is no longer isolated.
-	np.Spec.Ingress[0].From = []networkingv1.NetworkPolicyPeer{blockPeer("198.51.100.0/24")}
+	np.Spec.Ingress[0].From = []networkingv1.NetworkPolicyPeer{pt.BlockPeer("198.51.100.0/24")}
 	if _, err := pa.api.kube.NetworkingV1().NetworkPolicies("x").Update(ctx, np, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -221,14 +225,14 @@ func TestAgentEnforcesPoliciesLive(t *testing.T) {
 // while another policy and the pods keep syncing.
 func TestAgentReportsPolicyProblems(t *testing.T) {
 	ctx := context.Background()
-	partial := policy("x", "partial", nil, func(s *networkingv1.NetworkPolicySpec) {
-		s.Ingress = []networkingv1.NetworkPolicyIngressRule{{Ports: []networkingv1.NetworkPolicyPort{namedPort(corev1.ProtocolTCP, "nope"), tcpPort(80)}}}
+	partial := pt.Policy("x", "partial", nil, func(s *networkingv1.NetworkPolicySpec) {
+		s.Ingress = []networkingv1.NetworkPolicyIngressRule{{Ports: []networkingv1.NetworkPolicyPort{pt.NamedPort(corev1.ProtocolTCP, "nope"), pt.TCPPort(80)}}}
 	})
-	refused := policy("x", "refused", nil, func(s *networkingv1.NetworkPolicySpec) {
-		s.Ingress = []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{blockPeer("203.0.113.0/24")}}}
+	refused := pt.Policy("x", "refused", nil, func(s *networkingv1.NetworkPolicySpec) {
+		s.Ingress = []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{pt.BlockPeer("203.0.113.0/24")}}}
 	})
 	pa := newPolicyAgent(t, networkv1.PluginModeNetworkPolicy, apiNamespace("x", nil),
-		apiPod("x", "a", "n1", "10.128.0.10", lbl("app", "a")), partial, refused)
+		apiPod("x", "a", "n1", "10.128.0.10", pt.Labels("app", "a")), partial, refused)
 	pa.sw.Refuse = func(f openflow.Flow) error {
 		if strings.Contains(f.String(), "203.0.113.0/24") {
 			return errors.New("fake: refused")
@@ -248,14 +252,14 @@ func TestAgentReportsPolicyProblems(t *testing.T) {
 		}
 	}
 	deadline := time.Now().Add(10 * time.Second)
-	for len(pa.events.with(ReasonPolicyNotFullyEnforced)) == 0 || len(pa.events.with("FlowsNotInstalled")) == 0 {
+	for len(pa.events.with(policy.ReasonNotFullyEnforced)) == 0 || len(pa.events.with("FlowsNotInstalled")) == 0 {
 		if time.Now().After(deadline) {
 			t.Fatalf("events: %+v", pa.events.events)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
 	time.Sleep(100 * time.Millisecond) // let further (wrong) Events arrive
-	got := pa.events.with(ReasonPolicyNotFullyEnforced)
+	got := pa.events.with(policy.ReasonNotFullyEnforced)
 	if len(got) != 1 || got[0].Kind != "NetworkPolicy" || got[0].Namespace != "x" || got[0].Name != "partial" || got[0].Type != corev1.EventTypeWarning ||
 		!strings.Contains(got[0].Message, `container port named "nope"`) {
 		t.Errorf("problem Events %+v; want one Warning on x/partial naming the port", got)
@@ -276,7 +280,7 @@ func TestAgentReportsPolicyProblems(t *testing.T) {
 // idempotent.
 func TestTrimForAgent(t *testing.T) {
 	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "x", Name: "a", UID: "u1", ResourceVersion: "7", Labels: lbl("app", "a"),
+		ObjectMeta: metav1.ObjectMeta{Namespace: "x", Name: "a", UID: "u1", ResourceVersion: "7", Labels: pt.Labels("app", "a"),
 			Annotations:   map[string]string{"big": strings.Repeat("x", 1000)},
 			ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubectl"}}, CreationTimestamp: metav1.Unix(100, 0)},
 		Spec: corev1.PodSpec{NodeName: "n1", HostNetwork: true, Volumes: []corev1.Volume{{Name: "v"}},
@@ -287,25 +291,25 @@ func TestTrimForAgent(t *testing.T) {
 		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.128.0.10", PodIPs: []corev1.PodIP{{IP: "10.128.0.10"}},
 			Conditions: []corev1.PodCondition{{Type: corev1.PodReady}}, ContainerStatuses: []corev1.ContainerStatus{{Name: "c"}}},
 	}
-	want := &agentPod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "x", Name: "a", UID: "u1", ResourceVersion: "7", Labels: lbl("app", "a"), CreationTimestamp: metav1.Unix(100, 0)},
+	want := &k8sobj.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "x", Name: "a", UID: "u1", ResourceVersion: "7", Labels: pt.Labels("app", "a"), CreationTimestamp: metav1.Unix(100, 0)},
 		NodeName:   "n1", HostNetwork: true, Phase: corev1.PodRunning, IPs: []string{"10.128.0.10"},
 		Ports: []corev1.ContainerPort{{Name: "http", Protocol: corev1.ProtocolTCP, ContainerPort: 80, HostPort: 8080, HostIP: "192.0.2.11"}},
 	}
-	got, err := trimForAgent(pod)
+	got, err := k8sobj.Trim(pod)
 	if err != nil {
 		t.Fatal(err)
 	}
-	again, _ := trimForAgent(got)
-	for _, g := range []any{got, again, got.(*agentPod).DeepCopyObject()} {
+	again, _ := k8sobj.Trim(got)
+	for _, g := range []any{got, again, got.(*k8sobj.Pod).DeepCopyObject()} {
 		if !equalObjects(g, want) {
 			t.Errorf("trimmed pod\n%+v\nwant\n%+v", g, want)
 		}
 	}
-	np := policy("x", "p", nil, nil)
+	np := pt.Policy("x", "p", nil, nil)
 	np.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "kubectl"}}
 	np.Annotations = map[string]string{corev1.LastAppliedConfigAnnotation: "{...}", "keep": "1"}
-	out, _ := trimForAgent(np)
+	out, _ := k8sobj.Trim(np)
 	if p := out.(*networkingv1.NetworkPolicy); p.ManagedFields != nil || len(p.Annotations) != 1 {
 		t.Errorf("policy keeps managedFields %v and annotations %v", p.ManagedFields, p.Annotations)
 	}
@@ -314,18 +318,19 @@ func TestTrimForAgent(t *testing.T) {
 func equalObjects(a, b any) bool { return fmt.Sprintf("%#v", a) == fmt.Sprintf("%#v", b) }
 
 // TestRestoreLooksUpPodsInTheAgentPodCache: restore's cache lookup reads the cluster-wide informer's
-// agentPods: a pod of this node is found with its UID and its static pod's UID (mirror); a pod bound
+// k8sobj.Pods: a pod of this node is found with its UID and its static pod's UID (mirror); a pod bound
 // elsewhere, or unknown, is left to the API server.
 func TestRestoreLooksUpPodsInTheAgentPodCache(t *testing.T) {
 	here := apiPod("x", "here", "n1", "10.128.0.10", nil)
-	here.UID, here.Annotations = "uid-here", map[string]string{mirrorAnnotation: "uid-static"}
+	here.UID, here.Annotations = "uid-here", map[string]string{k8sobj.MirrorAnnotation: "uid-static"}
 	there := apiPod("x", "there", "n2", "10.128.2.10", nil)
 	pa := newPolicyAgent(t, networkv1.PluginModeSubnet, apiNamespace("x", nil), here, there)
-	if uid, mirror, ok := pa.pods.apiPods.Cached("x", "here"); !ok || uid != "uid-here" || mirror != "uid-static" {
+	lookup := attach.APIPods{Cache: pa.kubeInformers.Core().V1().Pods().Informer().GetStore(), NodeName: "n1"}
+	if uid, mirror, ok := lookup.Cached("x", "here"); !ok || uid != "uid-here" || mirror != "uid-static" {
 		t.Errorf("x/here: %q %q %v", uid, mirror, ok)
 	}
 	for _, name := range []string{"there", "absent"} {
-		if _, _, ok := pa.pods.apiPods.Cached("x", name); ok {
+		if _, _, ok := lookup.Cached("x", name); ok {
 			t.Errorf("x/%s found in this node's cache", name)
 		}
 	}

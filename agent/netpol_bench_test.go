@@ -8,6 +8,9 @@ import (
 	"testing"
 	"time"
 
+	pt "github.com/ofsdn/ofsdn/agent/policy/policytest"
+
+	"github.com/ofsdn/ofsdn/agent/k8sobj"
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
 	"github.com/ofsdn/ofsdn/internal/ofbridge"
 	corev1 "k8s.io/api/core/v1"
@@ -24,25 +27,25 @@ func benchPolicyCluster() []runtime.Object {
 	var objs []runtime.Object
 	for i := range 10 {
 		ns := fmt.Sprint("ns", i)
-		objs = append(objs, apiNamespace(ns, lbl("team", fmt.Sprint("t", i%3))))
+		objs = append(objs, apiNamespace(ns, pt.Labels("team", fmt.Sprint("t", i%3))))
 		for j := range 100 {
 			node, ip := "n2", fmt.Sprintf("10.129.%d.%d", i, 10+j)
 			if j < 11 {
 				node, ip = "n1", fmt.Sprintf("10.128.0.%d", 10+i*11+j)
 			}
-			objs = append(objs, apiPod(ns, fmt.Sprint("p", j), node, ip, lbl("app", fmt.Sprint("a", j%5), "role", fmt.Sprint("r", j%4)),
-				named("http", corev1.ProtocolTCP, 8080)))
+			objs = append(objs, apiPod(ns, fmt.Sprint("p", j), node, ip, pt.Labels("app", fmt.Sprint("a", j%5), "role", fmt.Sprint("r", j%4)),
+				pt.Named("http", corev1.ProtocolTCP, 8080)))
 		}
 		for k := range 10 {
-			objs = append(objs, policy(ns, fmt.Sprint("np", k), lbl("app", fmt.Sprint("a", k%5)), func(s *networkingv1.NetworkPolicySpec) {
+			objs = append(objs, pt.Policy(ns, fmt.Sprint("np", k), pt.Labels("app", fmt.Sprint("a", k%5)), func(s *networkingv1.NetworkPolicySpec) {
 				s.Ingress = []networkingv1.NetworkPolicyIngressRule{{
-					From:  []networkingv1.NetworkPolicyPeer{podPeer(lbl("role", fmt.Sprint("r", k%4)))},
-					Ports: []networkingv1.NetworkPolicyPort{tcpPort(8080), namedPort(corev1.ProtocolTCP, "http")}}}
-				peer := nsPeer(lbl("team", fmt.Sprint("t", k%3)))
-				peer.PodSelector = podPeer(lbl("app", fmt.Sprint("a", (k+1)%5))).PodSelector
+					From:  []networkingv1.NetworkPolicyPeer{pt.PodPeer(pt.Labels("role", fmt.Sprint("r", k%4)))},
+					Ports: []networkingv1.NetworkPolicyPort{pt.TCPPort(8080), pt.NamedPort(corev1.ProtocolTCP, "http")}}}
+				peer := pt.NsPeer(pt.Labels("team", fmt.Sprint("t", k%3)))
+				peer.PodSelector = pt.PodPeer(pt.Labels("app", fmt.Sprint("a", (k+1)%5))).PodSelector
 				udp := corev1.ProtocolUDP
 				s.Egress = []networkingv1.NetworkPolicyEgressRule{{To: []networkingv1.NetworkPolicyPeer{peer},
-					Ports: []networkingv1.NetworkPolicyPort{{Protocol: &udp, Port: tcpPort(53).Port}, tcpPort(8080)}}}
+					Ports: []networkingv1.NetworkPolicyPort{{Protocol: &udp, Port: pt.TCPPort(53).Port}, pt.TCPPort(8080)}}}
 			}))
 		}
 	}
@@ -90,10 +93,10 @@ func BenchmarkPolicyPodRelabel(b *testing.B) {
 				for i := range 50 { // 50 changes an iteration: percentiles even at -benchtime 3x
 					next := pod.DeepCopy()
 					if i%2 == 0 {
-						next.Labels = lbl("app", "a3", "role", pod.Labels["role"])
+						next.Labels = pt.Labels("app", "a3", "role", pod.Labels["role"])
 					}
 					t0 := time.Now()
-					handler(agentPodOf(next), false)
+					handler(k8sobj.PodOf(next), false)
 					st, err := pa.fs.syncThrough(ctx, pa.view.update(func(*nodeView) {}))
 					if err != nil {
 						b.Fatal(err)

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ofsdn/ofsdn/agent/attach"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
 	"github.com/ofsdn/ofsdn/flows/reconcile"
 	"github.com/ofsdn/ofsdn/internal/ovstest"
@@ -47,7 +48,7 @@ func TestRestartRoundsOnOVS(t *testing.T) {
 	b := inst.AddPod("br0", "b", netip.MustParsePrefix("10.128.0.3/23"), net.HardwareAddr{0x0a, 0x58, 10, 128, 0, 3}, 11)
 	view := testView()
 	view.update(func(v *nodeView) {
-		v.pods = map[string]localPod{
+		v.pods = map[string]attach.Pod{
 			"a/web": {Namespace: "a", Name: "web", IP: netip.MustParseAddr("10.128.0.2"), MAC: a.MAC, OFPort: 10},
 			"a/db":  {Namespace: "a", Name: "db", IP: netip.MustParseAddr("10.128.0.3"), MAC: b.MAC, OFPort: 11},
 		}
@@ -66,7 +67,7 @@ func TestRestartRoundsOnOVS(t *testing.T) {
 		if _, err := r.LoadInstalled(ctx); err != nil {
 			t.Fatal(err)
 		}
-		fs := newFlowSync(view, r, klog.Background())
+		fs := newFlowSync(view, r, flowSyncHooks{}, klog.Background())
 		if _, err := fs.syncNow(ctx); err != nil {
 			t.Fatal(err)
 		}

@@ -1,12 +1,6 @@
 package agent
 
 import (
-	"cmp"
-	"net/netip"
-	"slices"
-
-	"github.com/ofsdn/ofsdn/flows/openflow"
-	"github.com/ofsdn/ofsdn/flows/pipeline"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/client-go/tools/cache"
@@ -14,11 +8,8 @@ import (
 )
 
 // Services reach the agent as Services and EndpointSlices (informers, watchServices); the view keeps
-// the API objects as the informer cache gave them (never mutated) and serviceStates turns them into
+// the API objects as the informer cache gave them (never mutated) and services.States turns them into
 // pipeline.ServiceState at each snapshot, so the flows follow whichever of the two changed.
-
-// defaultAffinityTimeout is Kubernetes' default sessionAffinity ClientIP timeout (3 hours).
-const defaultAffinityTimeout = 10800
 
 // watchServices feeds Services and EndpointSlices into the node view.
 type watchServices struct {
@@ -57,167 +48,4 @@ func (w *watchServices) endpointSlice(obj any, deleted bool) {
 		v.slices[key] = es
 	})
 	w.sync.trigger()
-}
-
-// converted is one service's last conversion and the objects it came from. Informer objects are
-// replaced, never changed, on update: the same pointers mean the same content.
-type converted struct {
-	svc    *corev1.Service
-	slices []*discoveryv1.EndpointSlice
-	vnid   uint32
-	st     pipeline.ServiceState
-	ok     bool
-}
-
-// serviceCache converts only the services whose Service, EndpointSlices or VNID changed since the
-// last snapshot (with 1,000 services, one endpoint change converts one).
-type serviceCache map[string]converted
-
-// serviceStates assembles the services the node renders: every Service with an IPv4 ClusterIP, with
-// the endpoints its EndpointSlices list for each port. Sorted by namespace/name. cache may be nil.
-func serviceStates(services map[string]*corev1.Service, endpointSlices map[string]*discoveryv1.EndpointSlice, nodeName string,
-	vnids map[string]uint32, cache serviceCache) []pipeline.ServiceState {
-	byService := map[string][]*discoveryv1.EndpointSlice{}
-	for _, es := range endpointSlices {
-		name := es.Labels[discoveryv1.LabelServiceName]
-		if name == "" || es.AddressType != discoveryv1.AddressTypeIPv4 {
-			continue
-		}
-		k := es.Namespace + "/" + name
-		byService[k] = append(byService[k], es)
-	}
-	out := make([]pipeline.ServiceState, 0, len(services))
-	for key, svc := range services {
-		esl := byService[key]
-		slices.SortFunc(esl, func(a, b *discoveryv1.EndpointSlice) int { return cmp.Compare(a.Name, b.Name) })
-		c, hit := cache[key]
-		if !hit || c.svc != svc || c.vnid != vnids[svc.Namespace] || !slices.Equal(c.slices, esl) {
-			c = converted{svc: svc, slices: esl, vnid: vnids[svc.Namespace]}
-			c.st, c.ok = serviceState(svc, esl, nodeName, vnids)
-			if cache != nil {
-				cache[key] = c
-			}
-		}
-		if c.ok {
-			out = append(out, c.st)
-		}
-	}
-	for key := range cache {
-		if _, still := services[key]; !still {
-			delete(cache, key)
-		}
-	}
-	slices.SortFunc(out, func(a, b pipeline.ServiceState) int {
-		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
-	})
-	return out
-}
-
-// Labels by which a Service asks the cluster's service proxy to leave it alone, as kube-proxy honours
-// them (found by the upstream Services tests): one naming another proxy, and one marking it headless.
-const (
-	labelServiceProxyName = "service.kubernetes.io/service-proxy-name"
-	labelHeadless         = "service.kubernetes.io/headless"
-)
-
-// serviceState converts one Service and its slices; ok is false for what br0 does not serve
-// (headless and ExternalName services, IPv6-only ClusterIPs, services for another proxy).
-func serviceState(svc *corev1.Service, endpointSlices []*discoveryv1.EndpointSlice, nodeName string, vnids map[string]uint32) (pipeline.ServiceState, bool) {
-	if svc.Spec.Type == corev1.ServiceTypeExternalName {
-		return pipeline.ServiceState{}, false
-	}
-	if _, other := svc.Labels[labelServiceProxyName]; other {
-		return pipeline.ServiceState{}, false
-	}
-	if _, headless := svc.Labels[labelHeadless]; headless {
-		return pipeline.ServiceState{}, false
-	}
-	ip, err := netip.ParseAddr(svc.Spec.ClusterIP)
-	if err != nil || !ip.Is4() {
-		return pipeline.ServiceState{}, false
-	}
-	st := pipeline.ServiceState{Namespace: svc.Namespace, Name: svc.Name, ClusterIP: ip}
-	if svc.Spec.SessionAffinity == corev1.ServiceAffinityClientIP {
-		st.AffinityTimeout = defaultAffinityTimeout
-		if c := svc.Spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil && *c.ClientIP.TimeoutSeconds > 0 {
-			st.AffinityTimeout = uint32(*c.ClientIP.TimeoutSeconds)
-		}
-	}
-	nodePorts := svc.Spec.Type == corev1.ServiceTypeNodePort || svc.Spec.Type == corev1.ServiceTypeLoadBalancer
-	st.ExternalLocal = nodePorts && svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal
-	st.InternalLocal = svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal
-	vnid := vnids[svc.Namespace]
-	for _, sp := range svc.Spec.Ports {
-		proto, ok := protocolNumber(sp.Protocol)
-		if !ok || sp.Port <= 0 || sp.Port > 65535 {
-			continue
-		}
-		p := pipeline.ServicePort{Name: sp.Name, Protocol: proto, Port: uint16(sp.Port)}
-		if nodePorts && sp.NodePort > 0 && sp.NodePort <= 65535 {
-			p.NodePort = uint16(sp.NodePort)
-		}
-		for _, es := range endpointSlices {
-			port, ok := slicePort(es, sp)
-			if !ok {
-				continue
-			}
-			for _, e := range es.Endpoints {
-				if len(e.Addresses) == 0 {
-					continue
-				}
-				addr, err := netip.ParseAddr(e.Addresses[0])
-				if err != nil || !addr.Is4() {
-					continue
-				}
-				ready := e.Conditions.Ready == nil || *e.Conditions.Ready
-				ep := pipeline.Endpoint{IP: addr, Port: port, Ready: ready, VNID: vnid,
-					Serving:     e.Conditions.Serving == nil && ready || e.Conditions.Serving != nil && *e.Conditions.Serving,
-					Terminating: e.Conditions.Terminating != nil && *e.Conditions.Terminating}
-				if e.NodeName != nil {
-					ep.NodeName = *e.NodeName
-					ep.Local = ep.NodeName == nodeName
-				}
-				p.Endpoints = append(p.Endpoints, ep)
-			}
-		}
-		slices.SortFunc(p.Endpoints, func(a, b pipeline.Endpoint) int {
-			return cmp.Or(a.IP.Compare(b.IP), cmp.Compare(a.Port, b.Port))
-		})
-		st.Ports = append(st.Ports, p)
-	}
-	return st, true
-}
-
-// slicePort finds the slice's port for a service port: same name (both may be empty) and protocol (TCP
-// where either leaves it unset, as the API defaults it).
-func slicePort(es *discoveryv1.EndpointSlice, sp corev1.ServicePort) (uint16, bool) {
-	if sp.Protocol == "" {
-		sp.Protocol = corev1.ProtocolTCP
-	}
-	for _, p := range es.Ports {
-		name := ""
-		if p.Name != nil {
-			name = *p.Name
-		}
-		proto := corev1.ProtocolTCP
-		if p.Protocol != nil {
-			proto = *p.Protocol
-		}
-		if name == sp.Name && proto == sp.Protocol && p.Port != nil && *p.Port > 0 && *p.Port <= 65535 {
-			return uint16(*p.Port), true
-		}
-	}
-	return 0, false
-}
-
-func protocolNumber(p corev1.Protocol) (uint8, bool) {
-	switch p {
-	case corev1.ProtocolTCP, "":
-		return openflow.IPProtoTCP, true
-	case corev1.ProtocolUDP:
-		return openflow.IPProtoUDP, true
-	case corev1.ProtocolSCTP:
-		return openflow.IPProtoSCTP, true
-	}
-	return 0, false
 }

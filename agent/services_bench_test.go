@@ -39,7 +39,7 @@ func BenchmarkServiceEndpointChange(b *testing.B) {
 		}
 	})
 	sw := &countingSwitch{}
-	fs := newFlowSync(v, reconcile.New(sw, reconcile.Config{Round: 1}), klog.Background())
+	fs := newFlowSync(v, reconcile.New(sw, reconcile.Config{Round: 1}), flowSyncHooks{}, klog.Background())
 	ctx := context.Background()
 	start := time.Now()
 	if _, err := fs.syncNow(ctx); err != nil {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ofsdn/ofsdn/agent/nodenet"
+	"github.com/ofsdn/ofsdn/agent/services"
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
 	"github.com/ofsdn/ofsdn/flows/openflow"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
@@ -87,7 +88,7 @@ func TestServiceStates(t *testing.T) {
 			s.Spec.Ports[0].Name = "other"
 		})},
 		slices: []*discoveryv1.EndpointSlice{testSlice("c-1", "c", 8080, ep("10.128.2.5", "n2", yes, yes, no))},
-		want: []pipeline.ServiceState{{Namespace: "a", Name: "c", ClusterIP: addr("172.30.0.10"), AffinityTimeout: defaultAffinityTimeout,
+		want: []pipeline.ServiceState{{Namespace: "a", Name: "c", ClusterIP: addr("172.30.0.10"), AffinityTimeout: 10800,
 			Ports: []pipeline.ServicePort{{Name: "other", Protocol: openflow.IPProtoTCP, Port: 80}}}},
 	}, {
 		name: "headless, ExternalName, IPv6 and malformed are skipped",
@@ -101,8 +102,8 @@ func TestServiceStates(t *testing.T) {
 	}, {
 		name: "services labelled for another proxy or as headless are left alone, as kube-proxy does",
 		services: []*corev1.Service{
-			testService("other-proxy", func(s *corev1.Service) { s.Labels = map[string]string{labelServiceProxyName: "foo-bar"} }),
-			testService("marked-headless", func(s *corev1.Service) { s.Labels = map[string]string{labelHeadless: ""} }),
+			testService("other-proxy", func(s *corev1.Service) { s.Labels = map[string]string{services.LabelServiceProxyName: "foo-bar"} }),
+			testService("marked-headless", func(s *corev1.Service) { s.Labels = map[string]string{corev1.IsHeadlessService: ""} }),
 		},
 		slices: []*discoveryv1.EndpointSlice{testSlice("o-1", "other-proxy", 8080, ep("10.128.2.5", "n2", yes, yes, no))},
 		want:   []pipeline.ServiceState{},
@@ -117,7 +118,7 @@ func TestServiceStates(t *testing.T) {
 			for _, s := range tt.slices {
 				sl[s.Namespace+"/"+s.Name] = s
 			}
-			got := serviceStates(svcs, sl, "n1", map[string]uint32{"a": 11}, nil)
+			got := services.States(svcs, sl, "n1", map[string]uint32{"a": 11}, nil)
 			if len(got) != len(tt.want) {
 				t.Fatalf("got %d services %+v, want %d", len(got), got, len(tt.want))
 			}
@@ -225,7 +226,7 @@ func TestServiceInformers(t *testing.T) {
 		waitSnapshot(t, a, what, func(st pipeline.NodeState, _ []string) bool { return reflect.DeepEqual(st.Services, want) })
 	}
 	// Sorted by namespace/name.
-	st, _, _ := a.view.snapshot()
+	st := a.view.snapshot().state
 	if want := []pipeline.ServiceState{lb, multi, np, web}; !reflect.DeepEqual(st.Services, want) {
 		for i := range max(len(st.Services), len(want)) {
 			var g, w pipeline.ServiceState
@@ -305,7 +306,7 @@ func TestHostPortWatch(t *testing.T) {
 		pod("done", testNode, 0, func(p *corev1.Pod) { p.Status.Phase = corev1.PodSucceeded }, hp(5050, 50, "")),
 	)
 	for i, name := range []string{"old", "new", "pinned", "hostnet", "done"} {
-		attach(a, "a", name, fmt.Sprintf("10.128.0.%d", 10+i), uint32(10+i))
+		attachPod(a, "a", name, fmt.Sprintf("10.128.0.%d", 10+i), uint32(10+i))
 	}
 	a.view.mu.Lock()
 	var keys []string

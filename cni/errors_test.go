@@ -259,7 +259,26 @@ func TestPendingDeletes(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "junk.json"), []byte("{"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// What plugins that died mid-write left: skipped, and removed once a minute old.
+	fresh, stale := filepath.Join(dir, ".fresh.json.tmp-1"), filepath.Join(dir, ".stale.json.tmp-2")
+	for _, p := range []string{fresh, stale} {
+		if err := os.WriteFile(p, []byte(`{"containerID":"half`), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chtimes(stale, time.Now().Add(-2*time.Minute), time.Now().Add(-2*time.Minute)); err != nil {
+		t.Fatal(err)
+	}
 	ds, errs := ReadPendingDeletes(dir)
+	if _, err := os.Stat(fresh); err != nil {
+		t.Errorf("a fresh temporary file was removed: %v", err)
+	}
+	if _, err := os.Stat(stale); !os.IsNotExist(err) {
+		t.Errorf("a stale temporary file was kept: %v", err)
+	}
+	if err := os.Remove(fresh); err != nil {
+		t.Fatal(err)
+	}
 	var m *MalformedPendingDelete
 	if len(errs) != 1 || !errors.As(errs[0], &m) {
 		t.Fatalf("errors %v, want the malformed file reported", errs)

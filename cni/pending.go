@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/ofsdn/ofsdn/internal/atomicfile"
 )
 
 // DefaultPendingDeletesDir is where the plugin leaves DELs for an agent at DefaultSocket.
@@ -50,8 +52,8 @@ func pendingFile(dir, containerID, ifName string) string {
 	return filepath.Join(dir, hex.EncodeToString(sum[:16])+".json")
 }
 
-// WritePendingDelete leaves a DEL for the agent, durably: written to a temporary file, synced, renamed
-// into place and the directory synced, so the agent reads either the whole DEL or none.
+// WritePendingDelete leaves a DEL for the agent, durably (internal/atomicfile: the agent reads either
+// the whole DEL or none, and it survives a crash once written).
 //
 // Why a pending delete rather than failing the DEL with "try again later": the runtime would retry, but
 // kubelet cannot finish deleting a pod (nor its namespace, nor drain the node) until a DEL succeeds, so
@@ -62,38 +64,15 @@ func pendingFile(dir, containerID, ifName string) string {
 // DEL returned), then every few seconds. When the DEL cannot even be written, the plugin fails it with
 // code 11 and the runtime retries.
 func WritePendingDelete(dir string, req *Request, reason error) error {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return err
+	if err := os.MkdirAll(dir, 0o700); err != nil { // root's alone, as the agent's socket is
+		return fmt.Errorf("pending delete: %w", err)
 	}
 	data, err := json.Marshal(&PendingDelete{ContainerID: req.ContainerID, IfName: req.IfName, Netns: req.Netns, Args: req.Args,
 		Reason: reason.Error(), Written: time.Now().UTC()})
 	if err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(dir, ".tmp-")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	_, err = tmp.Write(data)
-	if err == nil {
-		err = tmp.Sync()
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return err
-	}
-	if err := os.Rename(tmp.Name(), pendingFile(dir, req.ContainerID, req.IfName)); err != nil {
-		return err
-	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
+	return atomicfile.Write(pendingFile(dir, req.ContainerID, req.IfName), data, 0o600)
 }
 
 // ReadPendingDeletes returns the pending DELs in dir, oldest first, and the files it could not read.
@@ -110,7 +89,7 @@ func ReadPendingDeletes(dir string) ([]PendingDelete, []error) {
 	var errs []error
 	for _, e := range entries {
 		path := filepath.Join(dir, e.Name())
-		if strings.HasPrefix(e.Name(), ".tmp-") {
+		if atomicfile.IsTemp(e.Name()) {
 			if info, err := e.Info(); err == nil && time.Since(info.ModTime()) > time.Minute {
 				_ = os.Remove(path)
 			}

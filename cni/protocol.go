@@ -14,6 +14,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"path/filepath"
+	"strings"
 
 	"github.com/containernetworking/cni/pkg/types"
 )
@@ -45,7 +46,26 @@ type NetConf struct {
 	// PendingDeletesDir is where the plugin leaves DELs the agent could not take (default: next to the
 	// agent's socket, DefaultPendingDeletesDir).
 	PendingDeletesDir string `json:"pendingDeletesDir,omitempty"`
+	// Network names an ofsdn Network (network.ofsdn.io): the configuration of a
+	// NetworkAttachmentDefinition, which Multus passes with CNI_IFNAME=net1...; the call attaches that
+	// one interface to that Network. Empty: the cluster network (eth0), and the pod's networks.
+	Network string `json:"network,omitempty"`
+	// AttachNetworks false leaves the pod's k8s.v1.cni.cncf.io/networks to a meta-plugin (Multus);
+	// unset or true, the cluster network's ADD attaches them too, so no meta-plugin is needed.
+	AttachNetworks *bool `json:"attachNetworks,omitempty"`
+	// RuntimeConfig carries what a runtime passes for the capabilities ips and mac (Multus: the
+	// annotation's static address and MAC).
+	RuntimeConfig RuntimeConfig `json:"runtimeConfig,omitzero"`
 }
+
+// RuntimeConfig is the runtimeConfig ofsdn reads.
+type RuntimeConfig struct {
+	IPs []string `json:"ips,omitempty"`
+	MAC string   `json:"mac,omitempty"`
+}
+
+// AttachesNetworks says whether the cluster network's ADD attaches the pod's networks too.
+func (c *NetConf) AttachesNetworks() bool { return c.AttachNetworks == nil || *c.AttachNetworks }
 
 // Validate reports configuration errors with the spec's codes: fields ofsdn does not support (2) and
 // values it cannot use (7).
@@ -59,6 +79,12 @@ func (c *NetConf) Validate() error {
 	}
 	if c.MTU != 0 && (c.MTU < 576 || c.MTU > 65535) {
 		return Errorf(ErrInvalidConfig, "ofsdn: mtu %d out of range [576, 65535]", c.MTU)
+	}
+	if c.Network != "" && (len(c.Network) > 63 || strings.ContainsAny(c.Network, "/ \t\n")) {
+		return Errorf(ErrInvalidConfig, "ofsdn: network %q is no Network name", c.Network)
+	}
+	if c.Network == "" && (len(c.RuntimeConfig.IPs) > 0 || c.RuntimeConfig.MAC != "") {
+		return Errorf(ErrInvalidConfig, "ofsdn: runtimeConfig ips and mac apply to a Network's interface (\"network\"), not the cluster network's")
 	}
 	for field, path := range map[string]string{"agentSocket": c.AgentSocket, "pendingDeletesDir": c.PendingDeletesDir} {
 		if path != "" && !filepath.IsAbs(path) {

@@ -115,7 +115,8 @@ func (a *SubnetAllocator) Release(p netip.Prefix) { delete(a.used, p) }
 
 // VNIDAllocator hands out VNIDs MinVNID..MaxVNID and counts the namespaces that share each one (after a
 // join), so a VNID is free again only when its last namespace leaves it. VNID 0 (global) is never
-// allocated or counted.
+// allocated or counted. Networks' VNIs come from one of their own (newVNIDAllocator(MinNetworkVNI,
+// MaxNetworkVNI)), with one user each.
 type VNIDAllocator struct {
 	refs   map[uint32]int
 	next   uint32
@@ -125,18 +126,20 @@ type VNIDAllocator struct {
 // NewVNIDAllocator returns an empty allocator.
 func NewVNIDAllocator() *VNIDAllocator { return newVNIDAllocator(networkv1.MinVNID, networkv1.MaxVNID) }
 
-// newVNIDAllocator hands out lo..hi only: tests run out of VNIDs without 16 million namespaces.
+// newVNIDAllocator hands out and accepts lo..hi only: Networks' VNIs (MinNetworkVNI-MaxNetworkVNI), and
+// tests that run out of VNIDs without 16 million namespaces.
 func newVNIDAllocator(lo, hi uint32) *VNIDAllocator {
 	return &VNIDAllocator{refs: map[uint32]int{}, next: lo, lo: lo, hi: hi}
 }
 
-// Use adds a namespace to a VNID (an existing NetNamespace at start, or a join).
+// Use adds a user to a VNID of the allocator's range (an existing NetNamespace at start, or a join; a
+// Network's VNI).
 func (a *VNIDAllocator) Use(id uint32) error {
 	if id == networkv1.GlobalVNID {
 		return nil
 	}
-	if id < networkv1.MinVNID || id > networkv1.MaxVNID {
-		return fmt.Errorf("VNID %d out of range %d-%d", id, networkv1.MinVNID, networkv1.MaxVNID)
+	if id < a.lo || id > a.hi {
+		return fmt.Errorf("VNID %d out of range %d-%d", id, a.lo, a.hi)
 	}
 	a.refs[id]++
 	return nil

@@ -122,6 +122,22 @@ func TestVNIDAllocator(t *testing.T) {
 	}
 }
 
+// An allocator over Networks' VNIs accepts and hands out only those: a tenant's VNID is refused.
+func TestVNIDAllocatorOfNetworks(t *testing.T) {
+	a := newVNIDAllocator(networkv1.MinNetworkVNI, networkv1.MaxNetworkVNI)
+	if id, err := a.Allocate(); err != nil || id != networkv1.MinNetworkVNI {
+		t.Fatalf("Allocate: %d %v, want %d", id, err, networkv1.MinNetworkVNI)
+	}
+	if err := a.Use(networkv1.MaxNetworkVNI); err != nil {
+		t.Error(err)
+	}
+	for _, bad := range []uint32{networkv1.MinVNID, networkv1.MaxVNID, networkv1.MaxNetworkVNI + 1} {
+		if err := a.Use(bad); err == nil {
+			t.Errorf("Use(%d) accepted", bad)
+		}
+	}
+}
+
 func TestValidateSpec(t *testing.T) {
 	good := networkv1.ClusterNetworkSpec{ClusterCIDRs: []networkv1.CIDR{"10.128.0.0/14"}, HostSubnetLength: 9,
 		ServiceNetwork: "172.30.0.0/16", PluginMode: networkv1.PluginModeMultitenant}

@@ -1,7 +1,7 @@
 // Package controller is ofsdn's control plane (one active replica, leader-elected): it keeps the
 // ClusterNetwork `default`, a HostSubnet per Node and a NetNamespace (VNID) per Namespace, and carries out
 // the change-network requests (join / isolate / global) written on NetNamespaces, as openshift-sdn's master
-// did. The client-go pattern throughout: informers (from factories the caller builds, sample-controller's
+// did; and for every Network its VNI, a NetworkSubnet per node, its finalizer and its status (networks.go). The client-go pattern throughout: informers (from factories the caller builds, sample-controller's
 // shape) feed workqueues keyed by object name; each sync function is idempotent; allocators are plain
 // data rebuilt from the API objects on every start and told of every object found since, so a controller
 // killed at any point resumes without changing or repeating an allocation.
@@ -30,6 +30,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
@@ -76,6 +77,7 @@ type Controller struct {
 	vnidRange [2]uint32
 
 	nodeQ, nsQ, changeQ, statusQ workqueue.TypedRateLimitingInterface[string]
+	nets                         networkState // Networks (networks.go); its maps under mu
 
 	mu         sync.Mutex // guards everything below
 	accepted   networkv1.ClusterNetworkSpec
@@ -89,8 +91,8 @@ type Controller struct {
 }
 
 // New builds a controller on informers from the caller's factories (sample-controller's
-// NewController shape): Nodes and Namespaces from kubeInformers; HostSubnets, NetNamespaces and the
-// ClusterNetwork from netInformers. It registers its handlers and does no I/O; Run starts the factories
+// NewController shape): Nodes and Namespaces from kubeInformers; HostSubnets, NetNamespaces, the
+// ClusterNetwork, Networks and NetworkSubnets from netInformers. It registers its handlers and does no I/O; Run starts the factories
 // (Start is idempotent: a caller that started them already loses nothing), waits for their caches and
 // runs the workers.
 func New(kube kubernetes.Interface, net networkclient.Interface, kubeInformers informers.SharedInformerFactory,
@@ -112,6 +114,8 @@ func New(kube kubernetes.Interface, net networkclient.Interface, kubeInformers i
 		nodeQ: rl("nodes"), nsQ: rl("namespaces"), changeQ: rl("change-network"), statusQ: rl("status"),
 		nodeSubnet: map[string]netip.Prefix{}, nsVNID: map[string]uint32{}, waiting: map[string]bool{}, refused: map[string]string{},
 		vnidRange: [2]uint32{networkv1.MinVNID, networkv1.MaxVNID},
+		nets: networkState{queue: rl("networks"), vniRange: [2]uint32{networkv1.MinNetworkVNI, networkv1.MaxNetworkVNI},
+			deleted: map[types.UID]string{}},
 		factories: []interface{ Start(<-chan struct{}) }{kubeInformers, netInformers}}
 
 	nodeInf, nsInf := kubeInformers.Core().V1().Nodes(), kubeInformers.Core().V1().Namespaces()
@@ -145,6 +149,9 @@ func New(kube kubernetes.Interface, net networkclient.Interface, kubeInformers i
 		}
 		c.synced = append(c.synced, h.informer.HasSynced)
 	}
+	if err := c.wireNetworks(net1, nodeInf, hsInf); err != nil {
+		return nil, fmt.Errorf("controller: %w", err)
+	}
 	return c, nil
 }
 
@@ -173,6 +180,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	defer c.nsQ.ShutDown()
 	defer c.changeQ.ShutDown()
 	defer c.statusQ.ShutDown()
+	defer c.nets.queue.ShutDown()
 	if c.recorder == nil {
 		broadcaster := record.NewBroadcaster(record.WithContext(ctx))
 		broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.kube.CoreV1().Events("")})
@@ -198,7 +206,8 @@ func (c *Controller) Run(ctx context.Context) error {
 	if err := c.rebuild(); err != nil {
 		return err
 	}
-	c.log.Info("allocators rebuilt", "subnets", c.subnetA.Used(), "subnetsTotal", c.subnetA.Total(), "vnids", len(c.vnidA.InUse()))
+	c.log.Info("allocators rebuilt", "subnets", c.subnetA.Used(), "subnetsTotal", c.subnetA.Total(), "vnids", len(c.vnidA.InUse()),
+		"networks", len(c.nets.vni))
 	var wg sync.WaitGroup
 	for _, w := range []struct {
 		q       workqueue.TypedRateLimitingInterface[string]
@@ -206,7 +215,8 @@ func (c *Controller) Run(ctx context.Context) error {
 		sync    func(context.Context, string) error
 		workers int
 	}{{c.nodeQ, "node", c.syncNode, c.cfg.Workers}, {c.nsQ, "namespace", c.syncNamespace, c.cfg.Workers},
-		{c.changeQ, "change-network", c.syncChangeNetwork, 1}, {c.statusQ, "status", c.syncStatus, 1}} {
+		{c.changeQ, "change-network", c.syncChangeNetwork, 1}, {c.statusQ, "status", c.syncStatus, 1},
+		{c.nets.queue, "network", c.syncNetwork, c.cfg.Workers}} {
 		for range w.workers {
 			wg.Add(1)
 			go func() { defer wg.Done(); c.work(ctx, w.q, w.name, w.sync) }()
@@ -221,6 +231,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	c.nsQ.ShutDown()
 	c.changeQ.ShutDown()
 	c.statusQ.ShutDown()
+	c.nets.queue.ShutDown()
 	wg.Wait()
 	return nil
 }
@@ -270,7 +281,7 @@ func (c *Controller) rebuild() error {
 	for _, nn := range nns {
 		c.adoptVNIDLocked(nn)
 	}
-	return nil
+	return c.rebuildNetworksLocked()
 }
 
 // adoptSubnetLocked counts the subnet of a HostSubnet this run did not allocate — one that existed at

@@ -10,11 +10,13 @@ import (
 
 // Metrics are the controller's Prometheus metrics.
 type Metrics struct {
-	Allocations  *prometheus.CounterVec   // by kind: subnet, vnid
-	Errors       *prometheus.CounterVec   // sync errors by queue
-	SyncDuration *prometheus.HistogramVec // by queue
-	IsLeader     prometheus.Gauge
-	registry     *prometheus.Registry
+	Allocations    *prometheus.CounterVec   // by kind: subnet, vnid, network-vni, network-subnet
+	Errors         *prometheus.CounterVec   // sync errors by queue
+	SyncDuration   *prometheus.HistogramVec // by queue
+	IsLeader       prometheus.Gauge
+	Networks       prometheus.Gauge // Networks holding a VNI
+	NetworkSubnets prometheus.Gauge // NetworkSubnets' subnets allocated, over all Networks
+	registry       *prometheus.Registry
 }
 
 // NewMetrics registers the metrics in reg (a fresh registry when nil).
@@ -24,15 +26,19 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 	}
 	m := &Metrics{
 		Allocations: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ofsdn_controller_allocations_total",
-			Help: "Host subnets and VNIDs allocated."}, []string{"kind"}),
+			Help: "Host subnets, VNIDs, Networks' VNIs and Networks' node subnets allocated."}, []string{"kind"}),
 		Errors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ofsdn_controller_sync_errors_total",
 			Help: "Failed syncs, retried with backoff."}, []string{"queue"}),
 		SyncDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "ofsdn_controller_sync_duration_seconds",
 			Help: "Time to sync one object.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}, []string{"queue"}),
 		IsLeader: prometheus.NewGauge(prometheus.GaugeOpts{Name: "ofsdn_controller_is_leader", Help: "1 while this replica leads."}),
+		Networks: prometheus.NewGauge(prometheus.GaugeOpts{Name: "ofsdn_controller_networks",
+			Help: "Networks holding a VNI (valid, or being deleted while pods are attached)."}),
+		NetworkSubnets: prometheus.NewGauge(prometheus.GaugeOpts{Name: "ofsdn_controller_network_subnets",
+			Help: "Node subnets allocated to Networks (one per NetworkSubnet)."}),
 		registry: reg,
 	}
-	reg.MustRegister(m.Allocations, m.Errors, m.SyncDuration, m.IsLeader,
+	reg.MustRegister(m.Allocations, m.Errors, m.SyncDuration, m.IsLeader, m.Networks, m.NetworkSubnets,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -121,7 +121,7 @@ func newFixture(t *testing.T, o fixtureOpts, objects ...runtime.Object) *fixture
 		c.vnidRange = o.vnids
 	}
 	t.Cleanup(func() {
-		for _, q := range []workqueue.TypedRateLimitingInterface[string]{c.nodeQ, c.nsQ, c.changeQ, c.statusQ} {
+		for _, q := range []workqueue.TypedRateLimitingInterface[string]{c.nodeQ, c.nsQ, c.changeQ, c.statusQ, c.nets.queue} {
 			q.ShutDown()
 		}
 	})
@@ -170,9 +170,13 @@ func (f *fixture) resync() {
 	replace(net.NetNamespaces().Informer(), nns, err)
 	cns, err := f.net.NetworkV1().ClusterNetworks().List(f.ctx, lo)
 	replace(net.ClusterNetworks().Informer(), cns, err)
+	nets, err := f.net.NetworkV1().Networks().List(f.ctx, lo)
+	replace(net.Networks().Informer(), nets, err)
+	nss2, err := f.net.NetworkV1().NetworkSubnets().List(f.ctx, lo)
+	replace(net.NetworkSubnets().Informer(), nss2, err)
 }
 
-// writes lists the API writes made since the last call, as "verb resource/name".
+// writes lists the API writes made since the last call, as "verb resource/name[/subresource]".
 func (f *fixture) writes() []string {
 	var out []string
 	for _, a := range append(f.kube.Actions(), f.net.Actions()...) {
@@ -188,7 +192,11 @@ func (f *fixture) writes() []string {
 		case k8stesting.DeleteAction:
 			name = a.GetName()
 		}
-		out = append(out, a.GetVerb()+" "+a.GetResource().Resource+"/"+name)
+		w := a.GetVerb() + " " + a.GetResource().Resource + "/" + name
+		if sub := a.GetSubresource(); sub != "" {
+			w += "/" + sub
+		}
+		out = append(out, w)
 	}
 	f.kube.ClearActions()
 	f.net.ClearActions()

@@ -21,8 +21,9 @@ const maxResponse = 512 << 20
 // Client calls a node's debug API: on the node through the agent's unix socket, or from anywhere
 // through the API server's node proxy. It implements Backend.
 type Client struct {
-	base string // URL up to (excluding) Prefix
-	http *http.Client
+	base   string // URL up to (excluding) Prefix
+	http   *http.Client
+	tokens TokenSource // nil: no credential (the unix socket's file mode is its authorization)
 	// Where names the node for errors.
 	Where string
 }
@@ -36,9 +37,12 @@ func NewSocketClient(socket string) *Client {
 	return &Client{base: "http://ofsdn-agent", http: &http.Client{Transport: tr, Timeout: 2 * time.Minute}, Where: socket}
 }
 
-// NewNodeProxyClient talks to node's agent on port through the API server's node proxy, with the
-// credentials of cfg (they need get on nodes/proxy).
-func NewNodeProxyClient(cfg *rest.Config, node string, port int) (*Client, error) {
+// NewNodeProxyClient talks to node's agent on port through the API server's node proxy, over TLS
+// (https:<node>:<port>: without the scheme the proxy would speak plain HTTP to the agent). cfg's
+// credentials get the request through the API server (get on nodes/proxy, create for a trace); each
+// request carries a token of tokens in TokenHeader for the agent, which checks it (README, "The node
+// API").
+func NewNodeProxyClient(cfg *rest.Config, node string, port int, tokens TokenSource) (*Client, error) {
 	hc, err := rest.HTTPClientFor(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("debug API of node %s: %w", node, err)
@@ -48,8 +52,8 @@ func NewNodeProxyClient(cfg *rest.Config, node string, port int) (*Client, error
 	if !strings.Contains(host, "://") {
 		host = "https://" + host
 	}
-	base := host + "/api/v1/nodes/" + url.PathEscape(fmt.Sprintf("%s:%d", node, port)) + "/proxy"
-	return &Client{base: base, http: hc, Where: "node " + node}, nil
+	base := host + "/api/v1/nodes/" + url.PathEscape(fmt.Sprintf("https:%s:%d", node, port)) + "/proxy"
+	return &Client{base: base, http: hc, tokens: tokens, Where: "node " + node}, nil
 }
 
 func (c *Client) do(ctx context.Context, method, path string, body, into any) error {
@@ -67,6 +71,13 @@ func (c *Client) do(ctx context.Context, method, path string, body, into any) er
 	}
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
+	}
+	if c.tokens != nil {
+		token, err := c.tokens.Token(ctx)
+		if err != nil {
+			return fmt.Errorf("debug API of %s: %w", c.Where, err)
+		}
+		req.Header.Set(TokenHeader, "Bearer "+token)
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {

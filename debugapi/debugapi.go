@@ -1,13 +1,15 @@
 // Package debugapi is the node agent's read-only debug API, what flowctl asks a node: the node's view
-// (its pods with their OpenFlow ports and MACs from OVSDB, tenants, services, remote nodes), the flows
+// (its pods with their OpenFlow ports and MACs from OVSDB, tenants, services, remote nodes, Networks and
+// the pods' interfaces on them), the flows
 // and groups the agent wants on br0 by owner, a drift report (what differs between those and br0),
 // the bridge's flows and groups, and ofproto/trace runs on the node's ovs-vswitchd.
 //
 // Nothing in it changes anything. The agent serves it over HTTP on a root-only unix socket on the node
-// (<ovs-rundir>/<bridge>.ofsdn.sock) and, for flowctl elsewhere, on a TCP port of the node that flowctl
-// reaches through the API server's node proxy (/api/v1/nodes/<node>:<port>/proxy/...), which needs the
-// nodes/proxy permission a cluster admin has. Traces run one at a time per node and bodies are
-// bounded, so the API cannot load ovs-vswitchd.
+// (<ovs-rundir>/<bridge>.ofsdn.sock) and, for flowctl elsewhere, over TLS on a TCP port of the node that
+// flowctl reaches through the API server's node proxy (/api/v1/nodes/https:<node>:<port>/proxy/...),
+// answering only tokens the API server vouches for and authorizes (agent/nodeauth; auth.go is the
+// caller's side). Traces run one at a time per node and bodies are bounded, so the API cannot load
+// ovs-vswitchd.
 package debugapi
 
 import (
@@ -52,17 +54,27 @@ type NodeInfo struct {
 	NodePortAddress netip.Addr `json:"nodePortAddress"`
 	// Owners are the owner keys the agent has flows for: they name cookies (reconcile.OwnerIndex).
 	Owners []string `json:"owners"`
+	// Networks are the Networks (network.ofsdn.io) the node renders: those with a VNI.
+	Networks []Network `json:"networks,omitempty"`
+	// Attachments are the local pods' interfaces on Networks: those that carry traffic (their flows are
+	// on br0) and those that carry none, with the reason (an attached pod whose namespace the Network
+	// does not admit keeps its interface and address, and gets no flows).
+	Attachments []Attachment `json:"attachments,omitempty"`
 }
 
 // Port is one port of the bridge.
 type Port struct {
-	Name   string     `json:"name"`
-	Type   string     `json:"type,omitempty"`
-	OFPort int        `json:"ofport"`
-	MAC    string     `json:"mac,omitempty"`
-	Pod    string     `json:"pod,omitempty"` // namespace/name of the pod it attaches
-	IP     netip.Addr `json:"ip,omitzero"`   // the pod's address
-	Error  string     `json:"error,omitempty"`
+	Name   string `json:"name"`
+	Type   string `json:"type,omitempty"`
+	OFPort int    `json:"ofport"`
+	MAC    string `json:"mac,omitempty"`
+	// Pod is the pod interface it attaches: namespace/name for the pod's cluster-network interface,
+	// namespace/name@net1 for its interface on a Network (then Network names that Network).
+	Pod       string     `json:"pod,omitempty"`
+	Interface string     `json:"interface,omitempty"` // the interface's name in the pod: eth0, net1, ...
+	Network   string     `json:"network,omitempty"`
+	IP        netip.Addr `json:"ip,omitzero"` // the interface's address
+	Error     string     `json:"error,omitempty"`
 }
 
 // Pod is a local pod as the agent renders it.
@@ -81,6 +93,47 @@ type RemoteNode struct {
 	NodeIP netip.Addr   `json:"nodeIP"`
 	Subnet netip.Prefix `json:"subnet"`
 }
+
+// Network is a Network as this node renders it.
+type Network struct {
+	Name string       `json:"name"`
+	VNI  uint32       `json:"vni"`
+	CIDR netip.Prefix `json:"cidr"`
+	// Subnet is this node's subnet of the Network (none until the controller gave one) and Gateway
+	// its first address, the pods' gateway towards cross-talk peers.
+	Subnet  netip.Prefix    `json:"subnet,omitzero"`
+	Gateway netip.Addr      `json:"gateway,omitzero"`
+	Remotes []NetworkRemote `json:"remotes,omitempty"`
+	// CrossTalk are the Networks it exchanges traffic with here: its status.crossTalk as the flows
+	// apply it (pipeline.NetworkPeers).
+	CrossTalk []string `json:"crossTalk,omitempty"`
+}
+
+// NetworkRemote is another node's subnet of a Network.
+type NetworkRemote struct {
+	Node   string       `json:"node"`
+	NodeIP netip.Addr   `json:"nodeIP"`
+	Subnet netip.Prefix `json:"subnet"`
+}
+
+// Attachment is a local pod's interface on a Network.
+type Attachment struct {
+	Namespace string       `json:"namespace"`
+	Name      string       `json:"name"`
+	Interface string       `json:"interface"`
+	Network   string       `json:"network"`
+	IP        netip.Addr   `json:"ip"`
+	Prefix    netip.Prefix `json:"prefix,omitzero"` // the address with the Network's prefix length, as the pod has it
+	MAC       string       `json:"mac"`
+	OFPort    uint32       `json:"ofport"`
+	VNI       uint32       `json:"vni,omitempty"` // its Network's, when it carries traffic
+	// Carrying says whether its flows are on br0; Reason says why not.
+	Carrying bool   `json:"carrying"`
+	Reason   string `json:"reason,omitempty"`
+}
+
+// Key is the attachment as flowctl names it: namespace/name@interface.
+func (a Attachment) Key() string { return a.Namespace + "/" + a.Name + "@" + a.Interface }
 
 // Service is a service the node load-balances.
 type Service struct {

@@ -7,15 +7,19 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/ofsdn/ofsdn/agent/nodeauth"
+	"github.com/ofsdn/ofsdn/debugapi"
 	"github.com/ofsdn/ofsdn/e2e/kubelab"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
@@ -327,6 +331,10 @@ func TestAgentProbesMatchItsFlags(t *testing.T) {
 		if g.Path != p.path || g.Port.String() != "metrics" || g.Host != "" {
 			t.Errorf("%s probe asks %s:%s%s; want the pod's (node's) address, port metrics, %s", p.name, g.Host, g.Port.String(), g.Path, p.path)
 		}
+		// The metrics address speaks only TLS (agent/nodeauth).
+		if g.Scheme != corev1.URISchemeHTTPS {
+			t.Errorf("%s probe's scheme is %q; the metrics address speaks HTTPS", p.name, g.Scheme)
+		}
 	}
 	if _, err := time.ParseDuration(flag("--drift-check-period")); err != nil {
 		t.Errorf("--drift-check-period: %v", err)
@@ -476,5 +484,87 @@ func TestOVSDaemonSetAndHostOVSOverlay(t *testing.T) {
 	}
 	if len(host) != len(all)-1 || find(host, "DaemonSet", "ofsdn-agent") == nil {
 		t.Errorf("the host-OVS overlay has %d objects, want deploy/'s %d but one, the agent's DaemonSet among them", len(host), len(all))
+	}
+}
+
+// TestNodeAPIRBAC: deploy/ grants what the node API checks (agent/nodeauth) and what README's "The node
+// API" tells users to bind: the agent may ask for reviews (system:auth-delegator); ClusterRole
+// ofsdn-node-reader is exactly nodes/debug of the API group nodeauth asks about, get and create (a
+// trace); ofsdn-metrics-reader is get on /metrics; flowctl's ServiceAccount, the one debugapi names, is
+// bound to the reader role, and Role ofsdn-flowctl lets its holders mint that ServiceAccount's tokens
+// and nothing else. TestNodeAPIOnARealAPIServer (agent/nodeauth) checks the same grants on a real API
+// server.
+func TestNodeAPIRBAC(t *testing.T) {
+	docs := map[string]rbacv1.ClusterRole{}
+	var bindings []rbacv1.ClusterRoleBinding
+	var roles []rbacv1.Role
+	var sas []corev1.ServiceAccount
+	for _, file := range []string{"agent/rbac.yaml", "agent/nodeapi-rbac.yaml"} {
+		data, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, doc := range strings.Split(string(data), "\n---") {
+			var o object
+			if err := yaml.Unmarshal([]byte(doc), &o); err != nil {
+				t.Fatalf("%s: %v", file, err)
+			}
+			var err error
+			switch o.Kind {
+			case "ClusterRole":
+				var r rbacv1.ClusterRole
+				err = yaml.UnmarshalStrict([]byte(doc), &r)
+				docs[r.Name] = r
+			case "ClusterRoleBinding":
+				var b rbacv1.ClusterRoleBinding
+				err = yaml.UnmarshalStrict([]byte(doc), &b)
+				bindings = append(bindings, b)
+			case "Role":
+				var r rbacv1.Role
+				err = yaml.UnmarshalStrict([]byte(doc), &r)
+				roles = append(roles, r)
+			case "ServiceAccount":
+				var sa corev1.ServiceAccount
+				err = yaml.UnmarshalStrict([]byte(doc), &sa)
+				sas = append(sas, sa)
+			}
+			if err != nil {
+				t.Fatalf("%s: %v", file, err)
+			}
+		}
+	}
+	bound := func(role, ns, sa string) bool {
+		return slices.ContainsFunc(bindings, func(b rbacv1.ClusterRoleBinding) bool {
+			return b.RoleRef.Kind == "ClusterRole" && b.RoleRef.Name == role && slices.ContainsFunc(b.Subjects, func(s rbacv1.Subject) bool {
+				return s.Kind == "ServiceAccount" && s.Namespace == ns && s.Name == sa
+			})
+		})
+	}
+	if !bound("system:auth-delegator", "ofsdn", "ofsdn-agent") {
+		t.Error("the agent's ServiceAccount is not bound to system:auth-delegator: it cannot review the node API's callers")
+	}
+	reader := docs["ofsdn-node-reader"].Rules
+	want := []rbacv1.PolicyRule{{APIGroups: []string{nodeauth.Group}, Resources: []string{"nodes/" + nodeauth.SubresourceDebug}, Verbs: []string{"get", "create"}}}
+	if !reflect.DeepEqual(reader, want) {
+		t.Errorf("ofsdn-node-reader: %+v, want %+v", reader, want)
+	}
+	metrics := docs["ofsdn-metrics-reader"].Rules
+	if len(metrics) != 1 || !reflect.DeepEqual(metrics[0].NonResourceURLs, []string{"/metrics"}) || !reflect.DeepEqual(metrics[0].Verbs, []string{"get"}) {
+		t.Errorf("ofsdn-metrics-reader: %+v", metrics)
+	}
+	ns, name, _ := strings.Cut(debugapi.DefaultTokenServiceAccount, "/")
+	if !slices.ContainsFunc(sas, func(sa corev1.ServiceAccount) bool { return sa.Namespace == ns && sa.Name == name }) {
+		t.Errorf("no ServiceAccount %s, which flowctl mints tokens for", debugapi.DefaultTokenServiceAccount)
+	}
+	if !bound("ofsdn-node-reader", ns, name) {
+		t.Errorf("%s is not bound to ofsdn-node-reader", debugapi.DefaultTokenServiceAccount)
+	}
+	i := slices.IndexFunc(roles, func(r rbacv1.Role) bool { return r.Name == "ofsdn-flowctl" && r.Namespace == ns })
+	if i < 0 {
+		t.Fatal("no Role ofsdn-flowctl")
+	}
+	wantRole := []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"serviceaccounts/token"}, ResourceNames: []string{name}, Verbs: []string{"create"}}}
+	if !reflect.DeepEqual(roles[i].Rules, wantRole) {
+		t.Errorf("Role ofsdn-flowctl: %+v, want %+v", roles[i].Rules, wantRole)
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -19,6 +21,7 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
+	"github.com/ofsdn/ofsdn/agent/nodeauth"
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
 	"github.com/ofsdn/ofsdn/e2e/cluster"
 	"github.com/ofsdn/ofsdn/e2e/lab"
@@ -29,6 +32,7 @@ import (
 	"github.com/ofsdn/ofsdn/ofswitch"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -99,11 +103,65 @@ func BenchmarkCNIAdd(b *testing.B) {
 	}
 }
 
+// profileEnv names a directory: when set, the CNI benchmarks save the agent's CPU profile over their
+// timed part there (go tool pprof -top <file>), read as an operator would: over TLS with a token allowed
+// nodes/pprof (README, "The node API").
+const profileEnv = "OFSDN_E2E_PROFILE"
+
+// profileAgent starts a CPU profile of n's agent of the given length when profileEnv is set, and returns
+// a wait that saves it as <dir>/<name>.pprof.
+func profileAgent(b *testing.B, n *cluster.Node, name string, seconds int) (wait func()) {
+	dir := os.Getenv(profileEnv)
+	if dir == "" {
+		return func() {}
+	}
+	ctx := context.Background()
+	if _, err := lc.Client.RbacV1().ClusterRoles().Create(ctx, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "e2e-bench-profiler"},
+		Rules: []rbacv1.PolicyRule{{APIGroups: []string{nodeauth.Group}, Resources: []string{"nodes/" + nodeauth.SubresourcePprof}, Verbs: []string{"get"}}}},
+		metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		b.Fatal(err)
+	}
+	token, err := lc.NodeAPIToken(ctx, "bench-profiler", "e2e-bench-profiler")
+	if err != nil {
+		b.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		var data []byte
+		err := lab.InNetNS(n.NetNS, func() error {
+			req, err := http.NewRequest(http.MethodGet, fmt.Sprintf("https://%s:9101/debug/pprof/profile?seconds=%d", n.IP, seconds), nil)
+			if err != nil {
+				return err
+			}
+			req.Header.Set("Authorization", "Bearer "+token)
+			resp, err := cluster.AgentHTTPClient(time.Duration(seconds+30) * time.Second).Do(req)
+			if err != nil {
+				return err
+			}
+			defer resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				return fmt.Errorf("pprof: %s", resp.Status)
+			}
+			data, err = io.ReadAll(resp.Body)
+			return err
+		})
+		if err == nil {
+			err = os.WriteFile(filepath.Join(dir, name+".pprof"), data, 0o644)
+		}
+		if err != nil {
+			b.Logf("profile of %s's agent: %v", n.Name, err)
+		}
+	}()
+	return func() { <-done }
+}
+
 // BenchmarkCNIAddRuntimeOnly: the same 100 ADDs, 10 at a time, through libcni and the installed conflist,
-// but with nothing else of a pod's start-up competing for the lab's two cores: the sandboxes' netns are
-// made beforehand and no API object, status update or pod process goes with them. Its gap to
+// but with nothing else of a pod's start-up competing for the lab's two cores: the sandboxes' netns and
+// the pods' API objects (which a runtime's pods have before their ADD, and the agent reads from its
+// informer) are made beforehand, and no status update or pod process goes with them. Its gap to
 // BenchmarkCNIAdd is what the rest of the lab (three nodes' OVS, the API server, pod processes) costs the
-// plugin in CPU contention.
+// plugin in CPU contention. With OFSDN_E2E_PROFILE set, the agent's CPU profile of the timed part is saved.
 func BenchmarkCNIAddRuntimeOnly(b *testing.B) {
 	ctx := context.Background()
 	n := lc.Nodes[0]
@@ -123,8 +181,21 @@ func BenchmarkCNIAddRuntimeOnly(b *testing.B) {
 			Args:  [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", namespace}, {"K8S_POD_NAME", name}}}
 	}
 	const pods, parallel = 100, 10
+	for i := range pods {
+		spec := cluster.PodSpec(namespace, fmt.Sprintf("d%d", i), n.Name)
+		spec.Annotations = map[string]string{nodesim.UnmanagedAnnotation: "true"}
+		if _, err := lc.Client.CoreV1().Pods(namespace).Create(ctx, spec, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			b.Fatal(err)
+		}
+	}
+	b.Cleanup(func() {
+		zero := int64(0)
+		for i := range pods {
+			_ = lc.Client.CoreV1().Pods(namespace).Delete(context.Background(), fmt.Sprintf("d%d", i), metav1.DeleteOptions{GracePeriodSeconds: &zero})
+		}
+	})
 	var all []time.Duration
-	for b.Loop() {
+	for i := 0; b.Loop(); i++ {
 		b.StopTimer()
 		for i := range pods {
 			netns := filepath.Base(rt(i).NetNS)
@@ -133,6 +204,7 @@ func BenchmarkCNIAddRuntimeOnly(b *testing.B) {
 			}
 			b.Cleanup(func() { _ = exec.Command("ip", "netns", "del", netns).Run() })
 		}
+		saveProfile := profileAgent(b, n, fmt.Sprintf("cni-add-runtime-only-%d", i), 2)
 		b.StartTimer()
 		for batch := 0; batch < pods/parallel; batch++ {
 			var wg sync.WaitGroup
@@ -152,6 +224,7 @@ func BenchmarkCNIAddRuntimeOnly(b *testing.B) {
 			all = append(all, lat...)
 		}
 		b.StopTimer()
+		saveProfile()
 		for i := range pods {
 			if err := cniConf.DelNetworkList(ctx, list, rt(i)); err != nil {
 				b.Fatal(err)
@@ -175,7 +248,7 @@ func BenchmarkCNIAddRuntimeOnly(b *testing.B) {
 
 var (
 	podAttachedPod   = regexp.MustCompile(`"pod attached".*\bpod="([^"]+)"`)
-	podAttachedPhase = regexp.MustCompile(`\b(total|ipam|veth|ovsdb|flows)="?([0-9.]+(?:ns|µs|us|ms|s))"?`)
+	podAttachedPhase = regexp.MustCompile(`\b(total|ipam|veth|ovsdb|networks-wait|flows)="?([0-9.]+(?:ns|µs|us|ms|s))"?`)
 )
 
 // addPhases reads the agent's "pod attached" lines for pods whose key starts with prefix and returns the

@@ -31,6 +31,12 @@ var encapsulations = []networkv1.Encapsulation{networkv1.EncapsulationVXLAN, net
 // (pods keep running), and leaves the cluster at vxlan.
 func forEachEncapsulation(t *testing.T, ctx context.Context, body func(t *testing.T)) {
 	t.Helper()
+	forEachEncapsulationOf(t, ctx, func(t *testing.T, _ networkv1.Encapsulation) { body(t) })
+}
+
+// forEachEncapsulationOf is forEachEncapsulation for a body that needs to know which one it runs in.
+func forEachEncapsulationOf(t *testing.T, ctx context.Context, body func(t *testing.T, e networkv1.Encapsulation)) {
+	t.Helper()
 	t.Cleanup(func() {
 		if _, err := lc.SetEncapsulation(context.Background(), networkv1.EncapsulationVXLAN); err != nil {
 			t.Errorf("back to vxlan: %v", err)
@@ -43,7 +49,7 @@ func forEachEncapsulation(t *testing.T, ctx context.Context, body func(t *testin
 				t.Fatal(err)
 			}
 			t.Logf("encapsulation %s on every node's br0 %s after the change", e, took.Round(time.Millisecond))
-			body(t)
+			body(t, e)
 		})
 	}
 }

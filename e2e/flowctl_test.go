@@ -35,7 +35,12 @@ import (
 // runFlowctl runs the flowctl binary as a cluster admin does, from the root namespace (outside every
 // node): it reaches the nodes only through the API server.
 func runFlowctl(ctx context.Context, args ...string) (string, error) {
-	args = append(args, "--kubeconfig", lc.API.KubeconfigPath())
+	return runFlowctlWith(ctx, lc.API.KubeconfigPath(), args...)
+}
+
+// runFlowctlWith runs flowctl from the root namespace with kubeconfig's credentials.
+func runFlowctlWith(ctx context.Context, kubeconfig string, args ...string) (string, error) {
+	args = append(args, "--kubeconfig", kubeconfig)
 	cmd := exec.CommandContext(ctx, filepath.Join(lc.BinDir, "flowctl"), args...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -87,14 +92,19 @@ func probeURL(t *testing.T, c *corev1.Container, p *corev1.Probe, n *cluster.Nod
 	return fmt.Sprintf("%s://%s:%d%s", scheme, host, port, g.Path)
 }
 
-func httpGet(ctx context.Context, url string, timeout time.Duration) (int, string, error) {
+// httpGet asks an agent's TLS server as kubelet's probes do (no certificate check), with a bearer token
+// when one is given.
+func httpGet(ctx context.Context, url string, timeout time.Duration, token ...string) (int, string, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return 0, "", err
 	}
-	resp, err := http.DefaultClient.Do(req)
+	for _, t := range token {
+		req.Header.Set("Authorization", "Bearer "+t)
+	}
+	resp, err := cluster.AgentHTTPClient(timeout).Do(req)
 	if err != nil {
 		return 0, "", err
 	}
@@ -198,6 +208,8 @@ type metrics map[string]float64
 
 var seriesRE = regexp.MustCompile(`^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$`)
 
+// scrape reads an agent's /metrics as Prometheus does: over TLS with a ServiceAccount token allowed get
+// on /metrics (README, "The node API").
 func scrape(t *testing.T, ctx context.Context, n *cluster.Node) metrics {
 	t.Helper()
 	c := agentContainer(t)
@@ -207,7 +219,11 @@ func scrape(t *testing.T, ctx context.Context, n *cluster.Node) metrics {
 			port = p.ContainerPort
 		}
 	}
-	code, body, err := httpGet(ctx, fmt.Sprintf("http://%s:%d/metrics", n.IP, port), 5*time.Second)
+	token, err := lc.NodeAPIToken(ctx, "prometheus", "ofsdn-metrics-reader")
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, body, err := httpGet(ctx, fmt.Sprintf("https://%s:%d/metrics", n.IP, port), 5*time.Second, token)
 	if err != nil || code != http.StatusOK {
 		t.Fatalf("scrape %s: %d %v", n.Name, code, err)
 	}

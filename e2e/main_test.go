@@ -53,8 +53,9 @@ func TestMain(m *testing.M) {
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	var err error
 	// Drift checks every few seconds (the DaemonSet says 5m): TestDriftRepairAndDiff waits for one.
+	// --profiling: TestNodeAPIAccess shows who may profile an agent.
 	lc, err = cluster.Start(ctx, cluster.Options{Logger: logger, Kubelets: kubelets, AgentArgs: []string{"-v=2", "--absent-pod-grace=" + absentPodGrace.String(),
-		"--drift-check-period=3s"}})
+		"--drift-check-period=3s", "--profiling"}})
 	cancel()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "e2e: cluster start:", err)

@@ -17,6 +17,7 @@ import (
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
 	"github.com/ofsdn/ofsdn/e2e/cluster"
 	"github.com/ofsdn/ofsdn/flowctl"
+	"github.com/ofsdn/ofsdn/flows/pipeline"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -26,9 +27,10 @@ import (
 // TestTrace asks flowctl trace the operator's questions on the live lab, checks each verdict against
 // what the pipeline intends and against real packets sent the same way, then asks the same questions
 // offline from `flowctl dump --node N -o json` files: the offline evaluator must take the same tables,
-// flows and owners on every node and reach the same verdict.
+// flows and owners on every node and reach the same verdict. All of it runs in both encapsulations:
+// with none, a packet for another node leaves by the uplink port, and the trace follows it there.
 func TestTrace(t *testing.T) {
-	ctx := ctxT(t, 10*time.Minute)
+	ctx := ctxT(t, 15*time.Minute)
 	n1, n2 := lc.Nodes[0], lc.Nodes[1]
 	const blue, red = "e2e-trace-blue", "e2e-trace-red"
 	for _, ns := range []string{blue, red} {
@@ -70,58 +72,38 @@ func TestTrace(t *testing.T) {
 		args []string
 		kind string
 		says []string
+		// crosses: the packet goes from one node's bridge to another's.
+		crosses bool
 		// real sends the same packet for real: whether it gets through must agree with the verdict.
 		real func() error
 	}{
 		{"same node allowed", []string{a.Key(), a2.Key(), "--port", port}, flowctl.VerdictDelivered,
-			[]string{"delivered to " + a2.Key() + " via node " + n1.Name}, probe(ctx, a, a2.IP, cluster.TestPort)},
+			[]string{"delivered to " + a2.Key() + " via node " + n1.Name}, false, probe(ctx, a, a2.IP, cluster.TestPort)},
 		{"cross node allowed", []string{a.Key(), c.Key(), "--port", port}, flowctl.VerdictDelivered,
-			[]string{"delivered to " + c.Key() + " via node " + n2.Name}, probe(ctx, a, c.IP, cluster.TestPort)},
+			[]string{"delivered to " + c.Key() + " via node " + n2.Name}, true, probe(ctx, a, c.IP, cluster.TestPort)},
 		{"tenant isolation", []string{a.Key(), b.Key(), "--port", port}, flowctl.VerdictDropped,
 			[]string{"table 80 ingress-isolation", fmt.Sprintf("tenant VNID %d (%s) may not reach VNID %d (%s)", netids[blue], blue, netids[red], red)},
-			probe(ctx, a, b.IP, cluster.TestPort)},
+			false, probe(ctx, a, b.IP, cluster.TestPort)},
 		{"global namespace allowed", []string{g.Key(), b.Key(), "--port", port}, flowctl.VerdictDelivered,
-			[]string{"delivered to " + b.Key() + " via node " + n1.Name}, probe(ctx, g, b.IP, cluster.TestPort)},
+			[]string{"delivered to " + b.Key() + " via node " + n1.Name}, true, probe(ctx, g, b.IP, cluster.TestPort)},
+		{"tenant isolation across nodes", []string{b.Key(), c.Key(), "--port", port}, flowctl.VerdictDropped,
+			[]string{"table 80 ingress-isolation", fmt.Sprintf("tenant VNID %d (%s) may not reach VNID %d (%s)", netids[red], red, netids[blue], blue)},
+			true, probe(ctx, b, c.IP, cluster.TestPort)},
 		{"spoofed source", []string{a.Key(), a2.Key(), "--port", port, "--src-ip", b.IP.String()}, flowctl.VerdictDropped,
-			[]string{"table 20 pod-ingress", "anti-spoofing", a.Key()}, nil},
+			[]string{"table 20 pod-ingress", "anti-spoofing", a.Key()}, false, nil},
 		{"service, local endpoint", []string{a2.Key(), "svc/" + blue + "/web", "--endpoint", a.IP.String()}, flowctl.VerdictDelivered,
-			[]string{"delivered to " + a.Key() + " via node " + n1.Name}, nil},
+			[]string{"delivered to " + a.Key() + " via node " + n1.Name}, false, nil},
 		{"service, remote endpoint", []string{a2.Key(), "svc/" + blue + "/web", "--endpoint", c.IP.String() + ":" + port}, flowctl.VerdictDelivered,
-			[]string{"delivered to " + c.Key() + " via node " + n2.Name}, probe(ctx, a2, netip.MustParseAddr(web.Spec.ClusterIP), 80)},
+			[]string{"delivered to " + c.Key() + " via node " + n2.Name}, true, probe(ctx, a2, netip.MustParseAddr(web.Spec.ClusterIP), 80)},
 		{"service without endpoints", []string{a2.Key(), "svc/" + blue + "/empty"}, flowctl.VerdictRejected,
-			[]string{"service " + blue + "/empty has no ready endpoint"}, probe(ctx, a2, netip.MustParseAddr(empty.Spec.ClusterIP), 80)},
+			[]string{"service " + blue + "/empty has no ready endpoint"}, false, probe(ctx, a2, netip.MustParseAddr(empty.Spec.ClusterIP), 80)},
 		{"NodePort from outside", []string{ext.IP.String(), n1.Name, "--port", fmt.Sprint(nodePort), "--endpoint", c.IP.String()}, flowctl.VerdictDelivered,
-			[]string{"delivered to " + c.Key() + " via node " + n2.Name}, func() error {
+			[]string{"delivered to " + c.Key() + " via node " + n2.Name}, true, func() error {
 				_, err := lc.ProbeFrom(ctx, ext.NetNS, "tcp", netip.AddrPortFrom(n1.IP, uint16(nodePort)))
 				return err
 			}},
 		{"pod to outside", []string{a.Key(), ext.IP.String(), "--port", "9091"}, flowctl.VerdictLeftCluster,
-			[]string{fmt.Sprintf("SNATs it from %s to %s", a.IP, n1.IP)}, probe(ctx, a, ext.IP, 9091)},
-	}
-	results := map[string]*flowctl.TraceResult{}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			res := traceJSON(t, ctx, tc.args...)
-			results[tc.name] = res
-			if res.Verdict.Kind != tc.kind {
-				t.Errorf("verdict %s: %q, want %s", res.Verdict.Kind, res.Verdict.Text, tc.kind)
-			}
-			for _, s := range tc.says {
-				if !strings.Contains(res.Verdict.Text, s) {
-					t.Errorf("verdict %q does not say %q", res.Verdict.Text, s)
-				}
-			}
-			if tc.real != nil {
-				err := tc.real()
-				if delivered := err == nil; delivered != (tc.kind == flowctl.VerdictDelivered || tc.kind == flowctl.VerdictLeftCluster) {
-					t.Errorf("real traffic disagrees with the trace (%s): %v", res.Verdict.Text, err)
-				}
-			}
-			if t.Failed() {
-				text, _ := runFlowctl(ctx, append([]string{"trace"}, tc.args...)...)
-				t.Log(text)
-			}
-		})
+			[]string{fmt.Sprintf("SNATs it from %s to %s", a.IP, n1.IP)}, false, probe(ctx, a, ext.IP, 9091)},
 	}
 	// On the node, without an API server to ask: the local agent alone answers a trace that stays on its
 	// node, and says what is missing for one that leaves it.
@@ -142,17 +124,83 @@ func TestTrace(t *testing.T) {
 		}
 	})
 
-	// Which endpoint: the service trace names every endpoint and the one followed.
-	if s := results["service, remote endpoint"].Service; s == nil || s.Chosen != netip.AddrPortFrom(c.IP, cluster.TestPort).String() ||
-		len(s.Endpoints) != 2 || !strings.HasPrefix(s.Owner, "svc/"+blue+"/web:") {
-		t.Errorf("service trace: %+v", s)
-	}
+	forEachEncapsulationOf(t, ctx, func(t *testing.T, encap networkv1.Encapsulation) {
+		// The port a packet for another node leaves by, and the one it must not.
+		exit, notExit := pipeline.PortNameVXLAN, pipeline.PortNameUplink
+		if encap == networkv1.EncapsulationNone {
+			exit, notExit = notExit, exit
+		}
+		results := map[string]*flowctl.TraceResult{}
+		for _, tc := range cases {
+			t.Run(tc.name, func(t *testing.T) {
+				res := traceJSON(t, ctx, tc.args...)
+				results[tc.name] = res
+				if res.Verdict.Kind != tc.kind {
+					t.Errorf("verdict %s: %q, want %s", res.Verdict.Kind, res.Verdict.Text, tc.kind)
+				}
+				for _, s := range tc.says {
+					if !strings.Contains(res.Verdict.Text, s) {
+						t.Errorf("verdict %q does not say %q", res.Verdict.Text, s)
+					}
+				}
+				crossed := false
+				for _, h := range res.Hops {
+					crossed = crossed || strings.HasPrefix(h.Leaves, "leaves by "+exit+" to node ")
+					if strings.HasPrefix(h.Leaves, "leaves by "+notExit) {
+						t.Errorf("with encapsulation %s, node %s sent it by %s: %s", encap, h.Node, notExit, h.Leaves)
+					}
+				}
+				if crossed != tc.crosses {
+					t.Errorf("with encapsulation %s the trace crossed to another node by %s: %v, want %v", encap, exit, crossed, tc.crosses)
+				}
+				if tc.real != nil {
+					err := tc.real()
+					if delivered := err == nil; delivered != (tc.kind == flowctl.VerdictDelivered || tc.kind == flowctl.VerdictLeftCluster) {
+						t.Errorf("real traffic disagrees with the trace (%s): %v", res.Verdict.Text, err)
+					}
+				}
+				if t.Failed() {
+					text, _ := runFlowctl(ctx, append([]string{"trace"}, tc.args...)...)
+					t.Log(text)
+				}
+			})
+		}
 
-	// The same questions offline, from each node's dump: the first node's taken on the node (its bridge
-	// and its agent's socket in its run directory), the others' through their agents and the API server.
+		// Which endpoint: the service trace names every endpoint and the one followed.
+		if s := results["service, remote endpoint"].Service; s == nil || s.Chosen != netip.AddrPortFrom(c.IP, cluster.TestPort).String() ||
+			len(s.Endpoints) != 2 || !strings.HasPrefix(s.Owner, "svc/"+blue+"/web:") {
+			t.Errorf("service trace: %+v", s)
+		}
+
+		// The same questions offline, from each node's dump.
+		dumps := nodeDumps(t, ctx, lc.Nodes...)
+		for _, tc := range cases {
+			live := results[tc.name]
+			if live == nil {
+				continue
+			}
+			t.Run("offline "+tc.name, func(t *testing.T) {
+				off := traceJSON(t, ctx, append(append([]string{}, tc.args...), dumps...)...)
+				if off.Verdict.Text != live.Verdict.Text || off.Verdict.Kind != live.Verdict.Kind {
+					t.Errorf("offline verdict %q, live %q", off.Verdict.Text, live.Verdict.Text)
+				}
+				if lp, op := hopPaths(live), hopPaths(off); lp != op {
+					t.Errorf("table paths differ:\nlive:\n%s\noffline:\n%s", lp, op)
+				}
+			})
+		}
+	})
+}
+
+// nodeDumps saves `flowctl dump -o json` of each node and returns the --dump arguments that trace them
+// offline. The first node's is taken on the node (its bridge and its agent's socket in its run
+// directory), the others' through their agents and the API server's node proxy: both ways are held
+// to give what a trace needs.
+func nodeDumps(t *testing.T, ctx context.Context, nodes ...*cluster.Node) []string {
+	t.Helper()
 	dir := t.TempDir()
 	var dumps []string
-	for i, n := range lc.Nodes {
+	for i, n := range nodes {
 		where := []string{"--node", n.Name}
 		if i == 0 {
 			where = []string{"--rundir", n.Dir}
@@ -167,21 +215,7 @@ func TestTrace(t *testing.T) {
 		}
 		dumps = append(dumps, "--dump", path)
 	}
-	for _, tc := range cases {
-		live := results[tc.name]
-		if live == nil {
-			continue
-		}
-		t.Run("offline "+tc.name, func(t *testing.T) {
-			off := traceJSON(t, ctx, append(append([]string{}, tc.args...), dumps...)...)
-			if off.Verdict.Text != live.Verdict.Text || off.Verdict.Kind != live.Verdict.Kind {
-				t.Errorf("offline verdict %q, live %q", off.Verdict.Text, live.Verdict.Text)
-			}
-			if lp, op := hopPaths(live), hopPaths(off); lp != op {
-				t.Errorf("table paths differ:\nlive:\n%s\noffline:\n%s", lp, op)
-			}
-		})
-	}
+	return dumps
 }
 
 // probe returns a check that the pod reaches dst:port over TCP for real.
@@ -262,7 +296,7 @@ func TestTraceNetworkPolicy(t *testing.T) {
 		}
 		if time.Now().After(deadline) {
 			if !strings.Contains(dump, owner) {
-				t.Skipf("node %s renders no flow of %s after 30s: the agent does not enforce NetworkPolicy yet", n1.Name, owner)
+				t.Fatalf("node %s renders no flow of %s after 30s", n1.Name, owner)
 			}
 			t.Fatalf("%s is on %s but the denied client still connects", owner, n1.Name)
 		}
@@ -282,19 +316,7 @@ func TestTraceNetworkPolicy(t *testing.T) {
 		t.Errorf("denied client: %+v, want %q", deny.Verdict, want)
 	}
 	// Offline, from the two nodes' dumps.
-	dir := t.TempDir()
-	var dumps []string
-	for _, n := range []*cluster.Node{n1, n2} {
-		out, err := runFlowctl(ctx, "dump", "--node", n.Name, "-o", "json")
-		if err != nil {
-			t.Fatal(err)
-		}
-		path := filepath.Join(dir, n.Name+".json")
-		if err := os.WriteFile(path, []byte(out), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		dumps = append(dumps, "--dump", path)
-	}
+	dumps := nodeDumps(t, ctx, n1, n2)
 	for _, live := range []*flowctl.TraceResult{allow, deny} {
 		src := allowed.Key()
 		if live == deny {

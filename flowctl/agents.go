@@ -10,11 +10,18 @@ import (
 	"k8s.io/client-go/rest"
 )
 
-// How flowctl reaches nodes (README, "flowctl"): on a node, the agent's debug API on its unix socket
-// beside the bridge (<rundir>/<bridge>.ofsdn.sock) and Open vSwitch's own sockets in the run
-// directory; any other node through the API server's node proxy, /api/v1/nodes/<node>:<port>/proxy/,
-// to the debug API the agent serves on the node's address. The proxy needs get on nodes/proxy, which a
-// cluster admin has; nothing else is asked of the cluster, and the API never changes anything.
+// How flowctl reaches nodes (README, "flowctl" and "The node API"): on a node, the agent's debug API
+// on its unix socket beside the bridge (<rundir>/<bridge>.ofsdn.sock, root only: its file mode is the
+// authorization) and Open vSwitch's own sockets in the run directory; any other node through the API
+// server's node proxy, /api/v1/nodes/https:<node>:<port>/proxy/, to the debug API the agent serves over
+// TLS on the node's address. Two checks guard that path. The API server's: the user's kubeconfig needs
+// get on nodes/proxy (create for a trace), which cluster admins have. The agent's: the proxy carries no
+// identity to the node (it drops the user's credentials and presents none of its own), so flowctl mints
+// a ten-minute token of ServiceAccount ofsdn/ofsdn-flowctl for the node API's audience with the user's
+// kubeconfig (create on its serviceaccounts/token: Role ofsdn/ofsdn-flowctl) and sends it in
+// debugapi.TokenHeader; the agent has the API server review it and check nodes/debug of
+// network.ofsdn.io (ClusterRole ofsdn-node-reader, bound to that ServiceAccount). The user's own
+// credentials never leave for a node. Nothing in the API changes anything.
 
 // DefaultAgentPort is the port of the agents' debug API (deploy/agent/daemonset.yaml, --debug-address).
 const DefaultAgentPort = 9103
@@ -24,6 +31,8 @@ type nodeFlags struct {
 	rundir, bridge, socket string
 	node, kubeconfig       string
 	port                   int
+	tokenSA                string // namespace/name of the ServiceAccount whose tokens go to the agents
+	tokens                 *debugapi.ServiceAccountTokens
 }
 
 // register adds the flags; withNode adds --node (trace finds its nodes itself).
@@ -36,6 +45,8 @@ func (n *nodeFlags) register(fs *flag.FlagSet, withNode bool) {
 	}
 	fs.StringVar(&n.kubeconfig, "kubeconfig", "", "kubeconfig for --node and names (default: $KUBECONFIG, else in-cluster)")
 	fs.IntVar(&n.port, "agent-port", DefaultAgentPort, "port of the agents' debug API (the node proxy connects to it)")
+	fs.StringVar(&n.tokenSA, "token-serviceaccount", debugapi.DefaultTokenServiceAccount,
+		"namespace/name of the ServiceAccount whose short-lived tokens flowctl mints and shows the agents it asks through the API server")
 }
 
 func (n *nodeFlags) socketPath() string {
@@ -54,9 +65,16 @@ func (n *nodeFlags) local() (*debugapi.Client, error) {
 	return debugapi.NewSocketClient(path), nil
 }
 
-// remote is node's agent through the API server.
+// remote is node's agent through the API server. Every node asked in one run shares one token.
 func (n *nodeFlags) remote(cfg *rest.Config, node string) (*debugapi.Client, error) {
-	return debugapi.NewNodeProxyClient(cfg, node, n.port)
+	if n.tokens == nil {
+		tokens, err := debugapi.NewServiceAccountTokens(cfg, n.tokenSA)
+		if err != nil {
+			return nil, fmt.Errorf("--token-serviceaccount: %w", err)
+		}
+		n.tokens = tokens
+	}
+	return debugapi.NewNodeProxyClient(cfg, node, n.port, n.tokens)
 }
 
 // agent is the agent --node names, else the local one.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"strings"
@@ -16,22 +15,27 @@ import (
 // as diff(1)); the report is already printed.
 var ErrDifferences = errors.New("the bridge differs from the agent's desired state")
 
+const diffUsage = `usage: flowctl diff [--node NAME | --rundir DIR] [-o text|json]
+
+Asks a node's agent what differs between the flows and groups it wants and what its bridge holds —
+missing, unexpected, different — by owner: what the agent's next drift check repairs. Exit status 1
+when anything differs (as diff(1)), 0 when nothing does. On a node it asks the agent through its
+socket in --rundir; --node NAME asks that node's agent through the API server's node proxy.
+`
+
 // RunDiff is `flowctl diff`: what differs between the flows and groups the node's agent wants and what
 // its bridge holds, by owner — what the agent's next drift check repairs.
 func RunDiff(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("diff", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	c := newCmdLine("diff", diffUsage, stdout, stderr)
 	var nf nodeFlags
-	nf.register(fs, true)
-	output := fs.String("o", "text", "output format: text or json")
-	if err := fs.Parse(args); err != nil {
+	nf.register(c.fs, true)
+	output := c.outputFlag()
+	rest, err := c.parse(args)
+	if err != nil {
 		return err
 	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("diff takes no arguments (got %q)", fs.Args())
-	}
-	if *output != "text" && *output != "json" {
-		return fmt.Errorf("-o %q: want text or json", *output)
+	if len(rest) > 0 {
+		return c.usageErrorf("diff takes no arguments (got %q)", rest)
 	}
 	agent, err := nf.agent()
 	if err != nil {
@@ -41,7 +45,7 @@ func RunDiff(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	if *output == "json" {
+	if output.value == "json" {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		enc.SetEscapeHTML(false)

@@ -5,7 +5,7 @@ package flowctl
 import (
 	"context"
 	"encoding/json"
-	"flag"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -191,50 +191,76 @@ func (d *Dump) WriteJSON(w io.Writer) error {
 // Dialer connects to a bridge's OpenFlow management socket.
 type Dialer func(ctx context.Context, socket, bridge string) (FlowSource, func(), error)
 
+const dumpUsage = `usage: flowctl dump [--table T] [--category C] [--owner O] [--cookie V[/M]] [-o text|json] [--node NAME | --rundir DIR]
+
+Prints a bridge's flows grouped by table, each table headed by its name and purpose, every flow with
+its owner (decoded from its cookie: round, category, the object it renders), priority, match, actions
+and counters, then the groups. On a node it reads the bridge through Open vSwitch's management socket
+in --rundir; --node NAME asks that node's agent through the API server's node proxy instead. With -o
+json every entry keeps its wire encoding and, when the agent answers, the file carries its view of
+the node: what 'flowctl trace --dump' evaluates offline.
+
+  flowctl dump --category net                 # every Network's own flows (tunnels, cross-talk, gateway)
+  flowctl dump --owner net/red                # Network red's
+  flowctl dump --owner pod/lab/x@net1         # pod lab/x's interface net1 on a Network
+`
+
+// categoryNames lists the owner categories a dump can select, from the registry.
+func categoryNames() string {
+	var names []string
+	for _, c := range reconcile.Categories() {
+		names = append(names, c.String())
+	}
+	return strings.Join(names, ", ")
+}
+
 // RunDump is `flowctl dump`.
 func RunDump(ctx context.Context, args []string, stdout, stderr io.Writer, dial Dialer) error {
-	fs := flag.NewFlagSet("dump", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	rundir := fs.String("rundir", defaultRunDir(), "Open vSwitch run directory holding <bridge>.mgmt")
-	bridge := fs.String("bridge", "br0", "bridge name")
-	table := fs.String("table", "", "only this table (name or number)")
-	category := fs.String("category", "", "only flows of this cookie category (pipeline, pod, node, vnid, svc, netpol, hostport)")
-	cookie := fs.String("cookie", "", "only flows whose cookie matches VALUE or VALUE/MASK (hex)")
-	output := fs.String("o", "text", "output format: text or json")
+	c := newCmdLine("dump", dumpUsage, stdout, stderr)
+	fs := c.fs
+	var nf nodeFlags
+	nf.register(fs, true)
+	opts := DumpOptions{ShowGroups: true}
+	fs.Func("table", "only this `table` (name or number)", func(s string) error {
+		t, err := pipeline.ParseTable(s)
+		opts.Table = &t
+		return err
+	})
+	fs.Func("category", "only flows of this owner `category`: "+categoryNames()+" (or its number)", func(s string) error {
+		cat, err := reconcile.ParseCategory(s)
+		opts.Category = &cat
+		return err
+	})
+	cookieSet := false
+	fs.Func("cookie", "only flows whose cookie matches `VALUE[/MASK]` (hex)", func(s string) error {
+		if cookieSet {
+			return errors.New("give one of --owner and --cookie")
+		}
+		var err error
+		opts.Cookie, opts.CookieMask, err = parseCookie(s)
+		cookieSet = true
+		return err
+	})
+	fs.Func("owner", "only flows of this `owner`, as dumps name it: pod/NS/NAME, pod/NS/NAME@net1 (an interface on a Network), net/NAME, node/NAME, svc/NS/NAME:PORT, netpol/NS/NAME...", func(s string) error {
+		if cookieSet {
+			return errors.New("give one of --owner and --cookie")
+		}
+		var err error
+		opts.Cookie, opts.CookieMask, err = ownerCookie(s)
+		cookieSet = true
+		return err
+	})
+	output := c.outputFlag()
 	ownersPath := fs.String("owners", "", "owner index written by the agent (default <rundir>/<bridge>.owners.json when present)")
-	node := fs.String("node", "", "dump this node's bridge through its agent and the API server's node proxy")
-	kubeconfig := fs.String("kubeconfig", "", "kubeconfig for --node (default: $KUBECONFIG, else in-cluster)")
-	port := fs.Int("agent-port", DefaultAgentPort, "port of the agents' debug API")
-	if err := fs.Parse(args); err != nil {
+	rest, err := c.parse(args)
+	if err != nil {
 		return err
 	}
-	opts := DumpOptions{Bridge: *bridge, Output: *output, ShowGroups: true, KeepRaw: *output == "json"}
-	if *table != "" {
-		t, err := pipeline.ParseTable(*table)
-		if err != nil {
-			return err
-		}
-		opts.Table = &t
+	if len(rest) > 0 {
+		return c.usageErrorf("dump takes no arguments (got %q)", rest)
 	}
-	if *category != "" {
-		c, err := reconcile.ParseCategory(*category)
-		if err != nil {
-			return err
-		}
-		opts.Category = &c
-	}
-	if *cookie != "" {
-		v, m, err := parseCookie(*cookie)
-		if err != nil {
-			return err
-		}
-		opts.Cookie, opts.CookieMask = v, m
-	}
-	if *output != "text" && *output != "json" {
-		return fmt.Errorf("-o %q: want text or json", *output)
-	}
-	nf := nodeFlags{rundir: *rundir, bridge: *bridge, node: *node, kubeconfig: *kubeconfig, port: *port}
-	if *node != "" {
+	opts.Bridge, opts.Output, opts.KeepRaw = nf.bridge, output.value, output.value == "json"
+	if nf.node != "" {
 		// Through the agent: its dump of the bridge, its owner index and its view.
 		agent, err := nf.agent()
 		if err != nil {
@@ -255,11 +281,11 @@ func RunDump(ctx context.Context, args []string, stdout, stderr io.Writer, dial 
 			return err
 		}
 		d.Owners, d.Node = raw.Owners, info
-		return writeDump(stdout, d, *output)
+		return writeDump(stdout, d, output.value)
 	}
 	path := *ownersPath
 	if path == "" {
-		path = filepath.Join(*rundir, *bridge+".owners.json")
+		path = filepath.Join(nf.rundir, nf.bridge+".owners.json")
 		if _, err := os.Stat(path); err != nil {
 			path = ""
 		}
@@ -275,23 +301,23 @@ func RunDump(ctx context.Context, args []string, stdout, stderr io.Writer, dial 
 		}
 		opts.Owners = idx
 	}
-	socket := filepath.Join(*rundir, *bridge+".mgmt")
+	socket := filepath.Join(nf.rundir, nf.bridge+".mgmt")
 	if _, err := os.Stat(socket); err != nil {
-		return fmt.Errorf("bridge %s: no OpenFlow management socket at %s (is ovs-vswitchd running with that run directory, and does the bridge exist?)", *bridge, socket)
+		return fmt.Errorf("bridge %s: no OpenFlow management socket at %s (is ovs-vswitchd running with that run directory, and does the bridge exist?)", nf.bridge, socket)
 	}
-	src, closeFn, err := dial(ctx, socket, *bridge)
+	src, closeFn, err := dial(ctx, socket, nf.bridge)
 	if err != nil {
-		return fmt.Errorf("bridge %s: %w", *bridge, err)
+		return fmt.Errorf("bridge %s: %w", nf.bridge, err)
 	}
 	defer closeFn()
 	d, err := ReadDump(ctx, src, opts)
 	if err != nil {
 		return err
 	}
-	if *output == "json" && opts.Owners != nil {
+	if output.value == "json" && opts.Owners != nil {
 		d.Owners = opts.Owners.Keys()
 	}
-	if *output == "json" && opts.Table == nil && opts.Category == nil && opts.CookieMask == 0 {
+	if output.value == "json" && opts.Table == nil && opts.Category == nil && opts.CookieMask == 0 {
 		// A whole dump: add what the local agent knows, so the file answers flowctl trace --dump alone.
 		if agent, err := nf.local(); err == nil {
 			if info, err := agent.Node(ctx); err == nil {
@@ -303,7 +329,7 @@ func RunDump(ctx context.Context, args []string, stdout, stderr io.Writer, dial 
 			fmt.Fprintf(stderr, "flowctl: the agent's view of the node is not in the dump: %v\n", err)
 		}
 	}
-	return writeDump(stdout, d, *output)
+	return writeDump(stdout, d, output.value)
 }
 
 func writeDump(w io.Writer, d *Dump, output string) error {
@@ -339,6 +365,15 @@ func ownerIndex(keys []string) *reconcile.OwnerIndex {
 		}
 	}
 	return idx
+}
+
+// ownerCookie is the cookie value and mask of an owner's flows in any round.
+func ownerCookie(s string) (uint64, uint64, error) {
+	o, err := reconcile.ParseOwner(s)
+	if err != nil {
+		return 0, 0, err
+	}
+	return uint64(reconcile.MakeCookie(0, o)) & reconcile.CookieIdentityMask, reconcile.CookieIdentityMask, nil
 }
 
 func parseCookie(s string) (uint64, uint64, error) {

@@ -2,8 +2,6 @@ package flowctl
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -35,10 +33,6 @@ commands:
   join-projects --to=TARGET PROJECT...  the projects take TARGET's NETID (TARGET itself is left as it is)
   isolate-projects PROJECT...           each project gets a fresh NETID of its own
   make-projects-global PROJECT...       the projects get NETID 0: they reach, and are reached by, every project
-
-flags:
-  --kubeconfig PATH   kubeconfig (default: $KUBECONFIG, else the in-cluster configuration)
-  --timeout DURATION  how long to wait for the controller (default 30s)
 `
 
 // podNetworkPoll is how often a pod-network command looks at the NetNamespaces and Events it waits on.
@@ -61,77 +55,60 @@ func (r PodNetworkRequest) Listed() []string {
 	return slices.Clone(r.Projects)
 }
 
-// errHelp is returned by ParsePodNetworkArgs when -h/--help asked for the usage (already printed).
-var errHelp = flag.ErrHelp
-
 // ParsePodNetworkArgs parses the arguments after "pod-network". Flags may come before, between or after
-// the projects, as with oc; "--" ends the flags.
-func ParsePodNetworkArgs(args []string, stderr io.Writer) (PodNetworkRequest, error) {
-	if len(args) == 0 {
-		fmt.Fprint(stderr, podNetworkUsage)
-		return PodNetworkRequest{}, errors.New("pod-network: no command given")
-	}
+// the projects, as with oc; "--" ends the flags. --help prints the usage on stdout and returns
+// flag.ErrHelp; a command line that does not parse prints the usage on stderr and returns a *UsageError.
+func ParsePodNetworkArgs(args []string, stdout, stderr io.Writer) (PodNetworkRequest, error) {
 	var req PodNetworkRequest
-	switch cmd := args[0]; cmd {
-	case "join-projects":
-		req.Action = networkv1.ChangeNetworkJoin
-	case "isolate-projects":
-		req.Action = networkv1.ChangeNetworkIsolate
-	case "make-projects-global":
-		req.Action = networkv1.ChangeNetworkGlobal
-	case "-h", "--help", "help":
-		fmt.Fprint(stderr, podNetworkUsage)
-		return PodNetworkRequest{}, errHelp
-	default:
-		fmt.Fprint(stderr, podNetworkUsage)
-		return PodNetworkRequest{}, fmt.Errorf("pod-network: unknown command %q", cmd)
+	name := "pod-network"
+	if len(args) > 0 {
+		switch args[0] {
+		case "join-projects":
+			req.Action = networkv1.ChangeNetworkJoin
+		case "isolate-projects":
+			req.Action = networkv1.ChangeNetworkIsolate
+		case "make-projects-global":
+			req.Action = networkv1.ChangeNetworkGlobal
+		case "help":
+			args = append([]string{"--help"}, args[1:]...)
+		}
+		if req.Action != "" {
+			name, args = name+" "+args[0], args[1:]
+		}
 	}
-	name := "pod-network " + args[0]
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(stderr, podNetworkUsage) }
-	fs.StringVar(&req.Kubeconfig, "kubeconfig", "", "kubeconfig (default: $KUBECONFIG, else in-cluster)")
-	fs.DurationVar(&req.Timeout, "timeout", 30*time.Second, "how long to wait for the controller")
-	if req.Action == networkv1.ChangeNetworkJoin {
-		fs.StringVar(&req.To, "to", "", "the project whose NETID the others take")
+	c := newCmdLine(name, podNetworkUsage, stdout, stderr)
+	c.fs.StringVar(&req.Kubeconfig, "kubeconfig", "", "kubeconfig (default: $KUBECONFIG, else in-cluster)")
+	c.fs.DurationVar(&req.Timeout, "timeout", 30*time.Second, "how long to wait for the controller")
+	c.fs.StringVar(&req.To, "to", "", "join-projects: the project whose NETID the others take")
+	projects, err := c.parse(args)
+	if err != nil {
+		return PodNetworkRequest{}, err
 	}
-	var projects []string
-	rest := args[1:]
-	for {
-		if err := fs.Parse(rest); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return PodNetworkRequest{}, errHelp
-			}
-			return PodNetworkRequest{}, fmt.Errorf("%s: %w", name, err)
+	if req.Action == "" {
+		if len(projects) == 0 {
+			return PodNetworkRequest{}, c.usageErrorf("no command given")
 		}
-		consumed := len(rest) - fs.NArg()
-		if fs.NArg() == 0 {
-			break
-		}
-		if consumed > 0 && rest[consumed-1] == "--" { // everything after "--" is a project
-			projects = append(projects, fs.Args()...)
-			break
-		}
-		projects = append(projects, fs.Arg(0))
-		rest = fs.Args()[1:]
+		return PodNetworkRequest{}, c.usageErrorf("unknown command %q", projects[0])
 	}
 	if req.Timeout <= 0 {
-		return PodNetworkRequest{}, fmt.Errorf("%s: --timeout must be positive, got %s", name, req.Timeout)
+		return PodNetworkRequest{}, c.usageErrorf("--timeout must be positive, got %s", req.Timeout)
 	}
-	if req.Action == networkv1.ChangeNetworkJoin {
-		if req.To == "" {
-			return PodNetworkRequest{}, fmt.Errorf("%s: --to=PROJECT is required", name)
-		}
+	switch {
+	case req.Action != networkv1.ChangeNetworkJoin && req.To != "":
+		return PodNetworkRequest{}, c.usageErrorf("--to is for join-projects only")
+	case req.Action == networkv1.ChangeNetworkJoin && req.To == "":
+		return PodNetworkRequest{}, c.usageErrorf("--to=PROJECT is required")
+	case req.Action == networkv1.ChangeNetworkJoin:
 		if err := checkProjectName(req.To); err != nil {
-			return PodNetworkRequest{}, fmt.Errorf("%s: --to: %w", name, err)
+			return PodNetworkRequest{}, c.usageErrorf("--to: %w", err)
 		}
 	}
 	if len(projects) == 0 {
-		return PodNetworkRequest{}, fmt.Errorf("%s: no projects given", name)
+		return PodNetworkRequest{}, c.usageErrorf("no projects given")
 	}
 	for _, p := range projects {
 		if err := checkProjectName(p); err != nil {
-			return PodNetworkRequest{}, fmt.Errorf("%s: %w", name, err)
+			return PodNetworkRequest{}, c.usageErrorf("%w", err)
 		}
 		// Joining the target to itself is a no-op (oc skips it too); the controller would refuse it.
 		if p == req.To || slices.Contains(req.Projects, p) {
@@ -164,10 +141,7 @@ type ProjectNetID struct {
 // RunPodNetwork runs `flowctl pod-network ...` (args without "pod-network") against the cluster its
 // kubeconfig names.
 func RunPodNetwork(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	req, err := ParsePodNetworkArgs(args, stderr)
-	if errors.Is(err, errHelp) {
-		return nil
-	}
+	req, err := ParsePodNetworkArgs(args, stdout, stderr)
 	if err != nil {
 		return err
 	}

@@ -56,12 +56,12 @@ func TestParsePodNetworkArgs(t *testing.T) {
 		{"join with no projects", []string{"join-projects", "--to=a"}, PodNetworkRequest{}, "no projects given"},
 		{"malformed project", []string{"make-projects-global", "Bad_Name"}, PodNetworkRequest{}, `project "Bad_Name" is not a valid namespace name`},
 		{"malformed --to", []string{"join-projects", "--to=x/y", "b"}, PodNetworkRequest{}, `--to: project "x/y"`},
-		{"--to on isolate", []string{"isolate-projects", "--to=a", "b"}, PodNetworkRequest{}, "flag provided but not defined: -to"},
+		{"--to on isolate", []string{"isolate-projects", "--to=a", "b"}, PodNetworkRequest{}, "--to is for join-projects only"},
 		{"bad timeout", []string{"isolate-projects", "--timeout=soon", "a"}, PodNetworkRequest{}, "invalid value"},
 		{"zero timeout", []string{"isolate-projects", "--timeout=0s", "a"}, PodNetworkRequest{}, "--timeout must be positive"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := ParsePodNetworkArgs(tc.args, io.Discard)
+			got, err := ParsePodNetworkArgs(tc.args, io.Discard, io.Discard)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("err = %v, want one containing %q", err, tc.wantErr)
@@ -75,18 +75,6 @@ func TestParsePodNetworkArgs(t *testing.T) {
 				t.Errorf("got %+v\nwant %+v", got, tc.want)
 			}
 		})
-	}
-}
-
-func TestPodNetworkHelp(t *testing.T) {
-	for _, args := range [][]string{{"pod-network", "help"}, {"pod-network", "isolate-projects", "-h"}} {
-		var stderr bytes.Buffer
-		if err := Main(context.Background(), args, io.Discard, &stderr); err != nil {
-			t.Errorf("%v: %v", args, err)
-		}
-		if !strings.Contains(stderr.String(), "join-projects --to=TARGET") {
-			t.Errorf("%v printed no usage: %q", args, stderr.String())
-		}
 	}
 }
 
@@ -199,7 +187,7 @@ func TestChangePodNetworkFake(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newFakeCluster(t, tc.mode, netids)
-			req, err := ParsePodNetworkArgs(tc.args, io.Discard)
+			req, err := ParsePodNetworkArgs(tc.args, io.Discard, io.Discard)
 			if err != nil {
 				t.Fatal(err)
 			}

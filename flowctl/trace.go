@@ -1,10 +1,10 @@
 package flowctl
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net/netip"
@@ -25,13 +25,18 @@ const traceUsage = `usage: flowctl trace SRC DST [--port N] [--proto tcp|udp|sct
 
 Follows the first packet of a new connection from SRC to DST through every bridge it crosses and says
 why it is delivered or dropped: each table by name, the flow matched and its owner, and a verdict.
-SRC and DST are namespace/pod, svc/namespace/name (DST only), a node name, or an IP address (an
-address outside the cluster as SRC reaches a node's NodePort: DST is then the node, --port the NodePort).
+SRC and DST are namespace/pod, namespace/pod@net1 (the pod's interface net1 on a Network),
+svc/namespace/name (DST only), a node name, or an IP address (an address outside the cluster as SRC
+reaches a node's NodePort: DST is then the node, --port the NodePort). From namespace/pod@net1 an IP
+DST is an address on that pod's Network (or on a Network it exchanges traffic with), never a cluster
+pod's: addresses overlap across Networks.
+
+  flowctl trace blue/a blue/c --port 8080
+  flowctl trace lab/x@net1 lab/y@net1         # on the Network of x's net1
+  flowctl trace lab/x@net1 10.200.2.5 --proto icmp
 
 Live, flowctl asks each node's ovs-vswitchd (ofproto/trace, through the node's agent); with --dump it
 evaluates saved 'flowctl dump -o json' files of the nodes instead, the same way, without OVS.
-
-flags:
 `
 
 // TraceOptions is a parsed flowctl trace command line.
@@ -50,21 +55,18 @@ type TraceOptions struct {
 
 // RunTrace is `flowctl trace`.
 func RunTrace(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("trace", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(stderr, traceUsage)
-		fs.PrintDefaults()
-	}
+	c := newCmdLine("trace", traceUsage, stdout, stderr)
+	fs := c.fs
 	var nf nodeFlags
 	nf.register(fs, false)
 	var o TraceOptions
 	port := fs.Uint("port", 0, "destination port (default: the service's port, else 80)")
 	srcPort := fs.Uint("src-port", 40000, "source port")
-	fs.StringVar(&o.Proto, "proto", "tcp", "tcp, udp, sctp or icmp")
+	proto := &choice{value: "tcp", allowed: []string{"tcp", "udp", "sctp", "icmp"}}
+	fs.Var(proto, "proto", "`protocol`: tcp, udp, sctp or icmp")
 	fs.StringVar(&o.Endpoint, "endpoint", "", "the service endpoint to follow, IP or IP:PORT (default: the select group's first bucket)")
-	fs.StringVar(&o.Output, "o", "text", "output format: text or json")
-	fs.Func("src-ip", "a pod SRC sends from this address instead of its own (see what anti-spoofing does)", func(s string) error {
+	output := c.outputFlag()
+	fs.Func("src-ip", "a pod SRC sends from this `address` instead of its own (see what anti-spoofing does)", func(s string) error {
 		ip, err := netip.ParseAddr(s)
 		if err != nil || !ip.Is4() {
 			return fmt.Errorf("%q is not an IPv4 address", s)
@@ -72,33 +74,21 @@ func RunTrace(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		o.SpoofIP = ip
 		return nil
 	})
-	fs.Func("dump", "a node's 'flowctl dump -o json' to evaluate offline (repeat for each node)", func(s string) error {
+	fs.Func("dump", "a node's 'flowctl dump -o json' `file` to evaluate offline (repeat for each node)", func(s string) error {
 		o.Dumps = append(o.Dumps, s)
 		return nil
 	})
-	// Flags may follow SRC and DST, as with kubectl.
-	var positional []string
-	rest := args
-	for {
-		if err := fs.Parse(rest); err != nil {
-			return err
-		}
-		if fs.NArg() == 0 {
-			break
-		}
-		positional = append(positional, fs.Arg(0))
-		rest = fs.Args()[1:]
+	positional, err := c.parse(args)
+	if err != nil {
+		return err
 	}
 	if len(positional) != 2 {
-		fs.Usage()
-		return fmt.Errorf("trace wants SRC and DST, got %d arguments", len(positional))
+		return c.usageErrorf("trace wants SRC and DST, got %d arguments", len(positional))
 	}
 	if *port > 65535 || *srcPort == 0 || *srcPort > 65535 {
-		return fmt.Errorf("ports are 1-65535")
+		return c.usageErrorf("ports are 1-65535")
 	}
-	if o.Output != "text" && o.Output != "json" {
-		return fmt.Errorf("-o %q: want text or json", o.Output)
-	}
+	o.Output, o.Proto = output.value, proto.value
 	o.Src, o.Dst, o.Port, o.SrcPort = positional[0], positional[1], uint16(*port), uint16(*srcPort)
 	var w world
 	if len(o.Dumps) > 0 {
@@ -136,8 +126,10 @@ type TraceResult struct {
 	To      string      `json:"to"`
 	Offline bool        `json:"offline"`
 	Service *ServiceHop `json:"service,omitempty"`
-	Hops    []Hop       `json:"hops"`
-	Verdict Verdict     `json:"verdict"`
+	// Notes say what the trace assumed about the packet before any bridge saw it.
+	Notes   []string `json:"notes,omitempty"`
+	Hops    []Hop    `json:"hops"`
+	Verdict Verdict  `json:"verdict"`
 }
 
 // Hop is the packet's way through one node: its host (a NodePort's forwarding) or its bridge.
@@ -203,21 +195,29 @@ type Verdict struct {
 
 // endpointSpec is a resolved SRC or DST.
 type endpointSpec struct {
-	kind string // pod, node, service, ip
-	pod  string // namespace/name
+	kind string // pod, attachment (a pod's interface on a Network), node, service, ip
+	pod  string // namespace/name; namespace/name@net1 for an attachment
 	node string
 	ip   netip.Addr
 	svc  string // namespace/name
+	// network is an attachment's Network, or the Network an ip DST is on (traced from an attachment).
+	network string
+	mac     string // an attachment's (the agent's record)
 }
 
 func (e endpointSpec) String() string {
 	switch e.kind {
 	case "pod":
 		return fmt.Sprintf("pod %s (%s) on %s", e.pod, e.ip, e.node)
+	case "attachment":
+		return fmt.Sprintf("pod %s (%s on Network %s) on %s", e.pod, e.ip, e.network, e.node)
 	case "node":
 		return fmt.Sprintf("node %s (%s)", e.node, e.ip)
 	case "service":
 		return "service " + e.svc
+	}
+	if e.network != "" {
+		return fmt.Sprintf("%s on Network %s", e.ip, e.network)
 	}
 	return e.ip.String()
 }
@@ -229,6 +229,17 @@ func resolve(ctx context.Context, w world, arg string) (endpointSpec, error) {
 			return endpointSpec{kind: "service", svc: ns + "/" + name}, nil
 		}
 		return endpointSpec{}, fmt.Errorf("%q: a service is svc/NAMESPACE/NAME", arg)
+	}
+	if ns, rest, ok := strings.Cut(arg, "/"); ok && strings.Contains(rest, "@") {
+		name, iface, _ := strings.Cut(rest, "@")
+		if ns == "" || name == "" || iface == "" || strings.Contains(name, "/") || strings.ContainsAny(iface, "/@") {
+			return endpointSpec{}, fmt.Errorf("%q: a pod's interface on a Network is NAMESPACE/NAME@INTERFACE", arg)
+		}
+		node, a, err := w.attachment(ctx, ns, name, iface)
+		if err != nil {
+			return endpointSpec{}, err
+		}
+		return attachmentSpec(node, a), nil
 	}
 	if ns, name, ok := strings.Cut(arg, "/"); ok {
 		if ns == "" || name == "" || strings.Contains(name, "/") {
@@ -265,7 +276,7 @@ func resolve(ctx context.Context, w world, arg string) (endpointSpec, error) {
 		return endpointSpec{}, err
 	}
 	if !ok {
-		return endpointSpec{}, fmt.Errorf("%q is no node; SRC and DST are NAMESPACE/POD, svc/NAMESPACE/NAME, a node name or an IP", arg)
+		return endpointSpec{}, fmt.Errorf("%q is no node; SRC and DST are NAMESPACE/POD, NAMESPACE/POD@INTERFACE, svc/NAMESPACE/NAME, a node name or an IP", arg)
 	}
 	return endpointSpec{kind: "node", node: arg, ip: ip}, nil
 }
@@ -344,14 +355,21 @@ func Trace(ctx context.Context, w world, o TraceOptions) (*TraceResult, error) {
 	if err != nil {
 		return nil, fmt.Errorf("SRC: %w", err)
 	}
-	dst, err := resolve(ctx, w, o.Dst)
-	if err != nil {
+	var dst endpointSpec
+	if ip, perr := netip.ParseAddr(o.Dst); perr == nil && ip.Is4() && src.kind == "attachment" {
+		// An address on the source's Network: the same address may be a cluster pod's, or another Network's.
+		sn, err := w.node(ctx, src.node)
+		if err != nil {
+			return nil, err
+		}
+		dst = addressOnNetwork(ctx, w, sn, src.network, ip, true)
+	} else if dst, err = resolve(ctx, w, o.Dst); err != nil {
 		return nil, fmt.Errorf("DST: %w", err)
 	}
 	if src.kind == "service" {
 		return nil, errors.New("SRC: a service sends nothing; trace from one of its endpoints instead")
 	}
-	if o.SpoofIP.IsValid() && src.kind != "pod" {
+	if o.SpoofIP.IsValid() && src.kind != "pod" && src.kind != "attachment" {
 		return nil, errors.New("--src-ip is for a pod SRC")
 	}
 	res := &TraceResult{Proto: o.Proto, Offline: !w.live(), From: src.String(), To: dst.String()}
@@ -368,7 +386,7 @@ func Trace(ctx context.Context, w world, o TraceOptions) (*TraceResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	tun0MAC, err := parseMAC(func() string { p, _ := n.port("tun0"); return p.MAC }())
+	tun0MAC, err := parseMAC(func() string { p, _ := n.port(pipeline.PortNameTun0); return p.MAC }())
 	if err != nil {
 		tun0MAC = trace.MAC{0x0a, 0x58, 0, 0, 0, 1} // not matched by any flow; OVSDB did not say
 	}
@@ -383,7 +401,7 @@ func Trace(ctx context.Context, w world, o TraceOptions) (*TraceResult, error) {
 		}
 		svc = &s
 	case "ip":
-		if s, ok := serviceByClusterIP(n, dst.ip); ok {
+		if s, ok := serviceByClusterIP(n, dst.ip); ok && src.kind != "attachment" {
 			svc = &s
 			res.To = fmt.Sprintf("service %s/%s (%s)", s.Namespace, s.Name, dst.ip)
 		}
@@ -424,13 +442,22 @@ func Trace(ctx context.Context, w world, o TraceOptions) (*TraceResult, error) {
 			p.EthDst = macOfIP(dstIP)
 		}
 		via = fmt.Sprintf("in_port %d (%s, pod %s)", p.InPort, port.Name, src.pod)
+	case "attachment":
+		if via, err = attachmentPacket(ctx, w, n, src, dst, &p, o.SpoofIP, res); err != nil {
+			return nil, err
+		}
 	case "node":
+		if dst.kind == "attachment" {
+			res.Verdict = Verdict{Kind: VerdictHost, Node: n.info.Name,
+				Text: fmt.Sprintf("node %s has no way onto Network %s: a Network is reached only by its pods and those of the Networks it exchanges traffic with", n.info.Name, dst.network)}
+			return res, nil
+		}
 		if !inNets(dstIP, n.info.ClusterNetworks) && !(svc != nil || inNet(dstIP, n.info.ServiceNetwork)) {
 			res.Verdict = Verdict{Kind: VerdictHost, Node: n.info.Name,
 				Text: fmt.Sprintf("node %s reaches %s through its own network, not through br0", n.info.Name, dstIP)}
 			return res, nil
 		}
-		p.InPort, p.EthSrc, p.IPSrc = n.portNumber("tun0", pipeline.PortTun0), tun0MAC, n.info.Gateway
+		p.InPort, p.EthSrc, p.IPSrc = n.roleNumber(pipeline.RoleHost), tun0MAC, n.info.Gateway
 		p.EthDst = macOfIP(dstIP)
 		if svc != nil {
 			p.EthDst = trace.MAC(pipeline.ServiceMAC) // the host routes services via br0's hairpin address
@@ -449,7 +476,7 @@ func Trace(ctx context.Context, w world, o TraceOptions) (*TraceResult, error) {
 			p.IPSrc = n.info.Gateway
 			masq = fmt.Sprintf("masquerades the source to the gateway %s (externalTrafficPolicy Cluster)", n.info.Gateway)
 		}
-		p.InPort, p.EthSrc, p.EthDst = n.portNumber("tun0", pipeline.PortTun0), tun0MAC, trace.MAC(pipeline.ServiceMAC)
+		p.InPort, p.EthSrc, p.EthDst = n.roleNumber(pipeline.RoleHost), tun0MAC, trace.MAC(pipeline.ServiceMAC)
 		res.Hops = append(res.Hops, Hop{Node: n.info.Name, Via: "host", Notes: []string{fmt.Sprintf(
 			"%s:%d → %s:%d is NodePort %s/%d of service %s/%s: the host DNATs it to %s:%d and %s, into br0 through tun0",
 			src.ip, o.SrcPort, dst.ip, sp.NodePort, o.Proto, sp.NodePort, s.Namespace, s.Name, n.info.NodePortAddress, sp.NodePort, masq)}})
@@ -655,10 +682,11 @@ func noteService(n *traceNode, path *trace.Path, res *TraceResult) {
 	}
 	for _, pass := range path.Passes {
 		for _, s := range pass.Steps {
-			owner := n.ownerOf(s.Cookie)
-			if !strings.HasPrefix(owner, "svc/") {
+			obj, ok := n.objectOf(s.Cookie)
+			if !ok || obj.Kind != pipeline.KindService {
 				continue
 			}
+			owner := obj.Owner().String()
 			if res.Service.Owner == "" {
 				res.Service.Owner = owner
 			}
@@ -724,73 +752,153 @@ func outcome(ctx context.Context, w world, n *traceNode, path *trace.Path, h *Ho
 		return nil, "", nil
 	}
 	out := path.Outputs[0]
-	f := out.Fields
-	policies := allowingPolicies(n, path)
-	switch {
-	case out.Port == n.portNumber("vxlan0", pipeline.PortVXLAN):
-		peer := ""
-		for _, r := range info.RemoteNodes {
-			if r.NodeIP == f.TunDst {
-				peer = r.Name
-			}
+	role := n.portRole(out.Port)
+	exit, ok := exits[role]
+	if !ok {
+		return nil, "", fmt.Errorf("node %s: the packet leaves by %s, a port of role %q, which flowctl cannot follow", info.Name, portName(n, out.Port), role)
+	}
+	return exit(ctx, w, exitHop{n: n, path: path, out: out, hop: h, res: res})
+}
+
+// exitHop is a packet leaving a bridge by one port.
+type exitHop struct {
+	n    *traceNode
+	path *trace.Path
+	out  trace.Output
+	hop  *Hop
+	res  *TraceResult
+}
+
+// exits says, for every role a port of br0 can have (pipeline.Ports), what becomes of a packet that
+// leaves by it: the next node and the packet as it arrives there, or a verdict.
+var exits = map[pipeline.PortRole]func(context.Context, world, exitHop) (*nextHop, string, error){
+	pipeline.RoleTunnel: exitTunnel,
+	pipeline.RoleUplink: exitUplink,
+	pipeline.RoleHost:   exitHost,
+	pipeline.RolePod:    exitPod,
+}
+
+// exitTunnel follows VXLAN to the node whose address is the tunnel's destination.
+func exitTunnel(ctx context.Context, w world, x exitHop) (*nextHop, string, error) {
+	info, f := x.n.info, x.out.Fields
+	peer := ""
+	for _, r := range info.RemoteNodes {
+		if r.NodeIP == f.TunDst {
+			peer = r.Name
 		}
-		h.Leaves = fmt.Sprintf("leaves by vxlan0 to node %s (%s) with tun_id %#x", peer, f.TunDst, f.TunID)
-		if peer == "" {
-			res.Verdict = Verdict{Kind: VerdictDropped, Node: info.Name, Text: fmt.Sprintf("sent through the tunnel to %s, which is no node node %s knows", f.TunDst, info.Name)}
-			return nil, "", nil
-		}
-		next, err := w.node(ctx, peer)
-		if err != nil {
-			return nil, "", err
-		}
-		src, _ := parseMAC(f.EthSrc)
-		dst, _ := parseMAC(f.EthDst)
-		p := trace.Packet{InPort: next.portNumber("vxlan0", pipeline.PortVXLAN), TunID: f.TunID, TunSrc: info.NodeIP, TunDst: f.TunDst,
-			EthSrc: src, EthDst: dst, Proto: res.Proto, IPSrc: f.IPSrc, IPDst: f.IPDst, SrcPort: f.SrcPort, DstPort: f.DstPort}
-		if p.Proto == "icmp" {
-			p.SrcPort, p.DstPort = 0, 0
-		}
-		return &nextHop{node: next, packet: p}, fmt.Sprintf("in_port %d (vxlan0, tun_id %#x from %s, node %s)", p.InPort, f.TunID, info.NodeIP, info.Name), nil
-	case out.Port == n.portNumber("tun0", pipeline.PortTun0):
-		h.Leaves = fmt.Sprintf("leaves by tun0 to the host of node %s, towards %s:%d", info.Name, f.IPDst, f.DstPort)
-		switch {
-		case f.IPDst == info.Gateway && f.DstPort >= pipeline.RejectPortMin && f.DstPort <= pipeline.RejectPortMax && res.Service != nil && res.Service.Rejected:
-			res.Verdict = Verdict{Kind: VerdictRejected, Node: info.Name, Owner: res.Service.Owner,
-				Text: fmt.Sprintf("service %s has no ready endpoint: the host of node %s refuses the connection", res.Service.Service, info.Name)}
-		case f.IPDst == info.Gateway || f.IPDst == info.NodeIP:
-			res.Verdict = Verdict{Kind: VerdictHost, Node: info.Name, Text: fmt.Sprintf("delivered to the host of node %s", info.Name)}
-		case inNets(f.IPDst, info.ClusterNetworks) || inNet(f.IPDst, info.ServiceNetwork):
-			res.Verdict = Verdict{Kind: VerdictHost, Node: info.Name, Text: fmt.Sprintf("handed to the host of node %s for %s, an address br0 does not route", info.Name, f.IPDst)}
-		default:
-			target := f.IPDst.String()
-			if name, ok, _ := w.nodeByIP(ctx, f.IPDst); ok {
-				target = "node " + name + " (" + f.IPDst.String() + ")"
-			}
-			snat := fmt.Sprintf("SNATs it from %s to %s", f.IPSrc, info.NodeIP)
-			if !inNets(f.IPSrc, info.ClusterNetworks) {
-				snat = fmt.Sprintf("sends it from %s", f.IPSrc)
-			}
-			res.Verdict = Verdict{Kind: VerdictLeftCluster, Node: info.Name,
-				Text: fmt.Sprintf("leaves the cluster network from node %s to %s: the host %s", info.Name, target, snat)}
-		}
+	}
+	x.hop.Leaves = fmt.Sprintf("leaves by %s to node %s (%s) with tun_id %#x", pipeline.PortNameVXLAN, peer, f.TunDst, f.TunID)
+	if peer == "" {
+		x.res.Verdict = Verdict{Kind: VerdictDropped, Node: info.Name, Text: fmt.Sprintf("sent through the tunnel to %s, which is no node node %s knows", f.TunDst, info.Name)}
 		return nil, "", nil
 	}
+	next, err := w.node(ctx, peer)
+	if err != nil {
+		return nil, "", err
+	}
+	p := arriving(next, pipeline.RoleTunnel, f, x.res.Proto)
+	p.TunID, p.TunSrc, p.TunDst = f.TunID, info.NodeIP, f.TunDst
+	return &nextHop{node: next, packet: p}, fmt.Sprintf("in_port %d (%s, tun_id %#x from %s, node %s)", p.InPort, pipeline.PortNameVXLAN, f.TunID, info.NodeIP, info.Name), nil
+}
+
+// exitUplink follows an unencapsulated frame (encapsulation none) across the uplink segment to the
+// node whose uplink MAC it is addressed to: the uplink bridges switch it by MAC into that node's br0.
+func exitUplink(ctx context.Context, w world, x exitHop) (*nextHop, string, error) {
+	info, f := x.n.info, x.out.Fields
+	dst, _ := parseMAC(f.EthDst)
+	peer := ""
+	var peerIP netip.Addr
+	for _, r := range info.RemoteNodes {
+		if bytes.Equal(pipeline.UplinkMAC(r.NodeIP), dst) {
+			peer, peerIP = r.Name, r.NodeIP
+		}
+	}
+	if peer == "" {
+		x.hop.Leaves = fmt.Sprintf("leaves by %s, unencapsulated, to %s", pipeline.PortNameUplink, f.EthDst)
+		x.res.Verdict = Verdict{Kind: VerdictDropped, Node: info.Name,
+			Text: fmt.Sprintf("sent out of the uplink port to %s, the uplink MAC of no node node %s knows", f.EthDst, info.Name)}
+		return nil, "", nil
+	}
+	x.hop.Leaves = fmt.Sprintf("leaves by %s to node %s (%s), unencapsulated, from uplink MAC %s to %s", pipeline.PortNameUplink, peer, peerIP, f.EthSrc, f.EthDst)
+	next, err := w.node(ctx, peer)
+	if err != nil {
+		return nil, "", err
+	}
+	if len(next.info.Ports) > 0 {
+		if _, ok := next.port(pipeline.PortNameUplink); !ok {
+			x.res.Verdict = Verdict{Kind: VerdictDropped, Node: peer,
+				Text: fmt.Sprintf("node %s's bridge has no uplink port (it takes VXLAN only): the frame from node %s never reaches it", peer, info.Name)}
+			return nil, "", nil
+		}
+	}
+	p := arriving(next, pipeline.RoleUplink, f, x.res.Proto)
+	return &nextHop{node: next, packet: p}, fmt.Sprintf("in_port %d (%s, unencapsulated from node %s's uplink MAC %s)", p.InPort, pipeline.PortNameUplink, info.Name, f.EthSrc), nil
+}
+
+// arriving is the packet that left a bridge with fields f as it enters the next node's bridge by its
+// port of a role.
+func arriving(next *traceNode, role pipeline.PortRole, f trace.Fields, proto string) trace.Packet {
+	src, _ := parseMAC(f.EthSrc)
+	dst, _ := parseMAC(f.EthDst)
+	p := trace.Packet{InPort: next.roleNumber(role), EthSrc: src, EthDst: dst, Proto: proto, IPSrc: f.IPSrc, IPDst: f.IPDst, SrcPort: f.SrcPort, DstPort: f.DstPort}
+	if p.Proto == "icmp" {
+		p.SrcPort, p.DstPort = 0, 0
+	}
+	return p
+}
+
+// exitHost reads what the node's host does with a packet br0 hands it through tun0.
+func exitHost(ctx context.Context, w world, x exitHop) (*nextHop, string, error) {
+	info, f, res := x.n.info, x.out.Fields, x.res
+	x.hop.Leaves = fmt.Sprintf("leaves by %s to the host of node %s, towards %s:%d", pipeline.PortNameTun0, info.Name, f.IPDst, f.DstPort)
+	switch {
+	case f.IPDst == info.Gateway && f.DstPort >= pipeline.RejectPortMin && f.DstPort <= pipeline.RejectPortMax && res.Service != nil && res.Service.Rejected:
+		res.Verdict = Verdict{Kind: VerdictRejected, Node: info.Name, Owner: res.Service.Owner,
+			Text: fmt.Sprintf("service %s has no ready endpoint: the host of node %s refuses the connection", res.Service.Service, info.Name)}
+	case f.IPDst == info.Gateway || f.IPDst == info.NodeIP:
+		res.Verdict = Verdict{Kind: VerdictHost, Node: info.Name, Text: fmt.Sprintf("delivered to the host of node %s", info.Name)}
+	case inNets(f.IPDst, info.ClusterNetworks) || inNet(f.IPDst, info.ServiceNetwork):
+		res.Verdict = Verdict{Kind: VerdictHost, Node: info.Name, Text: fmt.Sprintf("handed to the host of node %s for %s, an address br0 does not route", info.Name, f.IPDst)}
+	default:
+		target := f.IPDst.String()
+		if name, ok, _ := w.nodeByIP(ctx, f.IPDst); ok {
+			target = "node " + name + " (" + f.IPDst.String() + ")"
+		}
+		snat := fmt.Sprintf("SNATs it from %s to %s", f.IPSrc, info.NodeIP)
+		if !inNets(f.IPSrc, info.ClusterNetworks) {
+			snat = fmt.Sprintf("sends it from %s", f.IPSrc)
+		}
+		res.Verdict = Verdict{Kind: VerdictLeftCluster, Node: info.Name,
+			Text: fmt.Sprintf("leaves the cluster network from node %s to %s: the host %s", info.Name, target, snat)}
+	}
+	return nil, "", nil
+}
+
+// exitPod delivers to the pod whose port it is (or names the port, when OVSDB ties it to no pod).
+func exitPod(_ context.Context, _ world, x exitHop) (*nextHop, string, error) {
+	info, port := x.n.info, x.out.Port
 	pod := ""
 	for _, pt := range info.Ports {
-		if uint32(pt.OFPort) == out.Port {
+		if uint32(pt.OFPort) == port {
 			pod = pt.Pod
 		}
 	}
-	h.Leaves = fmt.Sprintf("leaves by %s", portName(n, out.Port))
+	x.hop.Leaves = fmt.Sprintf("leaves by %s", portName(x.n, port))
 	if pod == "" {
-		res.Verdict = Verdict{Kind: VerdictDelivered, Node: info.Name, Text: fmt.Sprintf("delivered to %s on node %s", portName(n, out.Port), info.Name)}
+		x.res.Verdict = Verdict{Kind: VerdictDelivered, Node: info.Name, Text: fmt.Sprintf("delivered to %s on node %s", portName(x.n, port), info.Name)}
 		return nil, "", nil
 	}
+	if a, ok := x.n.attachmentOnPort(port); ok {
+		x.res.Verdict = Verdict{Kind: VerdictDelivered, Node: info.Name, Pod: a.Key(),
+			Text: fmt.Sprintf("delivered to pod %s (Network %s) via node %s", a.Key(), a.Network, info.Name)}
+		return nil, "", nil
+	}
+	policies := allowingPolicies(x.n, x.path)
 	text := fmt.Sprintf("delivered to %s via node %s", pod, info.Name)
 	if len(policies) > 0 {
 		text += fmt.Sprintf(" (allowed by NetworkPolicy %s)", strings.Join(policies, ", "))
 	}
-	res.Verdict = Verdict{Kind: VerdictDelivered, Node: info.Name, Pod: pod, Text: text, Policies: policies}
+	x.res.Verdict = Verdict{Kind: VerdictDelivered, Node: info.Name, Pod: pod, Text: text, Policies: policies}
 	return nil, "", nil
 }
 
@@ -812,8 +920,8 @@ func allowingPolicies(n *traceNode, path *trace.Path) []string {
 	var out []string
 	for _, pass := range path.Passes {
 		for _, s := range pass.Steps {
-			if o := n.ownerOf(s.Cookie); strings.HasPrefix(o, "netpol/") {
-				name := strings.TrimPrefix(o, "netpol/")
+			if obj, ok := n.objectOf(s.Cookie); ok && obj.Kind == pipeline.KindNetworkPolicy {
+				name := obj.Key()
 				if !slices.Contains(out, name) {
 					out = append(out, name)
 				}
@@ -839,8 +947,8 @@ func policiesSelecting(n *traceNode, table openflow.TableID, port uint32) []stri
 		if !ok || mf.Masked || uint32(mf.Value) != port {
 			continue
 		}
-		if o := n.ownerOf(f.Cookie); strings.HasPrefix(o, "netpol/") {
-			name := strings.TrimPrefix(o, "netpol/")
+		if obj, ok := n.objectOf(f.Cookie); ok && obj.Kind == pipeline.KindNetworkPolicy {
+			name := obj.Key()
 			if !slices.Contains(out, name) {
 				out = append(out, name)
 			}
@@ -871,6 +979,7 @@ func dropVerdict(n *traceNode, path *trace.Path, proto string) Verdict {
 	last, _ := path.Last()
 	table := uint8(last.Table)
 	owner := n.ownerOf(last.Cookie)
+	obj, _ := n.objectOf(last.Cookie)
 	v := Verdict{Kind: VerdictDropped, Node: info.Name, Table: &table, Owner: owner}
 	where := fmt.Sprintf("dropped at table %d %s", last.Table, pipeline.TableName(last.Table))
 	f := path.Final
@@ -880,19 +989,26 @@ func dropVerdict(n *traceNode, path *trace.Path, proto string) Verdict {
 		}
 		return fmt.Sprintf("%s/%d", proto, f.DstPort)
 	}
+	if text, ok := networkDropVerdict(n, path, where); ok && !last.Miss {
+		v.Text = text
+		if a, ok := n.attachmentOnPort(f.InPort); ok && last.Table == pipeline.TablePodIngress {
+			v.Pod = a.Key()
+		}
+		return v
+	}
 	switch {
 	case last.Miss:
 		v.Text = where + ": no flow matched"
 	case last.Table == pipeline.TableIngressIsolation && info.Mode == string(pipeline.ModeMultitenant) && last.Priority == 0:
 		v.Text = fmt.Sprintf("%s: tenant %s may not reach %s", where, tenantName(info, f.Regs[0]), tenantName(info, f.Regs[1]))
-	case (last.Table == pipeline.TableIngressIsolation || last.Table == pipeline.TableEgressPolicy) && strings.HasPrefix(owner, "pod/"):
+	case (last.Table == pipeline.TableIngressIsolation || last.Table == pipeline.TableEgressPolicy) && obj.Kind == pipeline.KindPod:
 		port := f.Regs[2]
 		dir := "rule"
 		if last.Table == pipeline.TableEgressPolicy {
 			port, dir = f.InPort, "egress rule"
 		}
 		v.Policies = policiesSelecting(n, last.Table, port)
-		v.Pod = strings.TrimPrefix(owner, "pod/")
+		v.Pod = obj.Key()
 		if len(v.Policies) == 0 {
 			v.Text = fmt.Sprintf("%s by the NetworkPolicy isolation of pod %s (no policy on this node allows %s)", where, v.Pod, l4())
 		} else {
@@ -906,11 +1022,13 @@ func dropVerdict(n *traceNode, path *trace.Path, proto string) Verdict {
 			}
 		}
 	case last.Table == pipeline.TableTunnelIngress:
-		v.Text = fmt.Sprintf("%s: tunnel source %s is no node this node knows", where, f.TunSrc)
+		v.Text = fmt.Sprintf("%s: tunnel source %s is no node this node knows, or the inner source %s is neither in that node's subnet nor its own address", where, f.TunSrc, f.IPSrc)
+	case owner == pipeline.TunnelGuardOwner.String():
+		v.Text = fmt.Sprintf("%s by the tunnel guard: no pod may send to the tunnel port %s of %s, which is not a pod (it would inject into the overlay)", where, l4(), f.IPDst)
 	case last.Table == pipeline.TableRouting:
 		v.Text = fmt.Sprintf("%s: no node hosts %s", where, f.IPDst)
-	case last.Table == pipeline.TableServices && strings.HasPrefix(owner, "svc/"):
-		v.Text = fmt.Sprintf("%s: service %s has no endpoint on node %s for this traffic (traffic policy Local)", where, strings.TrimPrefix(owner, "svc/"), info.Name)
+	case last.Table == pipeline.TableServices && obj.Kind == pipeline.KindService:
+		v.Text = fmt.Sprintf("%s: service %s:%s has no endpoint on node %s for this traffic (traffic policy Local)", where, obj.Key(), obj.Port, info.Name)
 	default:
 		v.Text = fmt.Sprintf("%s by the flow of %s (priority %d %s)", where, owner, last.Priority, last.Match)
 	}
@@ -924,6 +1042,9 @@ func (r *TraceResult) WriteText(w io.Writer) error {
 		mode = " (offline, from dumps)"
 	}
 	fmt.Fprintf(w, "trace %s from %s to %s%s\n", r.Proto, r.From, r.To, mode)
+	for _, n := range r.Notes {
+		fmt.Fprintf(w, "note: %s\n", n)
+	}
 	if s := r.Service; s != nil {
 		fmt.Fprintf(w, "service %s at %s (%s)\n", s.Service, s.Frontend, s.Owner)
 		switch {

@@ -41,22 +41,35 @@ type testPod struct {
 
 func podMAC(ip netip.Addr) net.HardwareAddr { return net.HardwareAddr(macOfIP(ip)) }
 
-// writeNodeDump renders one node and writes its dump file.
+// vnidOf is a test pod's VNID in a mode.
+func vnidOf(p testPod, mode pipeline.Mode) uint32 {
+	if mode != pipeline.ModeMultitenant {
+		return 0
+	}
+	return traceVNIDs[p.ns]
+}
+
+// writeNodeDump renders one node and writes its dump file. With encapsulation none the node has an
+// uplink port and its peer is on the segment (peerPods are the peer's pods, as uplink-ingress needs).
 func writeNodeDump(t *testing.T, dir, name string, nodeIP netip.Addr, subnet netip.Prefix, peer debugapi.RemoteNode, mode pipeline.Mode,
-	pods []testPod, services []pipeline.ServiceState, policies []pipeline.PolicyState) string {
+	encap pipeline.Encapsulation, pods, peerPods []testPod, services []pipeline.ServiceState, policies []pipeline.PolicyState, nets *testNetworks) string {
 	t.Helper()
+	remote := pipeline.RemoteNode{Name: peer.Name, NodeIP: peer.NodeIP, Subnet: peer.Subnet, OnSegment: encap == pipeline.EncapNone}
+	for _, p := range peerPods {
+		remote.Pods = append(remote.Pods, pipeline.RemotePod{IP: p.ip, VNID: vnidOf(p, mode)})
+	}
 	st := pipeline.NodeState{Mode: mode, NodeName: name, NodeIP: nodeIP, LocalSubnet: subnet, ClusterNetworks: []netip.Prefix{clusterNet},
-		RemoteNodes:       []pipeline.RemoteNode{{Name: peer.Name, NodeIP: peer.NodeIP, Subnet: peer.Subnet}},
+		Encapsulation: encap, Uplink: encap == pipeline.EncapNone, RemoteNodes: []pipeline.RemoteNode{remote},
 		NodePortAddresses: []netip.Addr{pipeline.ServiceNodePortIP}, Services: services, Policies: policies}
 	info := &debugapi.NodeInfo{Name: name, Bridge: "br0", NodeIP: nodeIP, Subnet: subnet, Gateway: pipeline.Gateway(subnet), Mode: string(mode),
 		ClusterNetworks: []netip.Prefix{clusterNet}, ServiceNetwork: serviceNet, Round: testRound, PipelineVersion: pipeline.PipelineVersion,
 		RemoteNodes: []debugapi.RemoteNode{peer}, VNIDs: traceVNIDs, NodePortAddress: pipeline.ServiceNodePortIP,
 		Ports: []debugapi.Port{{Name: "tun0", Type: "internal", OFPort: 2, MAC: "0a:58:ff:00:00:02"}, {Name: "vxlan0", Type: "vxlan", OFPort: 1}}}
+	if encap == pipeline.EncapNone {
+		info.Ports = append(info.Ports, debugapi.Port{Name: pipeline.PortNameUplink, Type: "patch", OFPort: int(pipeline.PortUplink)})
+	}
 	for _, p := range pods {
-		vnid := traceVNIDs[p.ns]
-		if mode != pipeline.ModeMultitenant {
-			vnid = 0
-		}
+		vnid := vnidOf(p, mode)
 		isolated := false
 		for _, pol := range policies {
 			for _, pp := range pol.Pods {
@@ -79,6 +92,7 @@ func writeNodeDump(t *testing.T, dir, name string, nodeIP netip.Addr, subnet net
 		}
 		info.Services = append(info.Services, svc)
 	}
+	nets.addTo(name, &st, info)
 	owners, err := pipeline.Render(st)
 	if err != nil {
 		t.Fatal(err)
@@ -114,10 +128,10 @@ func writeNodeDump(t *testing.T, dir, name string, nodeIP netip.Addr, subnet net
 	return path
 }
 
-// twoNodes writes dumps of n1 and n2 in a mode: blue/a, blue/a2, red/b, default/g on n1; blue/c on
-// n2; service blue/web (endpoints a and c, NodePort 30080) and blue/empty (none); in networkpolicy
-// mode, policy blue/web-80 lets only TCP 80 into a.
-func twoNodes(t *testing.T, mode pipeline.Mode) []string {
+// twoNodes writes dumps of n1 and n2 in a mode and an encapsulation: blue/a, blue/a2, red/b, default/g
+// on n1; blue/c on n2; service blue/web (endpoints a and c, NodePort 30080) and blue/empty (none); in
+// networkpolicy mode, policy blue/web-80 lets only TCP 80 into a.
+func twoNodes(t *testing.T, mode pipeline.Mode, encap pipeline.Encapsulation) []string {
 	dir := t.TempDir()
 	a, a2, b, g := netip.MustParseAddr("10.128.0.3"), netip.MustParseAddr("10.128.0.4"), netip.MustParseAddr("10.128.0.5"), netip.MustParseAddr("10.128.0.6")
 	c := netip.MustParseAddr("10.128.2.3")
@@ -137,11 +151,13 @@ func twoNodes(t *testing.T, mode pipeline.Mode) []string {
 		pol1 = []pipeline.PolicyState{{Namespace: "blue", Name: "web-80", Ingress: true, Pods: []pipeline.PolicyPod{{OFPort: 3}},
 			IngressRules: []pipeline.PolicyRule{{AllPeers: true, Ports: []pipeline.PolicyPort{{Protocol: openflow.IPProtoTCP, Port: 80}}}}}}
 	}
+	n1Pods := []testPod{{"blue", "a", a, 3}, {"blue", "a2", a2, 4}, {"red", "b", b, 5}, {"default", "g", g, 6}}
+	n2Pods := []testPod{{"blue", "c", c, 3}}
 	return []string{
-		writeNodeDump(t, dir, "n1", n1IP, n1Net, debugapi.RemoteNode{Name: "n2", NodeIP: n2IP, Subnet: n2Net}, mode,
-			[]testPod{{"blue", "a", a, 3}, {"blue", "a2", a2, 4}, {"red", "b", b, 5}, {"default", "g", g, 6}}, services("n1"), pol1),
-		writeNodeDump(t, dir, "n2", n2IP, n2Net, debugapi.RemoteNode{Name: "n1", NodeIP: n1IP, Subnet: n1Net}, mode,
-			[]testPod{{"blue", "c", c, 3}}, services("n2"), pol2),
+		writeNodeDump(t, dir, "n1", n1IP, n1Net, debugapi.RemoteNode{Name: "n2", NodeIP: n2IP, Subnet: n2Net}, mode, encap,
+			n1Pods, n2Pods, services("n1"), pol1, nil),
+		writeNodeDump(t, dir, "n2", n2IP, n2Net, debugapi.RemoteNode{Name: "n1", NodeIP: n1IP, Subnet: n1Net}, mode, encap,
+			n2Pods, n1Pods, services("n2"), pol2, nil),
 	}
 }
 
@@ -149,7 +165,9 @@ func twoNodes(t *testing.T, mode pipeline.Mode) []string {
 // pipeline intends; text and JSON outputs are golden.
 func TestTraceOffline(t *testing.T) {
 	ctx := context.Background()
-	multi, np := twoNodes(t, pipeline.ModeMultitenant), twoNodes(t, pipeline.ModeNetworkPolicy)
+	multi, np := twoNodes(t, pipeline.ModeMultitenant, pipeline.EncapVXLAN), twoNodes(t, pipeline.ModeNetworkPolicy, pipeline.EncapVXLAN)
+	// Encapsulation none: across nodes the packet leaves by the uplink port and is followed to the peer.
+	multiNone, npNone := twoNodes(t, pipeline.ModeMultitenant, pipeline.EncapNone), twoNodes(t, pipeline.ModeNetworkPolicy, pipeline.EncapNone)
 	cases := []struct {
 		name  string
 		dumps []string
@@ -174,9 +192,22 @@ func TestTraceOffline(t *testing.T) {
 			[]string{"blue/c via node n2"}, 3},
 		{"to-outside", multi, TraceOptions{Src: "blue/a", Dst: "192.0.2.7", Port: 443}, VerdictLeftCluster,
 			[]string{"SNATs it from 10.128.0.3 to 198.51.100.11"}, 1},
+		{"tunnel-guard", multi, TraceOptions{Src: "blue/a", Dst: "198.51.100.12", Proto: "udp", Port: 4789}, VerdictDropped,
+			[]string{"table 60 routing by the tunnel guard", "udp/4789 of 198.51.100.12"}, 1},
 		{"policy-allow", np, TraceOptions{Src: "blue/c", Dst: "blue/a", Port: 80}, VerdictDelivered,
 			[]string{"blue/a via node n1", "allowed by NetworkPolicy blue/web-80"}, 2},
 		{"policy-deny", np, TraceOptions{Src: "blue/c", Dst: "blue/a", Port: 81}, VerdictDropped,
+			[]string{"table 80 ingress-isolation by NetworkPolicy blue/web-80 (no rule allows tcp/81)"}, 2},
+		{"cross-node-none", multiNone, TraceOptions{Src: "blue/a", Dst: "blue/c", Port: 8080}, VerdictDelivered, []string{"blue/c", "node n2"}, 2},
+		{"tenant-deny-cross-node-none", multiNone, TraceOptions{Src: "red/b", Dst: "blue/c", Port: 8080}, VerdictDropped,
+			[]string{"table 80 ingress-isolation", "tenant VNID 14 (red) may not reach VNID 12 (blue)"}, 2},
+		{"service-remote-endpoint-none", multiNone, TraceOptions{Src: "blue/a2", Dst: "svc/blue/web", Endpoint: "10.128.2.3:8080"}, VerdictDelivered,
+			[]string{"blue/c via node n2"}, 2},
+		{"nodeport-from-outside-none", multiNone, TraceOptions{Src: "192.0.2.7", Dst: "n1", Port: 30080, Endpoint: "10.128.2.3"}, VerdictDelivered,
+			[]string{"blue/c via node n2"}, 3},
+		{"policy-allow-none", npNone, TraceOptions{Src: "blue/c", Dst: "blue/a", Port: 80}, VerdictDelivered,
+			[]string{"blue/a via node n1", "allowed by NetworkPolicy blue/web-80"}, 2},
+		{"policy-deny-none", npNone, TraceOptions{Src: "blue/c", Dst: "blue/a", Port: 81}, VerdictDropped,
 			[]string{"table 80 ingress-isolation by NetworkPolicy blue/web-80 (no rule allows tcp/81)"}, 2},
 	}
 	for _, tc := range cases {
@@ -219,7 +250,7 @@ func TestTraceOffline(t *testing.T) {
 // followed; --endpoint follows another; an endpoint the group does not have is an error naming them.
 func TestTraceOfflineServiceEndpoints(t *testing.T) {
 	ctx := context.Background()
-	w, err := newOfflineWorld(twoNodes(t, pipeline.ModeMultitenant))
+	w, err := newOfflineWorld(twoNodes(t, pipeline.ModeMultitenant, pipeline.EncapVXLAN))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -269,5 +300,52 @@ func golden(t *testing.T, name string, got []byte) {
 	}
 	if !bytes.Equal(got, want) {
 		t.Errorf("%s differs from the golden file:\n--- got\n%s\n--- want\n%s", name, got, want)
+	}
+}
+
+// Every role a port of br0 can have (the pipeline's registry) has a trace outcome, and a trace that
+// leaves a bridge by a port of that role ends as that role means: a role added to the registry
+// without an outcome, or one whose packets are no longer followed, fails here.
+func TestEveryPortRoleHasATraceOutcome(t *testing.T) {
+	ctx := context.Background()
+	vxlan, none := twoNodes(t, pipeline.ModeMultitenant, pipeline.EncapVXLAN), twoNodes(t, pipeline.ModeMultitenant, pipeline.EncapNone)
+	cases := map[pipeline.PortRole]struct {
+		dumps []string
+		o     TraceOptions
+		// ends is how the trace must end: the verdict kind, the hops, and what the first hop left by.
+		kind   string
+		hops   int
+		leaves string
+	}{
+		pipeline.RoleTunnel: {vxlan, TraceOptions{Src: "blue/a", Dst: "blue/c"}, VerdictDelivered, 2, "leaves by vxlan0 to node n2"},
+		pipeline.RoleUplink: {none, TraceOptions{Src: "blue/a", Dst: "blue/c"}, VerdictDelivered, 2, "leaves by patch-uplink to node n2"},
+		pipeline.RoleHost:   {vxlan, TraceOptions{Src: "blue/a", Dst: "192.0.2.7"}, VerdictLeftCluster, 1, "leaves by tun0 to the host of node n1"},
+		pipeline.RolePod:    {vxlan, TraceOptions{Src: "blue/a", Dst: "blue/a2"}, VerdictDelivered, 1, "leaves by port 4 (vetha2, pod blue/a2)"},
+	}
+	for _, role := range pipeline.PortRoles() {
+		t.Run(string(role), func(t *testing.T) {
+			if exits[role] == nil {
+				t.Fatalf("flowctl trace has no outcome for ports of role %q", role)
+			}
+			tc, ok := cases[role]
+			if !ok {
+				t.Fatalf("no trace here leaves by a port of role %q: add one", role)
+			}
+			w, err := newOfflineWorld(tc.dumps)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tc.o.Proto, tc.o.SrcPort, tc.o.Port = "tcp", 40000, 8080
+			res, err := Trace(ctx, w, tc.o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Verdict.Kind != tc.kind || len(res.Hops) != tc.hops || !strings.HasPrefix(res.Hops[0].Leaves, tc.leaves) {
+				var text bytes.Buffer
+				_ = res.WriteText(&text)
+				t.Errorf("verdict %s after %d hops, first leaving %q; want %s after %d, leaving %q…\n%s",
+					res.Verdict.Kind, len(res.Hops), res.Hops[0].Leaves, tc.kind, tc.hops, tc.leaves, text.String())
+			}
+		})
 	}
 }

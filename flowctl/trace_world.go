@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"slices"
 	"sync"
 
 	"github.com/ofsdn/ofsdn/debugapi"
 	"github.com/ofsdn/ofsdn/flows/openflow"
+	"github.com/ofsdn/ofsdn/flows/pipeline"
 	"github.com/ofsdn/ofsdn/flows/reconcile"
 	"github.com/ofsdn/ofsdn/flows/trace"
 	corev1 "k8s.io/api/core/v1"
@@ -28,7 +30,9 @@ type world interface {
 	node(ctx context.Context, name string) (*traceNode, error)
 	// pod finds a pod by name: its node and address.
 	pod(ctx context.Context, namespace, name string) (node string, ip netip.Addr, err error)
-	// podByIP finds the pod with an address (ok false: none).
+	// attachment finds a pod's interface on a Network: its node and the node's agent's record of it.
+	attachment(ctx context.Context, namespace, name, iface string) (node string, a debugapi.Attachment, err error)
+	// podByIP finds the pod with an address on the cluster network (ok false: none).
 	podByIP(ctx context.Context, ip netip.Addr) (key, node string, ok bool, err error)
 	// nodeAddr resolves a node's name to its address, or an address to a node's name.
 	nodeByName(ctx context.Context, name string) (netip.Addr, bool, error)
@@ -53,6 +57,18 @@ func (n *traceNode) ownerOf(cookie uint64) string {
 	return n.owners.Name(reconcile.Cookie(cookie))
 }
 
+// objectOf is the API object a cookie's owner renders, when the node names one owner for the cookie.
+func (n *traceNode) objectOf(cookie uint64) (pipeline.Object, bool) {
+	if cookie == 0 {
+		return pipeline.Object{}, false
+	}
+	owners := n.owners.Lookup(reconcile.Cookie(cookie))
+	if len(owners) != 1 {
+		return pipeline.Object{}, false // unknown, or a hash collision: name no object rather than a wrong one
+	}
+	return pipeline.ObjectOf(owners[0])
+}
+
 // port finds a port of the bridge by name.
 func (n *traceNode) port(name string) (debugapi.Port, bool) {
 	for _, p := range n.info.Ports {
@@ -69,6 +85,30 @@ func (n *traceNode) portNumber(name string, def uint32) uint32 {
 		return uint32(p.OFPort)
 	}
 	return def
+}
+
+// portRole is the role of a port of the node's bridge: by its name when OVSDB lists it, else by its
+// number in the pipeline's registry; any other port is a pod's.
+func (n *traceNode) portRole(number uint32) pipeline.PortRole {
+	for _, p := range n.info.Ports {
+		if uint32(p.OFPort) == number {
+			if bp, ok := pipeline.PortNamed(p.Name); ok {
+				return bp.Role
+			}
+			return pipeline.RolePod
+		}
+	}
+	if bp, ok := pipeline.LookupPort(number); ok {
+		return bp.Role
+	}
+	return pipeline.RolePod
+}
+
+// roleNumber is the OpenFlow number of the node's port of a role (not RolePod): OVSDB's, else the
+// number the registry requests.
+func (n *traceNode) roleNumber(role pipeline.PortRole) uint32 {
+	bp, _ := pipeline.PortOfRole(role)
+	return n.portNumber(bp.Name, bp.Number)
 }
 
 func newTraceNode(info *debugapi.NodeInfo, rawFlows, rawGroups [][]byte, owners []string) (*traceNode, error) {
@@ -122,8 +162,13 @@ func newLiveWorld(nf nodeFlags) (*liveWorld, error) {
 	if err != nil {
 		return nil, err
 	}
-	w := &liveWorld{kube: kube, cfg: cfg, nf: nf, nodes: map[string]*traceNode{}, agents: map[string]debugapi.Backend{}}
-	return w, nil
+	return liveWorldOf(cfg, kube, nf), nil
+}
+
+// liveWorldOf is a fresh live world on a client that exists already (flowctl ui makes one per trace,
+// so every trace reads the nodes as they are now).
+func liveWorldOf(cfg *rest.Config, kube kubernetes.Interface, nf nodeFlags) *liveWorld {
+	return &liveWorld{kube: kube, cfg: cfg, nf: nf, nodes: map[string]*traceNode{}, agents: map[string]debugapi.Backend{}}
 }
 
 func (w *liveWorld) live() bool { return true }
@@ -190,6 +235,25 @@ func (w *liveWorld) pod(ctx context.Context, namespace, name string) (string, ne
 		return "", netip.Addr{}, fmt.Errorf("pod %s/%s has no node or address yet (phase %s)", namespace, name, p.Status.Phase)
 	}
 	return p.Spec.NodeName, ip, nil
+}
+
+func (w *liveWorld) attachment(ctx context.Context, namespace, name, iface string) (string, debugapi.Attachment, error) {
+	p, err := w.kube.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return "", debugapi.Attachment{}, fmt.Errorf("pod %s/%s not found", namespace, name)
+	}
+	if err != nil {
+		return "", debugapi.Attachment{}, err
+	}
+	if p.Spec.NodeName == "" {
+		return "", debugapi.Attachment{}, fmt.Errorf("pod %s/%s has no node yet (phase %s)", namespace, name, p.Status.Phase)
+	}
+	n, err := w.node(ctx, p.Spec.NodeName)
+	if err != nil {
+		return "", debugapi.Attachment{}, err
+	}
+	a, err := n.attachment(namespace, name, iface)
+	return p.Spec.NodeName, a, err
 }
 
 func (w *liveWorld) podByIP(ctx context.Context, ip netip.Addr) (string, string, bool, error) {
@@ -330,6 +394,29 @@ func (w *offlineWorld) pod(_ context.Context, namespace, name string) (string, n
 		return "", netip.Addr{}, fmt.Errorf("pod %s/%s is not on node %s: finding it needs the API server (--kubeconfig or $KUBECONFIG)", namespace, name, w.local)
 	}
 	return "", netip.Addr{}, fmt.Errorf("pod %s/%s is in none of the dumps", namespace, name)
+}
+
+func (w *offlineWorld) attachment(_ context.Context, namespace, name, iface string) (string, debugapi.Attachment, error) {
+	var found error // the pod is on a node, without that interface: the error names those it has
+	for _, n := range w.nodes {
+		a, err := n.attachment(namespace, name, iface)
+		if err == nil {
+			return n.info.Name, a, nil
+		}
+		here := slices.ContainsFunc(n.info.Pods, func(p debugapi.Pod) bool { return p.Namespace == namespace && p.Name == name }) ||
+			slices.ContainsFunc(n.info.Attachments, func(a debugapi.Attachment) bool { return a.Namespace == namespace && a.Name == name })
+		if here && found == nil {
+			found = err
+		}
+	}
+	if found != nil {
+		return "", debugapi.Attachment{}, found
+	}
+	if w.local != "" {
+		return "", debugapi.Attachment{}, fmt.Errorf("pod %s/%s has no interface %s on node %s: finding it elsewhere needs the API server (--kubeconfig or $KUBECONFIG)",
+			namespace, name, iface, w.local)
+	}
+	return "", debugapi.Attachment{}, fmt.Errorf("pod %s/%s has no interface %s on a Network in any of the dumps", namespace, name, iface)
 }
 
 func (w *offlineWorld) podByIP(_ context.Context, ip netip.Addr) (string, string, bool, error) {

@@ -8,9 +8,9 @@
 // never sets a controller in OVSDB: setting or removing a controller flushes every flow and group of
 // the bridge (shared/LAB.md).
 //
-// It is a transport: it moves complete OpenFlow 1.3 messages as bytes (libOpenflow's openflow13 codec
-// or anything else encodes them) and knows nothing of ofsdn's flow model. flows/openflow encodes and
-// decodes; FlowsSwitch adapts a Session to reconcile.Switch.
+// It is a transport: it moves complete OpenFlow 1.3 messages as bytes and knows nothing of ofsdn's flow
+// model. flows/openflow encodes and decodes them and names every protocol number the session uses
+// (message and bundle-control types); FlowsSwitch adapts a Session to reconcile.Switch.
 //
 // Bundles are atomic: Bundle opens an ONF bundle (extension 2300, flags ATOMIC|ORDERED), pipelines
 // every message as a bundle-add, and then a barrier. OVS decodes each bundle-add as it arrives and

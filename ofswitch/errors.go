@@ -33,7 +33,7 @@ type BundleError struct {
 
 func newBundleError(index int, cause *openflow.OFError) *BundleError {
 	code := cause.Code
-	if cause.Type == 0xffff {
+	if cause.Type == openflow.ErrorTypeExperimenter {
 		code = cause.ExpType
 	}
 	return &BundleError{Index: index, Type: cause.Type, Code: code, Msg: cause.Name(), Cause: cause}

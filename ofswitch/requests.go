@@ -8,8 +8,6 @@ import (
 	"time"
 
 	"github.com/ofsdn/ofsdn/flows/openflow"
-
-	of "antrea.io/libOpenflow/openflow13"
 )
 
 // maxOtherErrors caps BundleError.Other: a bundle whose open failed has every add refused too.
@@ -93,7 +91,7 @@ func (s *Session) bundle(ctx context.Context, c *conn, msgs [][]byte, commit boo
 
 	err := c.write(ctx, func(bw *bufio.Writer) error {
 		var ctl [openflow.BundleControlLen]byte
-		if _, err := bw.Write(openflow.AppendBundleControl(ctl[:0], id, of.OFPBCT_OPEN_REQUEST, openX)); err != nil {
+		if _, err := bw.Write(openflow.AppendBundleControl(ctl[:0], id, openflow.BundleOpenRequest, openX)); err != nil {
 			return err
 		}
 		var hdr [openflow.BundleAddLen]byte
@@ -136,7 +134,7 @@ func (s *Session) bundle(ctx context.Context, c *conn, msgs [][]byte, commit boo
 				openFailed = true
 			}
 			be = blame(be, e, xid-openX-1, n, openFailed)
-		case xid == openX && openflow.IsBundleReply(msg, of.OFPBCT_OPEN_REPLY):
+		case xid == openX && openflow.IsBundleReply(msg, openflow.BundleOpenReply):
 			opened = true
 		case xid == barrierX && msg[1] == openflow.TypeBarrierReply:
 			done = true
@@ -158,7 +156,7 @@ func (s *Session) bundle(ctx context.Context, c *conn, msgs [][]byte, commit boo
 
 	if err := c.write(ctx, func(bw *bufio.Writer) error {
 		var ctl [openflow.BundleControlLen]byte
-		_, err := bw.Write(openflow.AppendBundleControl(ctl[:0], id, of.OFPBCT_COMMIT_REQUEST, endX))
+		_, err := bw.Write(openflow.AppendBundleControl(ctl[:0], id, openflow.BundleCommitRequest, endX))
 		return err
 	}); err != nil {
 		if c.isDead() {
@@ -179,7 +177,7 @@ func (s *Session) bundle(ctx context.Context, c *conn, msgs [][]byte, commit boo
 			if xid == endX {
 				return be // the commit failed: OVS applied nothing and removed the bundle
 			}
-		case xid == endX && openflow.IsBundleReply(msg, of.OFPBCT_COMMIT_REPLY):
+		case xid == endX && openflow.IsBundleReply(msg, openflow.BundleCommitReply):
 			if be != nil { // cannot happen with ATOMIC; never report success over an error
 				return be
 			}
@@ -215,7 +213,7 @@ func blame(be *BundleError, e *openflow.OFError, idx, n uint32, bundleFailed boo
 func (s *Session) discard(ctx context.Context, c *conn, w *waiter, id, xid uint32) {
 	err := c.write(ctx, func(bw *bufio.Writer) error {
 		var ctl [openflow.BundleControlLen]byte
-		_, err := bw.Write(openflow.AppendBundleControl(ctl[:0], id, of.OFPBCT_DISCARD_REQUEST, xid))
+		_, err := bw.Write(openflow.AppendBundleControl(ctl[:0], id, openflow.BundleDiscardRequest, xid))
 		return err
 	})
 	for err == nil {
@@ -229,7 +227,7 @@ func (s *Session) discard(ctx context.Context, c *conn, w *waiter, id, xid uint3
 		}
 		if msg[1] == openflow.TypeError {
 			err = openflow.ParseError(msg[openflow.HeaderLen:])
-		} else if openflow.IsBundleReply(msg, of.OFPBCT_DISCARD_REPLY) {
+		} else if openflow.IsBundleReply(msg, openflow.BundleDiscardReply) {
 			return
 		}
 	}
@@ -244,7 +242,7 @@ func (s *Session) discardLater(c *conn, id, xid uint32) {
 	defer cancel()
 	_ = c.write(ctx, func(bw *bufio.Writer) error {
 		var ctl [openflow.BundleControlLen]byte
-		_, err := bw.Write(openflow.AppendBundleControl(ctl[:0], id, of.OFPBCT_DISCARD_REQUEST, xid))
+		_, err := bw.Write(openflow.AppendBundleControl(ctl[:0], id, openflow.BundleDiscardRequest, xid))
 		return err
 	})
 }

@@ -17,8 +17,14 @@ import (
 	"sync"
 )
 
-// ErrExhausted says the subnet has no free address.
-var ErrExhausted = errors.New("node subnet exhausted")
+var (
+	// ErrExhausted says the subnet has no free address.
+	ErrExhausted = errors.New("node subnet exhausted")
+	// ErrInUse says a requested address is held by another sandbox interface.
+	ErrInUse = errors.New("address in use")
+	// ErrNotUsable says a requested address is outside the subnet or one of its reserved addresses.
+	ErrNotUsable = errors.New("address not usable")
+)
 
 // Allocation is one reserved address and who holds it.
 type Allocation struct {
@@ -62,6 +68,9 @@ func Open(dir string, subnet netip.Prefix) (*Store, []string, error) {
 			_ = os.Remove(filepath.Join(dir, name)) // an allocation interrupted before its link
 			continue
 		}
+		if name == subnetFile {
+			continue
+		}
 		if name == "last" {
 			if b, err := os.ReadFile(filepath.Join(dir, name)); err == nil {
 				if ip, err := netip.ParseAddr(strings.TrimSpace(string(b))); err == nil && s.subnet.Contains(ip) {
@@ -81,7 +90,28 @@ func Open(dir string, subnet netip.Prefix) (*Store, []string, error) {
 		s.byIP[ip] = a
 		s.byKey[a.key()] = ip
 	}
+	// The subnet is recorded, so the store can be opened again by who no longer knows it (OpenDir).
+	if err := os.WriteFile(filepath.Join(dir, subnetFile), []byte(s.subnet.String()+"\n"), 0o600); err != nil {
+		return nil, nil, fmt.Errorf("ipam: %w", err)
+	}
 	return s, dropped, nil
+}
+
+// subnetFile records a store's subnet.
+const subnetFile = "subnet"
+
+// OpenDir opens a store with the subnet it was last opened with: a Network's store on a node where the
+// Network, or its subnet there, is gone, whose reservations must still be released.
+func OpenDir(dir string) (*Store, []string, error) {
+	b, err := os.ReadFile(filepath.Join(dir, subnetFile))
+	if err != nil {
+		return nil, nil, fmt.Errorf("ipam: %w", err)
+	}
+	subnet, err := netip.ParsePrefix(strings.TrimSpace(string(b)))
+	if err != nil {
+		return nil, nil, fmt.Errorf("ipam: %s records no subnet: %w", dir, err)
+	}
+	return Open(dir, subnet)
 }
 
 func outside(p netip.Prefix, ip netip.Addr) error {
@@ -177,6 +207,42 @@ func (s *Store) Allocate(a Allocation) (netip.Addr, error) {
 				ErrExhausted, len(s.byIP), s.subnet)
 		}
 	}
+}
+
+// AllocateIP reserves a requested address (a static IP) for a sandbox's interface: ErrNotUsable when it
+// is not the subnet's to give (outside it, its network, gateway or broadcast address), ErrInUse (naming
+// the holder) when another sandbox interface holds it. Asking again for the same sandbox interface and
+// address succeeds; for another address while it holds one, fails.
+func (s *Store) AllocateIP(a Allocation, ip netip.Addr) error {
+	if a.ContainerID == "" || a.IfName == "" || strings.ContainsAny(a.ContainerID+a.IfName+a.PodNamespace+a.PodName, "\n") {
+		return fmt.Errorf("ipam: allocation needs a container ID and an interface name without newlines")
+	}
+	if !ip.Is4() || !s.usable(ip) {
+		return fmt.Errorf("ipam: %s in %s: %w (the subnet's network, gateway and broadcast addresses are not given to pods)", ip, s.subnet, ErrNotUsable)
+	}
+	tmp, err := s.writeTemp(a)
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if held, ok := s.byKey[a.key()]; ok {
+		if held == ip {
+			return nil
+		}
+		return fmt.Errorf("ipam: %s/%s holds %s already, not %s", a.ContainerID, a.IfName, held, ip)
+	}
+	if holder, taken := s.byIP[ip]; taken {
+		return fmt.Errorf("ipam: %s: %w by pod %s/%s (sandbox %.12s, %s)", ip, ErrInUse, holder.PodNamespace, holder.PodName, holder.ContainerID, holder.IfName)
+	}
+	if err := s.reserve(tmp, ip, a); err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("ipam: %s: %w", ip, ErrInUse)
+		}
+		return err
+	}
+	return nil
 }
 
 // writeTemp writes a reservation's content to a temporary file in the store.

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -133,5 +134,59 @@ func TestOpenRejectsBadSubnet(t *testing.T) {
 		if _, _, err := Open(t.TempDir(), netip.MustParsePrefix(p)); err == nil {
 			t.Errorf("Open(%s) accepted", p)
 		}
+	}
+}
+
+// TestAllocateIP: a requested address is reserved when usable and free, survives a reopen, is refused
+// (naming its holder) when taken, and is skipped by dynamic allocation.
+func TestAllocateIP(t *testing.T) {
+	dir := t.TempDir()
+	s, _, err := Open(dir, netip.MustParsePrefix("10.200.1.0/29"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ip := netip.MustParseAddr("10.200.1.2")
+	if err := s.AllocateIP(alloc("a"), ip); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.AllocateIP(alloc("a"), ip); err != nil {
+		t.Fatalf("the same request again: %v", err)
+	}
+	for _, tc := range []struct {
+		who  string
+		ip   string
+		want error
+	}{
+		{"b", "10.200.1.2", ErrInUse},
+		{"b", "10.200.1.0", ErrNotUsable}, // network
+		{"b", "10.200.1.1", ErrNotUsable}, // gateway
+		{"b", "10.200.1.7", ErrNotUsable}, // broadcast
+		{"b", "10.200.2.2", ErrNotUsable}, // outside
+		{"a", "10.200.1.3", nil},          // holds .2 already: an error, but neither of the two
+	} {
+		err := s.AllocateIP(alloc(tc.who), netip.MustParseAddr(tc.ip))
+		if tc.want == nil {
+			if err == nil || errors.Is(err, ErrInUse) || errors.Is(err, ErrNotUsable) {
+				t.Errorf("%s asks %s: %v, want a plain refusal", tc.who, tc.ip, err)
+			}
+			continue
+		}
+		if !errors.Is(err, tc.want) {
+			t.Errorf("%s asks %s: %v, want %v", tc.who, tc.ip, err, tc.want)
+		}
+	}
+	if err := s.AllocateIP(alloc("b"), ip); err == nil || !errors.Is(err, ErrInUse) || !strings.Contains(err.Error(), "ns/p-a") {
+		t.Errorf("a taken address names its holder: %v", err)
+	}
+	got, err := s.Allocate(alloc("c"))
+	if err != nil || got == ip {
+		t.Fatalf("dynamic allocation gave %s (%v), the static address is %s", got, err, ip)
+	}
+	s2, _, err := Open(dir, netip.MustParsePrefix("10.200.1.0/29"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a, ok := s2.Lookup("a", "eth0"); !ok || a.IP != ip {
+		t.Fatalf("after reopening: %+v %v", a, ok)
 	}
 }

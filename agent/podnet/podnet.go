@@ -35,7 +35,13 @@ type Config struct {
 	IP              netip.Prefix
 	Gateway         netip.Addr
 	ClusterNetworks []netip.Prefix // reached on-link, so pods ARP for each other across the overlay
-	MTU             int
+	// Routes are reached through RoutesVia (a Network's cross-talk peers through the node's gateway on
+	// it), installed as ofsdn's (RouteProtocol) so SetRoutes can change them later.
+	Routes    []netip.Prefix
+	RoutesVia netip.Addr
+	// MAC of the pod's interface; nil: MACFor(IP).
+	MAC net.HardwareAddr
+	MTU int
 	// TxChecksumOff turns off TX checksum offload on the pod side: needed with OVS's userspace
 	// (netdev) datapath, which passes partial checksums through AF_PACKET (shared/LAB.md).
 	TxChecksumOff bool
@@ -53,6 +59,15 @@ func MACFor(ip netip.Addr) net.HardwareAddr {
 	b := ip.As4()
 	return net.HardwareAddr{0x0a, 0x58, b[0], b[1], b[2], b[3]}
 }
+
+// RouteProtocol marks the routes ofsdn manages in a pod (rtnetlink's protocol field; 121 is not in
+// iproute2's rt_protos): SetRoutes replaces only those.
+const RouteProtocol netlink.RouteProtocol = 121
+
+// routeMetric is the metric of ofsdn's routes on an interface: one per interface, so the same
+// destination through two interfaces (a pod on two networks that both talk to a third) are two routes,
+// not one replacing the other.
+func routeMetric(link netlink.Link) int { return 1000 + link.Attrs().Index }
 
 // markPrefix starts the alias of every interface ofsdn creates.
 const markPrefix = "ofsdn:"
@@ -162,7 +177,7 @@ func Setup(cfg Config) (net.HardwareAddr, error) {
 		return nil, err
 	}
 	defer hostH.Close()
-	mac := MACFor(cfg.IP.Addr())
+	mac := cfg.mac()
 	mark := Mark(cfg.ContainerID, cfg.IfName)
 
 	// What is in the way must be this attachment's own leftover (an ADD that did not finish) to go.
@@ -254,6 +269,9 @@ func Setup(cfg Config) (net.HardwareAddr, error) {
 		if err := podH.RouteReplace(r); err != nil {
 			return nil, fmt.Errorf("podnet: default route via %s: %w", cfg.Gateway, err)
 		}
+	}
+	if err := setRoutes(podH, pod, cfg.RoutesVia, cfg.Routes); err != nil {
+		return nil, err
 	}
 	if cfg.TxChecksumOff {
 		if err := inNetNS(podNS, func() error { return setTxChecksum(cfg.IfName, false) }); err != nil {
@@ -397,7 +415,7 @@ func Check(cfg Config) error {
 	if pod == nil || !ownedPodEnd(pod, host, mark) {
 		return fmt.Errorf("podnet: %s in %s is not %s: %w", cfg.IfName, cfg.NetNS, mark, ErrNotAttached)
 	}
-	if want := MACFor(cfg.IP.Addr()); pod.Attrs().HardwareAddr.String() != want.String() {
+	if want := cfg.mac(); pod.Attrs().HardwareAddr.String() != want.String() {
 		return fmt.Errorf("podnet: %s has MAC %s, want %s", cfg.IfName, pod.Attrs().HardwareAddr, want)
 	}
 	if pod.Attrs().Flags&net.FlagUp == 0 {
@@ -413,6 +431,74 @@ func Check(cfg Config) error {
 		}
 	}
 	return fmt.Errorf("podnet: %s lacks address %s", cfg.IfName, cfg.IP)
+}
+
+func (cfg Config) mac() net.HardwareAddr {
+	if len(cfg.MAC) == 6 {
+		return cfg.MAC
+	}
+	return MACFor(cfg.IP.Addr())
+}
+
+// SetRoutes makes ofsdn's routes (RouteProtocol) on a pod interface exactly routes through via: what is
+// missing is added, what is no longer wanted removed; the pod's other routes are left alone.
+func SetRoutes(netnsPath, ifName string, via netip.Addr, routes []netip.Prefix) error {
+	podNS, err := openNetNS(netnsPath)
+	if err != nil {
+		return err
+	}
+	defer podNS.Close()
+	podH, err := netlink.NewHandleAt(podNS)
+	if err != nil {
+		return fmt.Errorf("podnet: netlink in %s: %w", netnsPath, err)
+	}
+	defer podH.Close()
+	link, err := linkOrNil(podH, ifName)
+	if err != nil {
+		return err
+	}
+	if link == nil {
+		return fmt.Errorf("podnet: %s in %s: %w", ifName, netnsPath, ErrNotAttached)
+	}
+	return setRoutes(podH, link, via, routes)
+}
+
+func setRoutes(h *netlink.Handle, link netlink.Link, via netip.Addr, routes []netip.Prefix) error {
+	have, err := h.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{LinkIndex: link.Attrs().Index, Protocol: RouteProtocol},
+		netlink.RT_FILTER_OIF|netlink.RT_FILTER_PROTOCOL)
+	if err != nil {
+		return fmt.Errorf("podnet: list routes of %s: %w", link.Attrs().Name, err)
+	}
+	want := map[netip.Prefix]bool{}
+	if via.IsValid() {
+		for _, r := range routes {
+			want[r.Masked()] = true
+		}
+	}
+	for _, r := range have {
+		if r.Dst == nil {
+			continue
+		}
+		dst, ok := netip.AddrFromSlice(r.Dst.IP)
+		ones, _ := r.Dst.Mask.Size()
+		gw, _ := netip.AddrFromSlice(r.Gw)
+		p := netip.PrefixFrom(dst.Unmap(), ones)
+		if ok && want[p] && gw.Unmap() == via {
+			delete(want, p) // in place already
+			continue
+		}
+		if err := h.RouteDel(&r); err != nil && !errors.Is(err, unix.ESRCH) {
+			return fmt.Errorf("podnet: remove route %s from %s: %w", r.Dst, link.Attrs().Name, err)
+		}
+	}
+	for p := range want {
+		r := &netlink.Route{LinkIndex: link.Attrs().Index, Dst: &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), 32)},
+			Gw: via.AsSlice(), Protocol: RouteProtocol, Priority: routeMetric(link)}
+		if err := h.RouteReplace(r); err != nil {
+			return fmt.Errorf("podnet: route %s via %s on %s: %w", p, via, link.Attrs().Name, err)
+		}
+	}
+	return nil
 }
 
 // inNetNS runs f on a locked OS thread switched into ns. Should the thread fail to switch back, it

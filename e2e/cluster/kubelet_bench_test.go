@@ -34,7 +34,12 @@ func BenchmarkKubeletPodSandbox(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	agentBefore, err := agentADDHistogram(ctx, n)
+	// The agent's metrics answer tokens allowed get on /metrics, as a Prometheus's would be.
+	token, err := c.NodeAPIToken(ctx, "bench-prometheus", "ofsdn-metrics-reader")
+	if err != nil {
+		b.Fatal(err)
+	}
+	agentBefore, err := agentADDHistogram(ctx, n, token)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -68,7 +73,7 @@ func BenchmarkKubeletPodSandbox(b *testing.B) {
 		b.Fatal(err)
 	}
 	h := after.minus(before)
-	agentAfter, err := agentADDHistogram(ctx, n)
+	agentAfter, err := agentADDHistogram(ctx, n, token)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -133,19 +138,24 @@ func (h histogram) quantile(q float64) float64 {
 }
 
 // agentADDHistogram reads the agent's ofsdn_agent_cni_request_duration_seconds{verb="ADD",result="ok"}
-// from its metrics address (the DaemonSet's :9101, on the node's address).
-func agentADDHistogram(ctx context.Context, n *Node) (histogram, error) {
+// from its metrics address (the DaemonSet's :9101, on the node's address, over TLS, for a token allowed
+// get on /metrics).
+func agentADDHistogram(ctx context.Context, n *Node, token string) (histogram, error) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://%s:9101/metrics", n.IP), nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("https://%s:9101/metrics", n.IP), nil)
 	if err != nil {
 		return histogram{}, err
 	}
-	resp, err := http.DefaultClient.Do(req)
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := AgentHTTPClient(30 * time.Second).Do(req)
 	if err != nil {
 		return histogram{}, fmt.Errorf("agent metrics of %s: %w", n.Name, err)
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return histogram{}, fmt.Errorf("agent metrics of %s: %s", n.Name, resp.Status)
+	}
 	return readHistogram(resp.Body, "ofsdn_agent_cni_request_duration_seconds", map[string]string{"verb": "ADD", "result": "ok"})
 }
 

@@ -179,6 +179,10 @@ func (s *Sim) heartbeat(ctx context.Context) {
 // runtime: the simulator leaves such a pod alone (it neither runs nor finishes it).
 const UnmanagedAnnotation = "lab.ofsdn.io/unmanaged"
 
+// NetworksPort is where a lab pod answers on each of its Network interfaces (net1...), with sockets
+// bound to the interface (testpod.ServeNetworks); eth0 serves the pod's container ports.
+const NetworksPort = 8081
+
 // NetNSName is the network namespace the simulator creates for a pod.
 func NetNSName(prefix, namespace, name string) string {
 	sum := sha256.Sum256([]byte(namespace + "/" + name))
@@ -258,7 +262,7 @@ func (s *Sim) startPod(ctx context.Context, pod *corev1.Pod, sp *simPod) error {
 		sp.ip = res.IPs[0].Address.IP.String()
 	}
 	args := []string{"serve", "--name", pod.Namespace + "/" + pod.Name, "--tcp", strings.Join(tcp, ","), "--udp", strings.Join(udp, ","),
-		"--sctp", strings.Join(sctp, ",")}
+		"--sctp", strings.Join(sctp, ","), "--networks", strconv.Itoa(NetworksPort)}
 	var cmd *exec.Cmd
 	if netnsPath != "" {
 		nsName := filepath.Base(netnsPath)

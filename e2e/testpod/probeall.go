@@ -185,7 +185,7 @@ func once(ctx context.Context, proto, addr string) (Reply, error) {
 	case "sctp":
 		return ProbeSCTP(ctx, addr) // resends only after 300 ms
 	case "udp":
-		c, err := net.Dial("udp", addr)
+		c, err := dialer().Dial("udp", addr)
 		if err != nil {
 			return Reply{}, err
 		}
@@ -211,8 +211,7 @@ func once(ctx context.Context, proto, addr string) (Reply, error) {
 // line per question to out: "<ms since the start> ok" or "<ms> timeout". A TCP server echoes what it
 // is sent; a UDP server answers every datagram.
 func Session(ctx context.Context, proto, addr string, interval, timeout time.Duration, out io.Writer) error {
-	var d net.Dialer
-	c, err := d.DialContext(ctx, proto, addr)
+	c, err := dialer().DialContext(ctx, proto, addr)
 	if err != nil {
 		return err
 	}

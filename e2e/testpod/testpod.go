@@ -105,7 +105,7 @@ func Serve(ctx context.Context, name string, tcpPorts, udpPorts []int) error {
 
 // ProbeTCP connects, reads the reply and, with payload > 0, checks that many bytes echo back intact.
 func ProbeTCP(ctx context.Context, addr string, payload int) (Reply, error) {
-	return probeTCP(ctx, &net.Dialer{}, addr, payload)
+	return probeTCP(ctx, dialer(), addr, payload)
 }
 
 func probeTCP(ctx context.Context, d *net.Dialer, addr string, payload int) (Reply, error) {
@@ -149,8 +149,15 @@ func probeTCP(ctx context.Context, d *net.Dialer, addr string, payload int) (Rep
 // tunnel neighbour can be lost while OVS resolves ARP); an ICMP port unreachable ends it at once
 // (ECONNREFUSED).
 func ProbeUDP(ctx context.Context, addr string) (Reply, error) {
-	return probeUDP(ctx, &net.Dialer{}, addr)
+	d := dialer()
+	if LocalPort > 0 {
+		d.LocalAddr = &net.UDPAddr{Port: LocalPort}
+	}
+	return probeUDP(ctx, d, addr)
 }
+
+// LocalPort, when set, is the source port of UDP probes (ProbeUDP): one 5-tuple for several probes.
+var LocalPort int
 
 func probeUDP(ctx context.Context, d *net.Dialer, addr string) (Reply, error) {
 	c, err := d.DialContext(ctx, "udp", addr)
@@ -176,6 +183,98 @@ func probeUDP(ctx context.Context, d *net.Dialer, addr string) (Reply, error) {
 			return Reply{}, fmt.Errorf("udp %s: no reply: %w", addr, ctx.Err())
 		}
 	}
+}
+
+// BindDevice, when set, binds every probe's socket to that interface (SO_BINDTODEVICE): a pod on two
+// Networks with the same addresses reaches each through its own interface, never by the routing
+// table's pick.
+var BindDevice string
+
+// dialer dials from BindDevice, if set.
+func dialer() *net.Dialer {
+	d := &net.Dialer{}
+	if dev := BindDevice; dev != "" {
+		d.Control = bindToDevice(dev)
+	}
+	return d
+}
+
+func bindToDevice(dev string) func(network, address string, c syscall.RawConn) error {
+	return func(_, _ string, c syscall.RawConn) error {
+		var err error
+		if cerr := c.Control(func(fd uintptr) { err = syscall.BindToDevice(int(fd), dev) }); cerr != nil {
+			return cerr
+		}
+		return err
+	}
+}
+
+// ServeNetworks answers on port, TCP and UDP, on each of the pod's Network interfaces (net1, net2, ...:
+// every interface but lo and eth0, as they appear) with a socket bound to that interface, so the reply
+// leaves by the interface the question came in by, even when two interfaces have the same addresses.
+// The reply names the pod as name@interface.
+func ServeNetworks(ctx context.Context, name string, port int) error {
+	served := map[string]bool{}
+	for {
+		ifs, err := net.Interfaces()
+		if err != nil {
+			return fmt.Errorf("testpod: interfaces: %w", err)
+		}
+		for _, i := range ifs {
+			if i.Name == "lo" || i.Name == "eth0" || served[i.Name] {
+				continue
+			}
+			if err := serveOn(ctx, name+"@"+i.Name, i.Name, port); err != nil {
+				return err
+			}
+			served[i.Name] = true
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+// serveOn answers on port, TCP and UDP, with sockets bound to dev.
+func serveOn(ctx context.Context, name, dev string, port int) error {
+	lc := net.ListenConfig{Control: bindToDevice(dev)}
+	addr := ":" + strconv.Itoa(port)
+	ln, err := lc.Listen(ctx, "tcp", addr)
+	if err != nil {
+		return fmt.Errorf("testpod: tcp %d on %s: %w", port, dev, err)
+	}
+	pc, err := lc.ListenPacket(ctx, "udp", addr)
+	if err != nil {
+		ln.Close()
+		return fmt.Errorf("testpod: udp %d on %s: %w", port, dev, err)
+	}
+	go func() { <-ctx.Done(); ln.Close(); pc.Close() }()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				fmt.Fprintf(c, "%s %s %d\n", name, c.RemoteAddr(), port)
+				_, _ = io.Copy(c, c)
+			}()
+		}
+	}()
+	go func() {
+		buf := make([]byte, 65535)
+		for {
+			_, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			_, _ = pc.WriteTo(fmt.Appendf(nil, "%s %s %d\n", name, from, port), from)
+		}
+	}()
+	return nil
 }
 
 // ParsePorts reads "80,443".

@@ -34,9 +34,6 @@ const (
 	ofpGroupAny   uint32 = 0xffffffff
 	// GroupAllID in a group-mod delete deletes every group.
 	GroupAllID uint32 = 0xfffffffc
-
-	instrGotoTable    = 1
-	instrApplyActions = 4
 )
 
 // FlowModCommand is an ofp_flow_mod command.
@@ -350,7 +347,7 @@ func decodeOXM(b []byte) (Match, error) {
 			if len(payload) < 4 {
 				return Match{}, errors.New("oxm experimenter field too short")
 			}
-			if binary.BigEndian.Uint32(payload) == onfExperimenterID && fieldNum == 42 {
+			if binary.BigEndian.Uint32(payload) == ONFExperimenter && fieldNum == 42 {
 				class, fieldNum, payload = classNXM1, uint16(fieldTable[FieldTCPFlags].oxm), payload[4:]
 				n = len(payload)
 			} else {
@@ -411,12 +408,14 @@ func encodeActions(acts []Action) ([]byte, error) { return appendActions(nil, ac
 
 func appendActions(out []byte, acts []Action) ([]byte, error) {
 	for _, a := range acts {
-		if c, ok := a.(Conjunction); ok {
-			// Laid out here, not through libOpenflow's three allocations: policy flows carry thousands.
-			if err := c.check(); err != nil {
+		// The actions nearly every flow carries are laid out here, as libOpenflow lays them out (a
+		// test holds them to it) but without its allocations: every change compiles every flow of the
+		// owners it touches, and a first sync tens of thousands.
+		if b, done, err := appendCommonAction(out, a); done || err != nil {
+			if err != nil {
 				return nil, fmt.Errorf("action %s: %w", a, err)
 			}
-			out = appendConjunction(out, c)
+			out = b
 			continue
 		}
 		oa, err := toLibAction(a)
@@ -450,12 +449,80 @@ func (c Conjunction) check() error {
 // appendConjunction lays out NXAST_CONJUNCTION as libOpenflow's NXActionConjunction does: the
 // experimenter action header, the 0-based clause, the clause count and the ID (16 bytes).
 func appendConjunction(out []byte, c Conjunction) []byte {
-	out = binary.BigEndian.AppendUint16(out, of.ActionType_Experimenter)
-	out = binary.BigEndian.AppendUint16(out, of.NxActionHeaderLength+6)
-	out = binary.BigEndian.AppendUint32(out, of.NxExperimenterID)
-	out = binary.BigEndian.AppendUint16(out, of.NXAST_CONJUNCTION)
+	out = appendNXActionHeader(out, of.NxActionHeaderLength+6, nxastConjunction)
 	out = append(out, c.Clause-1, c.NClauses)
 	return binary.BigEndian.AppendUint32(out, c.ID)
+}
+
+// appendCommonAction lays out a conjunction, load, move, output, group or resubmit action; done is
+// false for any other action.
+func appendCommonAction(out []byte, a Action) (_ []byte, done bool, _ error) {
+	switch a := a.(type) {
+	case Conjunction:
+		if err := a.check(); err != nil {
+			return nil, true, err
+		}
+		return appendConjunction(out, a), true, nil
+	case Load:
+		if err := a.Dst.validate(); err != nil {
+			return nil, true, err
+		}
+		if a.Dst.NBits() < 64 && a.Value>>uint(a.Dst.NBits()) != 0 {
+			return nil, true, fmt.Errorf("value %#x does not fit %d bits", a.Value, a.Dst.NBits())
+		}
+		out = appendNXActionHeader(out, 24, nxastRegLoad)
+		out = binary.BigEndian.AppendUint16(out, a.Dst.ofsNbits())
+		out = binary.BigEndian.AppendUint32(out, nxmHeader(a.Dst.Field))
+		return binary.BigEndian.AppendUint64(out, a.Value), true, nil
+	case Move:
+		if err := a.Src.validate(); err != nil {
+			return nil, true, err
+		}
+		if err := a.Dst.validate(); err != nil {
+			return nil, true, err
+		}
+		if a.Src.NBits() != a.Dst.NBits() {
+			return nil, true, fmt.Errorf("move of %d bits into %d bits", a.Src.NBits(), a.Dst.NBits())
+		}
+		out = appendNXActionHeader(out, 24, nxastRegMove)
+		out = binary.BigEndian.AppendUint16(out, uint16(a.Src.NBits()))
+		out = binary.BigEndian.AppendUint16(out, uint16(a.Src.Start))
+		out = binary.BigEndian.AppendUint16(out, uint16(a.Dst.Start))
+		out = binary.BigEndian.AppendUint32(out, nxmHeader(a.Src.Field))
+		return binary.BigEndian.AppendUint32(out, nxmHeader(a.Dst.Field)), true, nil
+	case Output:
+		maxLen := uint16(0)
+		if a.Port == PortController {
+			maxLen = a.MaxLen
+		}
+		out = append(out, 0, actionOutput, 0, 16)
+		out = binary.BigEndian.AppendUint32(out, a.Port)
+		out = binary.BigEndian.AppendUint16(out, maxLen)
+		return append(out, 0, 0, 0, 0, 0, 0), true, nil
+	case ToGroup:
+		out = append(out, 0, actionGroup, 0, 8)
+		return binary.BigEndian.AppendUint32(out, a.ID), true, nil
+	case Resubmit:
+		out = appendNXActionHeader(out, 16, nxastResubmitTable)
+		out = binary.BigEndian.AppendUint16(out, uint16(of.OFPP_IN_PORT))
+		return append(out, byte(a.Table), 0, 0, 0), true, nil
+	}
+	return out, false, nil
+}
+
+// appendNXActionHeader lays out a Nicira action's header: experimenter action type, length, the
+// Nicira ID and the subtype (10 bytes; the action's own fields follow).
+func appendNXActionHeader(out []byte, length, subtype uint16) []byte {
+	out = binary.BigEndian.AppendUint16(out, actionExperimenter)
+	out = binary.BigEndian.AppendUint16(out, length)
+	out = binary.BigEndian.AppendUint32(out, nxExperimenter)
+	return binary.BigEndian.AppendUint16(out, subtype)
+}
+
+// nxmHeader is a field's NXM/OXM header as actions name it (no mask).
+func nxmHeader(f Field) uint32 {
+	class, field := f.nxmID()
+	return uint32(class)<<16 | uint32(field)<<9 | uint32(fieldTable[f].bytes)
 }
 
 // toLibAction maps one typed action to its libOpenflow encoder.
@@ -685,7 +752,7 @@ func multipathToWire(a Multipath) (of.Action, error) {
 		return nil, fmt.Errorf("multipath: unknown fields %d or algorithm %d", a.Fields, a.Algorithm)
 	}
 	b := make([]byte, 32)
-	binary.BigEndian.PutUint16(b[0:], 0xffff)
+	binary.BigEndian.PutUint16(b[0:], actionExperimenter)
 	binary.BigEndian.PutUint16(b[2:], 32)
 	binary.BigEndian.PutUint32(b[4:], nxExperimenter)
 	binary.BigEndian.PutUint16(b[8:], nxastMultipath)
@@ -729,9 +796,8 @@ func (r rawAction) AddAction(of.Action, bool) error { return errors.New("rawActi
 
 // ---- decoding ----
 
-// NX action subtypes decoded here.
+// NX action subtypes (after the Nicira experimenter ID) laid out or decoded here.
 const (
-	nxExperimenter     = 0x00002320
 	nxastResubmit      = 1
 	nxastRegMove       = 6
 	nxastRegLoad       = 7
@@ -808,7 +874,7 @@ func need(b []byte, n int, what string) error {
 func decodeAction(b []byte) (Action, error) {
 	typ := binary.BigEndian.Uint16(b)
 	switch typ {
-	case 0: // OFPAT_OUTPUT
+	case actionOutput:
 		if err := need(b, 16, "output"); err != nil {
 			return nil, err
 		}
@@ -817,17 +883,17 @@ func decodeAction(b []byte) (Action, error) {
 			o.MaxLen = binary.BigEndian.Uint16(b[8:])
 		}
 		return o, nil
-	case 22: // OFPAT_GROUP
+	case actionGroup:
 		return ToGroup{ID: binary.BigEndian.Uint32(b[4:])}, nil
-	case 24: // OFPAT_DEC_NW_TTL
+	case actionDecNwTTL:
 		return DecTTL{}, nil
-	case 25: // OFPAT_SET_FIELD
+	case actionSetField:
 		m, err := decodeOXMPrefix(b[4:])
 		if err != nil {
 			return nil, fmt.Errorf("set_field: %w", err)
 		}
 		return SetField{Field: m.Field, Value: m.Value}, nil
-	case 0xffff:
+	case actionExperimenter:
 		if err := need(b, 10, "experimenter action"); err != nil {
 			return nil, err
 		}
@@ -955,7 +1021,7 @@ func decodeCT(b []byte) (Action, error) {
 		return nil, fmt.Errorf("ct: %w", err)
 	}
 	for i, nb := range nested {
-		if i == 0 && binary.BigEndian.Uint16(nb) == 0xffff && len(nb) >= 10 && binary.BigEndian.Uint16(nb[8:]) == nxastNAT {
+		if i == 0 && binary.BigEndian.Uint16(nb) == actionExperimenter && len(nb) >= 10 && binary.BigEndian.Uint16(nb[8:]) == nxastNAT {
 			nat, err := decodeNAT(nb)
 			if err != nil {
 				return nil, err

@@ -12,17 +12,14 @@ import (
 // the datapath's conntrack whichever it is (the kernel's, or userspace OVS's own, where netlink
 // conntrack would see nothing).
 const (
-	nxVendorID         = 0x00002320
-	nxtCTFlush         = 32
-	nxCTOrigTuple      = 0
-	nxCTReplyTuple     = 1
-	nxCTZoneID         = 2
-	nxCTTupleSrc       = 0
-	nxCTTupleDst       = 1
-	nxCTTupleSrcPort   = 2
-	nxCTTupleDstPort   = 3
-	ofpTypeExperimeter = 4
-	ofpVersion13       = 4
+	nxtCTFlush       = 32
+	nxCTOrigTuple    = 0
+	nxCTReplyTuple   = 1
+	nxCTZoneID       = 2
+	nxCTTupleSrc     = 0
+	nxCTTupleDst     = 1
+	nxCTTupleSrcPort = 2
+	nxCTTupleDstPort = 3
 )
 
 // ConntrackFlush selects conntrack entries by their original destination and their reply's source:
@@ -68,7 +65,7 @@ func EncodeConntrackFlush(zone uint16, c ConntrackFlush) []byte {
 		reply = appendCTProp(reply, nxCTTupleSrc, mapped(c.ReplySrc))
 	}
 	msg := make([]byte, 8, 128)
-	msg = binary.BigEndian.AppendUint32(msg, nxVendorID)
+	msg = binary.BigEndian.AppendUint32(msg, nxExperimenter)
 	msg = binary.BigEndian.AppendUint32(msg, nxtCTFlush)
 	msg = append(msg, c.Protocol, 0, 0, 0, 0, 0, 0, 0) // ip_proto, family (0: from the addresses), pad
 	if len(orig) > 0 {
@@ -78,7 +75,7 @@ func EncodeConntrackFlush(zone uint16, c ConntrackFlush) []byte {
 		msg = appendNested(msg, nxCTReplyTuple, reply)
 	}
 	msg = appendCTProp(msg, nxCTZoneID, be16pad(zone))
-	msg[0], msg[1] = ofpVersion13, ofpTypeExperimeter
+	msg[0], msg[1] = Version, TypeExperimenter
 	binary.BigEndian.PutUint16(msg[2:], uint16(len(msg)))
 	return msg
 }

@@ -10,5 +10,5 @@
 //
 // Files: fields.go (Field, SubField), match.go (Match), actions.go (Action types), flow.go (Flow,
 // GroupEntry), codec.go (Compile, FlowKey, flow-mods, flow stats, groups), wire.go (framing, bundles,
-// multipart, ports), errors.go (OFPT_ERROR names), ctflush.go (NXT_CT_FLUSH).
+// multipart, ports, and the protocol's numbers: one name each), errors.go (OFPT_ERROR names), ctflush.go (NXT_CT_FLUSH).
 package openflow

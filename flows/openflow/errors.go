@@ -23,7 +23,7 @@ func (e *OFError) Error() string { return e.Name() }
 
 // Name returns the OpenFlow name of the error, e.g. OFPBAC_BAD_OUT_GROUP.
 func (e *OFError) Name() string {
-	if e.Type == 0xffff {
+	if e.Type == ErrorTypeExperimenter {
 		if e.Experimenter == ONFExperimenter && e.ExpType >= 2300 && int(e.ExpType) < 2300+len(bundleFailedNames) {
 			return bundleFailedNames[e.ExpType-2300]
 		}
@@ -46,7 +46,7 @@ func ParseError(body []byte) *OFError {
 	}
 	e := &OFError{Type: binary.BigEndian.Uint16(body), Code: binary.BigEndian.Uint16(body[2:])}
 	data := body[4:]
-	if e.Type == 0xffff {
+	if e.Type == ErrorTypeExperimenter {
 		e.ExpType = e.Code
 		if len(body) >= 8 {
 			e.Experimenter = binary.BigEndian.Uint32(body[4:])

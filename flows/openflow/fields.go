@@ -66,7 +66,6 @@ const (
 	// classExperimenter fields carry a 4-byte experimenter ID after the header; OVS uses it for
 	// OpenFlow 1.3's tcp_flags (ONF extension 0x4f4e4600, field 42).
 	classExperimenter uint16 = 0xffff
-	onfExperimenterID uint32 = 0x4f4e4600
 )
 
 type valueFormat uint8

@@ -163,18 +163,17 @@ func prefixField(f Field, p netip.Prefix) MatchField {
 }
 
 // IPSrc, IPDst, ARPSPA, ARPTPA, TunSrc and TunDst match an IPv4 address exactly; the *Net forms a prefix.
-func IPSrc(a netip.Addr) MatchField      { return ipField(FieldIPSrc, a) }
-func IPDst(a netip.Addr) MatchField      { return ipField(FieldIPDst, a) }
-func IPSrcNet(p netip.Prefix) MatchField { return prefixField(FieldIPSrc, p) }
-func IPDstNet(p netip.Prefix) MatchField { return prefixField(FieldIPDst, p) }
-func ARPSPA(a netip.Addr) MatchField     { return ipField(FieldARPSPA, a) }
-func ARPTPA(a netip.Addr) MatchField     { return ipField(FieldARPTPA, a) }
-func ARPTPANet(p netip.Prefix) MatchField {
-	return prefixField(FieldARPTPA, p)
-}
-func TunSrc(a netip.Addr) MatchField  { return ipField(FieldTunSrc, a) }
-func TunDst(a netip.Addr) MatchField  { return ipField(FieldTunDst, a) }
-func CtNwDst(a netip.Addr) MatchField { return ipField(FieldCtNwDst, a) }
+func IPSrc(a netip.Addr) MatchField       { return ipField(FieldIPSrc, a) }
+func IPDst(a netip.Addr) MatchField       { return ipField(FieldIPDst, a) }
+func IPSrcNet(p netip.Prefix) MatchField  { return prefixField(FieldIPSrc, p) }
+func IPDstNet(p netip.Prefix) MatchField  { return prefixField(FieldIPDst, p) }
+func ARPSPA(a netip.Addr) MatchField      { return ipField(FieldARPSPA, a) }
+func ARPTPA(a netip.Addr) MatchField      { return ipField(FieldARPTPA, a) }
+func ARPSPANet(p netip.Prefix) MatchField { return prefixField(FieldARPSPA, p) }
+func ARPTPANet(p netip.Prefix) MatchField { return prefixField(FieldARPTPA, p) }
+func TunSrc(a netip.Addr) MatchField      { return ipField(FieldTunSrc, a) }
+func TunDst(a netip.Addr) MatchField      { return ipField(FieldTunDst, a) }
+func CtNwDst(a netip.Addr) MatchField     { return ipField(FieldCtNwDst, a) }
 
 // ARPOp matches the ARP opcode.
 func ARPOp(op uint16) MatchField { return Exact(FieldARPOp, uint64(op)) }

@@ -12,7 +12,9 @@ import (
 	of "antrea.io/libOpenflow/openflow13"
 )
 
-// OpenFlow 1.3 numbers, named after libOpenflow's codec where it has them.
+// OpenFlow 1.3 numbers, named after libOpenflow's codec where it has them: every protocol constant
+// ofsdn uses is named here (or, for the fixed layout of the messages the codec writes itself, at the
+// top of codec.go), once.
 const (
 	Version = of.VERSION
 
@@ -30,10 +32,31 @@ const (
 	TypeFlowMod          = of.Type_FlowMod
 	TypeGroupMod         = of.Type_GroupMod
 
-	ONFExperimenter  = of.ONF_EXPERIMENTER_ID
+	// Experimenter IDs: the ONF's (bundles, tcp_flags) and Nicira's (Open vSwitch's extensions).
+	ONFExperimenter = of.ONF_EXPERIMENTER_ID
+	nxExperimenter  = of.NxExperimenterID
+	// ErrorTypeExperimenter is an OFPT_ERROR whose code is an experimenter's own (the bundles' OFPBFC_*).
+	ErrorTypeExperimenter = of.ET_EXPERIMENTER
+
 	onfBundleControl = of.Type_BundleCtrl
 	onfBundleAdd     = of.Type_BundleAdd
 	bundleFlags      = of.OFPBCT_ATOMIC | of.OFPBCT_ORDERED
+	// Bundle-control types (OFPBCT_*) a session sends and waits for.
+	BundleOpenRequest    = of.OFPBCT_OPEN_REQUEST
+	BundleOpenReply      = of.OFPBCT_OPEN_REPLY
+	BundleCommitRequest  = of.OFPBCT_COMMIT_REQUEST
+	BundleCommitReply    = of.OFPBCT_COMMIT_REPLY
+	BundleDiscardRequest = of.OFPBCT_DISCARD_REQUEST
+	BundleDiscardReply   = of.OFPBCT_DISCARD_REPLY
+
+	// Action and instruction types the codec lays out or decodes itself.
+	actionOutput       = of.ActionType_Output
+	actionGroup        = of.ActionType_Group
+	actionDecNwTTL     = of.ActionType_DecNwTtl
+	actionSetField     = of.ActionType_SetField
+	actionExperimenter = of.ActionType_Experimenter
+	instrGotoTable     = of.InstrType_GOTO_TABLE
+	instrApplyActions  = of.InstrType_APPLY_ACTIONS
 
 	HeaderLen = 8
 	// MaxMessageLen is the largest OpenFlow message (its length field has 16 bits).

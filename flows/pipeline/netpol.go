@@ -181,13 +181,14 @@ func isolationFlows(p PodState) []Flow {
 // within an OpenFlow message.
 const maxConjunctionsPerPriority = 3000
 
-// policyMemo is one policy's last render: its input, the priorities and IDs it was given, its output.
+// policyMemo is one policy's last render: the key of its input, the priorities and IDs it was given,
+// its output.
 type policyMemo struct {
-	st       PolicyState
+	memo
 	priority uint16
 	extra    []uint16 // the priorities of its further chunks (see maxConjunctionsPerPriority)
 	ids      []idGrant
-	out      reconcile.OwnerState
+	clauses  clauseFlows // its flows, for the next render to reuse what it would build the same
 }
 
 // chunkKey names a policy's further priority for the band allocator.
@@ -225,21 +226,22 @@ func (r *Renderer) renderPolicies(s NodeState, out map[reconcile.Owner]reconcile
 			failed[it.owner] = err
 			continue
 		}
-		if m, ok := r.policies[it.owner]; ok && m.priority == prio && policyEqual(&m.st, it.st) && m.regrantBands(bands, it.key) && m.regrant(ids) {
+		key := it.st.memoKey()
+		if m, ok := r.policies[it.owner]; ok && m.priority == prio && m.key == key && m.regrantBands(bands, it.key) && m.regrant(ids) {
 			out[it.owner] = m.out
 			memos[it.owner] = m
 			continue
 		}
 		ids.record = ids.record[:0]
 		var extra []uint16
-		st, err := renderPolicy(it.st, func(chunk int) (uint16, error) {
+		st, clauses, err := renderPolicyReusing(it.st, func(chunk int) (uint16, error) {
 			if chunk == 0 {
 				return prio, nil
 			}
 			p, err := bands.get(chunkKey(it.key, chunk))
 			extra = append(extra, p)
 			return p, err
-		}, ids)
+		}, ids, r.policies[it.owner].clauses, &r.policyScratch)
 		if err != nil {
 			failed[it.owner] = err
 			continue
@@ -247,7 +249,7 @@ func (r *Renderer) renderPolicies(s NodeState, out map[reconcile.Owner]reconcile
 		if len(st.Flows) > 0 {
 			out[it.owner] = st
 		}
-		memos[it.owner] = policyMemo{st: clonePolicy(it.st), priority: prio, extra: extra, ids: slices.Clone(ids.record), out: st}
+		memos[it.owner] = policyMemo{memo: memo{key: key, out: st}, priority: prio, extra: extra, ids: slices.Clone(ids.record), clauses: clauses}
 	}
 	r.policies = memos
 }
@@ -281,58 +283,114 @@ func (m *policyMemo) regrant(ids *idAllocator) bool {
 // renderPolicy renders one policy: its first maxConjunctionsPerPriority conjunctions at prio(0), the
 // next ones (if any) at prio(1), and so on.
 func renderPolicy(p *PolicyState, prio func(chunk int) (uint16, error), ids *idAllocator) (reconcile.OwnerState, error) {
-	// Clause flows by table, priority and match: two conjunctions needing one match share the flow.
-	// The match is known by what it was built from (a pod's port, a peer prefix, a port match's text),
-	// not by its own text: a policy of thousands of CIDRs would spend most of its render printing them.
-	type clauseKey struct {
-		table TableID
-		prio  uint16
-		pod   uint32
-		peer  netip.Prefix
-		ports string
-	}
-	type clauseFlow struct {
-		match Match
-		table TableID
-		prio  uint16
-		conj  []Conjunction
+	st, _, err := renderPolicyReusing(p, prio, ids, nil, nil)
+	return st, err
+}
+
+// clauseKind says what a clause flow matches besides the conjunction's table: a selected pod, the
+// ports, a peer; or that the flow is a conjunction's allow flow.
+type clauseKind uint8
+
+const (
+	clausePod clauseKind = iota + 1
+	clausePorts
+	clausePeer
+	clauseAllow
+)
+
+// clauseKey names a policy's flow by what it is built from (a pod's port, a peer prefix, a port
+// match's text, a conjunction's ID), not by its match's text: a policy of thousands of CIDRs would
+// spend most of its render printing them. Two conjunctions needing one match share its flow.
+type clauseKey struct {
+	kind  clauseKind
+	table TableID
+	prio  uint16
+	pod   uint32 // clausePod: the port; clauseAllow: the conjunction ID
+	peer  netip.Prefix
+	ports string
+}
+
+// clauseFlows are a policy's flows by key, with the conjunctions each was built for: the per-
+// conjunction memo. Rendering a policy again reuses every flow whose conjunctions did not change, so a
+// changed peer set builds only its own clause flows, and the reused flows keep their very slices.
+type clauseFlows map[clauseKey]builtClause
+
+type builtClause struct {
+	conj []Conjunction
+	flow Flow
+}
+
+// clauseFlow is a flow of the policy being rendered, while its conjunctions are gathered.
+type clauseFlow struct {
+	key       clauseKey
+	dir       *policyDirection
+	portMatch Match // clausePorts: the match; the others are built from the key when needed
+	conj      []Conjunction
+}
+
+// policyScratch is a render's working space, kept by the Renderer from one policy to the next: a
+// change re-renders whole policies, and allocating these afresh each time was most of its garbage.
+type policyScratch struct {
+	clauses  map[clauseKey]*clauseFlow
+	slab     []clauseFlow
+	order    []*clauseFlow
+	conjSlab []Conjunction
+}
+
+// renderPolicyReusing renders like renderPolicy, taking from prev (the policy's last render, nil for
+// none) every flow it would build the same, and returns the flows for the next render to reuse: prev
+// itself, updated (the caller's old render must not be rendered from again). scratch may be nil.
+func renderPolicyReusing(p *PolicyState, prio func(chunk int) (uint16, error), ids *idAllocator, prev clauseFlows,
+	scratch *policyScratch) (reconcile.OwnerState, clauseFlows, error) {
+	if scratch == nil {
+		scratch = &policyScratch{}
 	}
 	type direction struct {
-		dir  policyDirection
+		dir  *policyDirection
 		subs []subRule
 	}
 	var dirs []direction
 	bound := 0 // at most this many clause flows: one per clause of every conjunction
-	for _, dir := range []policyDirection{ingressDir, egressDir} {
+	for _, dir := range []*policyDirection{&ingressDir, &egressDir} {
 		if dir.on(p) {
-			d := direction{dir, directionConjunctions(p, dir)}
+			d := direction{dir, directionConjunctions(p, *dir)}
 			for _, sub := range d.subs {
 				bound += len(sub.pods) + max(len(sub.ports), 1) + len(sub.peers)
 			}
 			dirs = append(dirs, d)
 		}
 	}
-	// Sized up front: on a policy change the agent renders whole policies, and growing these was half
-	// of the render's allocations.
-	clauses := make(map[clauseKey]*clauseFlow, bound)
-	slab := make([]clauseFlow, 0, bound)
-	order := make([]*clauseFlow, 0, bound)
-	var allows []Flow
+	// Sized up front and kept from one render to the next: on a policy change the agent renders whole
+	// policies, and growing these was half of the render's allocations.
+	if scratch.clauses == nil {
+		scratch.clauses = make(map[clauseKey]*clauseFlow, bound)
+	}
+	clear(scratch.clauses)
+	clauses := scratch.clauses
+	if cap(scratch.slab) < bound {
+		scratch.slab, scratch.order, scratch.conjSlab = make([]clauseFlow, 0, bound), make([]*clauseFlow, 0, bound), make([]Conjunction, 0, bound)
+	}
+	slab, order := scratch.slab[:0], scratch.order[:0]
+	defer func() {
+		clear(slab[:cap(slab)]) // drop the references to this policy's matches and conjunctions
+		clear(order[:cap(order)])
+	}()
+	var allows []clauseKey
 	conjunctions, chunk := 0, -1
 	var at uint16 // the priority of the conjunction being rendered
-	// clause returns the clause flow of k at the current priority; fresh when it has no match yet.
-	clause := func(k clauseKey) (cf *clauseFlow, fresh bool) {
+	// clause returns the clause flow of k at the current priority.
+	clause := func(k clauseKey, dir *policyDirection) *clauseFlow {
 		k.prio = at
-		if cf = clauses[k]; cf != nil {
-			return cf, false
+		if cf := clauses[k]; cf != nil {
+			return cf
 		}
-		slab = append(slab, clauseFlow{table: k.table, prio: at}) // within bound: never moves
-		cf = &slab[len(slab)-1]
+		slab = append(slab, clauseFlow{key: k, dir: dir}) // within bound: never moves
+		cf := &slab[len(slab)-1]
 		clauses[k] = cf
 		order = append(order, cf)
-		return cf, true
+		return cf
 	}
-	conjSlab := make([]Conjunction, 0, bound)
+	conjSlab := scratch.conjSlab[:0]
 	join := func(cf *clauseFlow, c Conjunction) {
 		switch {
 		case cf.conj == nil: // most clause flows serve one conjunction: take it from the slab
@@ -350,11 +408,11 @@ func renderPolicy(p *PolicyState, prio func(chunk int) (uint16, error), ids *idA
 			}
 			id, err := ids.get(sub.key)
 			if err != nil {
-				return reconcile.OwnerState{}, err
+				return reconcile.OwnerState{}, nil, err
 			}
 			if c := conjunctions / maxConjunctionsPerPriority; c != chunk {
 				if at, err = prio(c); err != nil {
-					return reconcile.OwnerState{}, err
+					return reconcile.OwnerState{}, nil, err
 				}
 				chunk = c
 			}
@@ -364,46 +422,79 @@ func renderPolicy(p *PolicyState, prio func(chunk int) (uint16, error), ids *idA
 				n = 3
 			}
 			for _, port := range sub.pods {
-				cf, fresh := clause(clauseKey{table: dir.table, pod: port})
-				if fresh {
-					cf.match = ipMatch(dir.pod(port))
-				}
-				join(cf, Conjunction{ID: id, Clause: 1, NClauses: n})
+				join(clause(clauseKey{kind: clausePod, table: dir.table, pod: port}, dir), Conjunction{ID: id, Clause: 1, NClauses: n})
 			}
 			if len(sub.ports) == 0 {
-				cf, fresh := clause(clauseKey{table: dir.table, ports: "ip"})
-				if fresh {
-					cf.match = M(IP...)
-				}
-				join(cf, Conjunction{ID: id, Clause: 2, NClauses: n})
+				join(clause(clauseKey{kind: clausePorts, table: dir.table, ports: "ip"}, dir), Conjunction{ID: id, Clause: 2, NClauses: n})
 			}
 			for _, pm := range sub.ports {
-				cf, fresh := clause(clauseKey{table: dir.table, ports: pm.String()})
-				if fresh {
-					cf.match = pm
-				}
+				cf := clause(clauseKey{kind: clausePorts, table: dir.table, ports: pm.String()}, dir)
+				cf.portMatch = pm
 				join(cf, Conjunction{ID: id, Clause: 2, NClauses: n})
 			}
 			for _, peer := range sub.peers {
-				cf, fresh := clause(clauseKey{table: dir.table, peer: peer})
-				if fresh {
-					cf.match = ipMatch(dir.peer(peer))
-				}
-				join(cf, Conjunction{ID: id, Clause: 3, NClauses: n})
+				join(clause(clauseKey{kind: clausePeer, table: dir.table, peer: peer}, dir), Conjunction{ID: id, Clause: 3, NClauses: n})
 			}
-			allows = append(allows, F(dir.table, at, M(append(IP, ConjID(id))...), dir.allow...))
+			allows = append(allows, clauseKey{kind: clauseAllow, table: dir.table, prio: at, pod: id})
 		}
+	}
+	// The next render's flows are prev, updated in place: the entries this render keeps stay, the ones
+	// it built replace theirs, and the rest go.
+	next := prev
+	if next == nil {
+		next = make(clauseFlows, len(order)+len(allows))
 	}
 	out := make([]Flow, 0, len(order)+len(allows))
 	for _, cf := range order {
 		slices.SortFunc(cf.conj, func(a, b Conjunction) int { return cmp.Or(cmp.Compare(a.ID, b.ID), cmp.Compare(a.Clause, b.Clause)) })
+		if b, ok := prev[cf.key]; ok && slices.Equal(b.conj, cf.conj) {
+			out = append(out, b.flow)
+			continue
+		}
+		var match Match
+		switch k := cf.key; {
+		case k.kind == clausePod:
+			match = ipMatch(cf.dir.pod(k.pod))
+		case k.kind == clausePeer:
+			match = ipMatch(cf.dir.peer(k.peer))
+		case k.ports == "ip":
+			match = M(IP...)
+		default:
+			match = cf.portMatch
+		}
 		acts := make([]Action, len(cf.conj))
 		for i, c := range cf.conj {
 			acts[i] = c
 		}
-		out = append(out, F(cf.table, cf.prio, cf.match, acts...))
+		f := F(cf.key.table, cf.key.prio, match, acts...)
+		out = append(out, f)
+		next[cf.key] = builtClause{conj: slices.Clone(cf.conj), flow: f} // conjSlab is scratch: copy out
 	}
-	return reconcile.OwnerState{Flows: append(out, allows...)}, nil
+	for _, k := range allows {
+		if b, ok := prev[k]; ok {
+			out = append(out, b.flow)
+			continue
+		}
+		dir := &ingressDir
+		if k.table == egressDir.table {
+			dir = &egressDir
+		}
+		b := builtClause{flow: F(k.table, k.prio, M(append(IP, ConjID(k.pod))...), dir.allow...)}
+		out = append(out, b.flow)
+		next[k] = b
+	}
+	if len(next) > len(out) { // some flows of prev are not in this render: forget them
+		for _, k := range allows {
+			clauses[k] = nil // mark the allow flows as this render's (the map is scratch)
+		}
+		for k := range next {
+			if _, ok := clauses[k]; !ok {
+				delete(next, k)
+			}
+		}
+	}
+	scratch.slab, scratch.order, scratch.conjSlab = slab, order, conjSlab
+	return reconcile.OwnerState{Flows: out}, next, nil
 }
 
 // ipMatch is ip plus one field, built without the temporary slice append(IP, f) costs.
@@ -704,26 +795,4 @@ func (b *bandAllocator) peek(key string) uint16 {
 		}
 	}
 	return 0
-}
-
-func policyEqual(a, b *PolicyState) bool {
-	return a.Namespace == b.Namespace && a.Name == b.Name && a.Ingress == b.Ingress && a.Egress == b.Egress &&
-		slices.EqualFunc(a.Pods, b.Pods, func(x, y PolicyPod) bool { return x.OFPort == y.OFPort && slices.Equal(x.NamedPorts, y.NamedPorts) }) &&
-		slices.EqualFunc(a.IngressRules, b.IngressRules, ruleEqual) && slices.EqualFunc(a.EgressRules, b.EgressRules, ruleEqual)
-}
-
-func ruleEqual(a, b PolicyRule) bool {
-	return a.AllPeers == b.AllPeers && slices.Equal(a.Ports, b.Ports) &&
-		slices.EqualFunc(a.Peers, b.Peers, func(x, y PolicyPeer) bool {
-			return x.Net == y.Net && slices.Equal(x.Except, y.Except) && slices.Equal(x.NamedPorts, y.NamedPorts)
-		})
-}
-
-// clonePolicy copies a policy deep enough that the memo does not share slices the agent may reuse.
-func clonePolicy(p *PolicyState) PolicyState {
-	c := *p
-	c.Pods = slices.Clone(p.Pods)
-	c.IngressRules = slices.Clone(p.IngressRules)
-	c.EgressRules = slices.Clone(p.EgressRules)
-	return c
 }

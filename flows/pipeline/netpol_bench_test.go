@@ -100,7 +100,7 @@ func BenchmarkPolicyIPBlocksOnOVS(b *testing.B) {
 				b.Fatal(err)
 			}
 			r := newReconciler(br.Switch, 1)
-			if _, err := install(ctx, r, base); err != nil {
+			if _, err := install(ctx, r, nil, base); err != nil {
 				b.Fatal(err)
 			}
 			owner := NetPolOwner(pol.Namespace, pol.Name)

@@ -28,18 +28,10 @@ func addPod(b *ofbridge.Bridge, name string, host byte, vnid uint32) pod {
 	return pod{b.Inst.AddPod(ofbridge.Name, name, ip, mac, 10+int(host)), vnid}
 }
 
-// install makes a render the reconciler's whole desired state: owners it no longer has are deleted.
-func install(ctx context.Context, r *reconcile.Reconciler, owners map[reconcile.Owner]reconcile.OwnerState) (reconcile.Result, error) {
-	changes := make(map[reconcile.Owner]*reconcile.OwnerState, len(owners))
-	for o, st := range owners {
-		changes[o] = &st
-	}
-	for _, o := range r.Owners() {
-		if _, keep := owners[o]; !keep {
-			changes[o] = nil
-		}
-	}
-	res, err := r.Apply(ctx, changes)
+// install applies a render to a reconciler that holds the render prev (nil: a fresh reconciler), as the
+// agent's flow sync does: the owners that changed, and the removal of those gone.
+func install(ctx context.Context, r *reconcile.Reconciler, prev, owners map[reconcile.Owner]reconcile.OwnerState) (reconcile.Result, error) {
+	res, err := r.Apply(ctx, reconcile.Changes(prev, owners))
 	if err == nil && len(res.Failed) > 0 {
 		for o, ferr := range res.Failed {
 			return res, fmt.Errorf("owner %s: %w", o, ferr)
@@ -68,15 +60,17 @@ func TestRenderIsolatesTenantsOnOVS(t *testing.T) {
 		state.Pods = append(state.Pods, PodState{Namespace: "t", Name: p.Name, IP: p.IP.Addr(), MAC: p.MAC, OFPort: uint32(p.OFPort), VNID: p.vnid})
 	}
 	r := newReconciler(b.Switch, 1)
+	var applied map[reconcile.Owner]reconcile.OwnerState
 	apply := func() {
 		t.Helper()
 		owners, err := Render(state)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := install(ctx, r, owners); err != nil {
+		if _, err := install(ctx, r, applied, owners); err != nil {
 			t.Fatal(err)
 		}
+		applied = owners
 	}
 	reach := func(from, to pod) bool {
 		n, _ := from.Ping(to.IP.Addr(), 1, 100*time.Millisecond)

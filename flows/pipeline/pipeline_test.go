@@ -209,6 +209,26 @@ func sampleNodeState() NodeState {
 				}},
 			{Namespace: "b", Name: "deny-all", Ingress: true, Egress: true, Pods: []PolicyPod{{OFPort: 4}}},
 		},
+		// Two networks with the same addresses, and a third that talks to the first.
+		Networks: []NetworkState{
+			{Name: "blue", VNI: 0xfff002, CIDR: netip.MustParsePrefix("10.200.0.0/16"), LocalSubnet: netip.MustParsePrefix("10.200.0.0/24"),
+				Remotes: []NetworkRemote{{Node: "node-2", NodeIP: netip.MustParseAddr("192.0.2.12"), Subnet: netip.MustParsePrefix("10.200.1.0/24")}}},
+			{Name: "green", VNI: 0xfff003, CIDR: netip.MustParsePrefix("10.201.0.0/16"), LocalSubnet: netip.MustParsePrefix("10.201.3.0/24"),
+				Remotes:   []NetworkRemote{{Node: "node-2", NodeIP: netip.MustParseAddr("192.0.2.12"), Subnet: netip.MustParsePrefix("10.201.0.0/24")}},
+				CrossTalk: []string{"red"}},
+			{Name: "red", VNI: 0xfff001, CIDR: netip.MustParsePrefix("10.200.0.0/16"), LocalSubnet: netip.MustParsePrefix("10.200.1.0/24"),
+				Remotes: []NetworkRemote{{Node: "node-2", NodeIP: netip.MustParseAddr("192.0.2.12"), Subnet: netip.MustParsePrefix("10.200.0.0/24")},
+					{Node: "node-3", NodeIP: netip.MustParseAddr("192.0.2.13"), Subnet: netip.MustParsePrefix("10.200.2.0/24")}},
+				CrossTalk: []string{"green", "blue"}}, // blue overlaps: never
+		},
+		Attachments: []AttachmentState{
+			{Namespace: "a", Name: "web", Interface: "net1", Network: "red", VNI: 0xfff001, IP: netip.MustParseAddr("10.200.1.5"),
+				MAC: net.HardwareAddr{0x0a, 0x58, 10, 200, 1, 5}, OFPort: 6},
+			{Namespace: "a", Name: "web", Interface: "net2", Network: "blue", VNI: 0xfff002, IP: netip.MustParseAddr("10.200.0.5"),
+				MAC: net.HardwareAddr{0x0a, 0x58, 10, 200, 0, 5}, OFPort: 7},
+			{Namespace: "b", Name: "db", Interface: "net1", Network: "blue", VNI: 0xfff002, IP: netip.MustParseAddr("10.200.0.6"),
+				MAC: net.HardwareAddr{0x0a, 0x58, 10, 200, 0, 6}, OFPort: 8},
+		},
 	}
 }
 
@@ -223,7 +243,7 @@ func TestRenderCompiles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := install(context.Background(), newReconciler(fakeswitch.New(), 1), owners); err != nil {
+	if _, err := install(context.Background(), newReconciler(fakeswitch.New(), 1), nil, owners); err != nil {
 		t.Fatalf("rendered flows do not compile, collide, or are refused: %v", err)
 	}
 }
@@ -256,7 +276,7 @@ func TestNoObjectNameCollidesWithPipelineOwners(t *testing.T) {
 			t.Errorf("node %q has no flows of its own", name)
 		}
 	}
-	res, err := install(context.Background(), newReconciler(fakeswitch.New(), 1), owners)
+	res, err := install(context.Background(), newReconciler(fakeswitch.New(), 1), nil, owners)
 	if err != nil {
 		t.Fatalf("owners collide: %v (%v)", err, res.Failed)
 	}

@@ -1,12 +1,10 @@
 package pipeline
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"net"
 	"net/netip"
-	"slices"
 
 	. "github.com/ofsdn/ofsdn/flows/openflow"
 	"github.com/ofsdn/ofsdn/flows/reconcile"
@@ -47,6 +45,14 @@ type NodeState struct {
 	// GatewayMAC is tun0's MAC when known: packets routed to the gateway address get it as eth_dst, so
 	// the host takes them whatever MAC the sender had for its gateway.
 	GatewayMAC net.HardwareAddr
+	// TunnelPorts are the overlay's UDP ports, which no pod may send to outside the pod network
+	// (guard.go): ClusterNetwork.vxlanPort and, while a change of it has not reached this node's
+	// vxlan0 yet, the port vxlan0 was made with. Empty: DefaultTunnelPort.
+	TunnelPorts []uint16
+	// Networks are the Networks besides the cluster network, and Attachments the local pods'
+	// interfaces on them that carry traffic (their namespace admitted): networks.go.
+	Networks    []NetworkState
+	Attachments []AttachmentState
 }
 
 // PodState is one local pod's network identity.
@@ -96,49 +102,30 @@ func Render(s NodeState) (map[reconcile.Owner]reconcile.OwnerState, error) {
 	return owners, errors.Join(errs...)
 }
 
-// Renderer renders like Render and remembers each service port's output: a port whose inputs did not
-// change is not rendered again and keeps its very slices, so comparing it with the last render is
-// cheap. With 1,000 services, one endpoint change re-renders one owner instead of all. The zero value
-// is ready; a Renderer is not safe for concurrent use.
+// Renderer renders like Render and remembers each owner's last render with the key of what it was
+// made from (memo.go): an owner whose inputs did not change is not rendered again and keeps its very
+// slices, so comparing it with the last render is cheap. With 1,000 services, one endpoint change
+// re-renders one owner instead of all. The zero value is ready; a Renderer is not safe for concurrent
+// use.
 type Renderer struct {
-	pods     map[reconcile.Owner]podMemo
-	nodes    map[reconcile.Owner]nodeMemo
-	services map[reconcile.Owner]serviceMemo
-	policies map[reconcile.Owner]policyMemo
+	node        memos // the node-wide owners (writeNodeKey)
+	pods        memos
+	nodes       memos
+	networks    memos
+	attachments memos
+	services    map[reconcile.Owner]serviceMemo
+	policies    map[reconcile.Owner]policyMemo
+	// policyScratch is the policy renders' working space, reused from one policy to the next.
+	policyScratch policyScratch
 }
 
-// podMemo is a pod's last render and what it was rendered from: an unchanged pod keeps its very
-// slices, so the agent's comparison with what is installed is a pointer check, not a walk through
-// every flow of every local pod.
-type podMemo struct {
-	st        PodState
-	isolation bool // with its isolation flows (networkpolicy mode)
-	out       reconcile.OwnerState
-}
-
-// nodeMemo is a remote node's last render and its inputs: with encapsulation none in multitenant mode
-// a node owns a flow per pod, and most syncs change none of them.
-type nodeMemo struct {
-	n   RemoteNode
-	key nodeRenderKey
-	out reconcile.OwnerState
-}
-
-// nodeRenderKey is what of the node's own state a remote node's flows depend on.
-type nodeRenderKey struct {
-	mode   Mode
-	encap  Encapsulation
-	uplink bool
-	nodeIP netip.Addr
-}
-
-func remoteNodeEqual(a, b RemoteNode) bool {
-	return a.Name == b.Name && a.NodeIP == b.NodeIP && a.Subnet == b.Subnet && a.OnSegment == b.OnSegment && slices.Equal(a.Pods, b.Pods)
-}
-
-func podEqual(a, b PodState) bool {
-	return a.Namespace == b.Namespace && a.Name == b.Name && a.IP == b.IP && bytes.Equal(a.MAC, b.MAC) && a.OFPort == b.OFPort &&
-		a.VNID == b.VNID && a.IngressIsolated == b.IngressIsolated && a.EgressIsolated == b.EgressIsolated
+// writeRemoteNodeContext writes what of the node's own state a remote node's flows depend on (besides
+// the remote node itself): TestRenderDependsOnlyOnKeys holds RenderRemoteNode to it.
+func (s *NodeState) writeRemoteNodeContext(w *keyWriter) {
+	w.str(string(s.Mode))
+	w.str(string(s.Encapsulation))
+	w.boolean(s.Uplink)
+	w.addr(s.NodeIP)
 }
 
 // Render renders s, reusing what it can from the previous call. An owner that cannot be rendered (a
@@ -149,28 +136,31 @@ func (r *Renderer) Render(s NodeState) (owners map[reconcile.Owner]reconcile.Own
 	if !s.LocalSubnet.IsValid() || !s.NodeIP.IsValid() {
 		return nil, nil, fmt.Errorf("render: node %q has no subnet or node IP yet", s.NodeName)
 	}
-	out := map[reconcile.Owner]reconcile.OwnerState{
-		PipelineOwner: {Flows: renderPipeline(s)},
-		LocalOwner:    {Flows: renderLocal(s)},
-	}
+	out := make(map[reconcile.Owner]reconcile.OwnerState, 5+len(s.Pods)+len(s.RemoteNodes)+len(s.Services)+len(s.Policies)+
+		len(s.Networks)+len(s.Attachments))
 	failed = map[reconcile.Owner]error{}
+	nodeKey := s.nodeKey()
+	node := make(memos, 4)
+	for o, render := range map[reconcile.Owner]func(NodeState) []Flow{
+		PipelineOwner: renderPipeline, LocalOwner: renderLocal, TunnelGuardOwner: renderTunnelGuard, ServicesOwner: renderServicesBase,
+	} {
+		out[o] = r.node.render(node, o, nodeKey, func() reconcile.OwnerState { return reconcile.OwnerState{Flows: render(s)} })
+	}
+	r.node = node
 	vnids := map[uint32]bool{}
-	pods := make(map[reconcile.Owner]podMemo, len(s.Pods))
+	pods := make(memos, len(s.Pods))
 	isolation := s.Mode == ModeNetworkPolicy
 	for _, p := range s.Pods {
 		o := PodOwner(p.Namespace, p.Name)
-		m, ok := r.pods[o]
-		if !ok || m.isolation != isolation || !podEqual(m.st, p) {
+		key := p.memoKey(isolation)
+		out[o] = r.pods.render(pods, o, key, func() reconcile.OwnerState {
 			flows := RenderPod(p)
 			if isolation {
 				flows = append(flows, isolationFlows(p)...)
 			}
 			flows = append(flows, HairpinFlows(p.OFPort)...) // services reach the pod from itself (services.go)
-			p.MAC = slices.Clone(p.MAC)
-			m = podMemo{st: p, isolation: isolation, out: reconcile.OwnerState{Flows: flows}}
-		}
-		out[o] = m.out
-		pods[o] = m
+			return reconcile.OwnerState{Flows: flows}
+		})
 		vnids[p.VNID] = true
 	}
 	r.pods = pods
@@ -181,22 +171,17 @@ func (r *Renderer) Render(s NodeState) (owners map[reconcile.Owner]reconcile.Own
 			}
 		}
 	}
-	nodes := make(map[reconcile.Owner]nodeMemo, len(s.RemoteNodes))
-	key := nodeRenderKey{mode: s.Mode, encap: s.Encapsulation, uplink: s.Uplink, nodeIP: s.NodeIP}
+	nodes := make(memos, len(s.RemoteNodes))
 	for _, n := range s.RemoteNodes {
 		if !n.Subnet.IsValid() || !n.NodeIP.IsValid() {
 			continue
 		}
 		o := NodeOwner(n.Name)
-		m, ok := r.nodes[o]
-		if !ok || m.key != key || !remoteNodeEqual(m.n, n) {
-			n.Pods = slices.Clone(n.Pods)
-			m = nodeMemo{n: n, key: key, out: reconcile.OwnerState{Flows: RenderRemoteNode(s, n)}}
-		}
-		out[o] = m.out
-		nodes[o] = m
+		key := n.memoKey(&s)
+		out[o] = r.nodes.render(nodes, o, key, func() reconcile.OwnerState { return reconcile.OwnerState{Flows: RenderRemoteNode(s, n)} })
 	}
 	r.nodes = nodes
+	r.renderNetworks(s, out)
 	r.renderServices(s, out, failed)
 	r.renderPolicies(s, out, failed)
 	return out, failed, nil
@@ -205,6 +190,7 @@ func (r *Renderer) Render(s NodeState) (owners map[reconcile.Owner]reconcile.Own
 // renderPipeline renders the fixed plumbing of the tables and their defaults.
 func renderPipeline(s NodeState) []Flow {
 	out := append(RenderBase(), renderUplinkBase(s)...)
+	out = append(out, renderNetworksBase()...)
 	switch s.Mode {
 	case ModeNetworkPolicy:
 		// Flat, with policy: what no isolation dropped is delivered, its connection committed so that
@@ -270,7 +256,9 @@ func RenderTenant(vnid uint32) []Flow {
 }
 
 // RenderRemoteNode renders another node: accept its tunnel traffic (tun_id carries the source VNID)
-// and, with an uplink port, its unencapsulated traffic (the source address gives the VNID); send IP and
+// from its subnet and its own address only (a node sends nothing else into the overlay, so a forgery
+// that got past the tunnel guard of guard.go cannot claim another node's pods) and, with an uplink
+// port, its unencapsulated traffic (the source address gives the VNID); send IP and
 // ARP for its subnet through the tunnel to it, or IP through the uplink port when it is direct
 // (uplink.go). In networkpolicy mode a connection routed there is committed to conntrack first: its
 // egress was allowed by then, and its replies must pass the policy tables.
@@ -284,8 +272,9 @@ func RenderRemoteNode(s NodeState, n RemoteNode) []Flow {
 	}
 	fromTunnel := Move{Src: Bits(FieldTunID, 0, 31), Dst: Whole(RegSrcVNID)}
 	out := []Flow{
-		F(TableTunnelIngress, 100, M(append(IP, TunSrc(n.NodeIP))...), fromTunnel, Goto{Table: TableConntrack}),
-		F(TableTunnelIngress, 100, M(append(ARP, TunSrc(n.NodeIP))...), fromTunnel, Goto{Table: TableARP}),
+		F(TableTunnelIngress, 100, M(append(IP, TunSrc(n.NodeIP), IPSrcNet(n.Subnet))...), fromTunnel, Goto{Table: TableConntrack}),
+		F(TableTunnelIngress, 100, M(append(IP, TunSrc(n.NodeIP), IPSrc(n.NodeIP))...), fromTunnel, Goto{Table: TableConntrack}),
+		F(TableTunnelIngress, 100, M(append(ARP, TunSrc(n.NodeIP), ARPSPANet(n.Subnet))...), fromTunnel, Goto{Table: TableARP}),
 		F(TableRouting, 100, M(append(IP, IPDstNet(n.Subnet))...), route...),
 		F(TableARP, 100, M(append(ARP, ARPTPANet(n.Subnet))...), Goto{Table: TableTunnelEgress}),
 		F(TableTunnelEgress, 100, M(append(IP, IPDstNet(n.Subnet))...), toTunnel()...),

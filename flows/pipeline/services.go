@@ -284,14 +284,26 @@ func (a *idAllocator) peek(key string) (uint32, error) {
 	return 0, fmt.Errorf("no free group ID for %s", key)
 }
 
-// serviceMemo is one service port's last render: its inputs, the IDs it was given and its output.
+// serviceMemo is one service port's last render: the key of its inputs, the IDs it was given and its
+// output.
 type serviceMemo struct {
-	svc      ServiceState // without the other ports' endpoints: see memoKey
-	port     ServicePort
-	gateway  netip.Addr
-	nodePort []netip.Addr
-	ids      []idGrant
-	out      reconcile.OwnerState
+	memo
+	ids []idGrant
+}
+
+// servicePortKey is the key of what a service port's owner renders from: the service (its other ports
+// aside), the port, and of the node its gateway and NodePort addresses (frontends, the reject target).
+func servicePortKey(s *NodeState, svc *ServiceState, p *ServicePort) digest {
+	var w keyWriter
+	w.init()
+	svc.writeKey(&w)
+	p.writeKey(&w)
+	w.prefix(s.LocalSubnet)
+	w.u64(uint64(len(s.NodePortAddresses)))
+	for _, a := range s.NodePortAddresses {
+		w.addr(a)
+	}
+	return w.sum()
 }
 
 // idGrant is one ID an owner's render asked the allocator for.
@@ -300,14 +312,10 @@ type idGrant struct {
 	id  uint32
 }
 
-// reusable reports whether the memo still renders it: same inputs, and the allocator grants the same
+// reusable reports whether the memo still renders it: the same key, and the allocator grants the same
 // IDs in the same order (a collision with a new key would move them).
-func (m *serviceMemo) reusable(s NodeState, svc ServiceState, p ServicePort, ids *idAllocator) bool {
-	if m.gateway != Gateway(s.LocalSubnet) || !slices.Equal(m.nodePort, s.NodePortAddresses) ||
-		m.svc.Namespace != svc.Namespace || m.svc.Name != svc.Name || m.svc.ClusterIP != svc.ClusterIP ||
-		m.svc.AffinityTimeout != svc.AffinityTimeout || m.svc.ExternalLocal != svc.ExternalLocal || m.svc.InternalLocal != svc.InternalLocal ||
-		m.port.Name != p.Name || m.port.Protocol != p.Protocol || m.port.Port != p.Port || m.port.NodePort != p.NodePort ||
-		!slices.Equal(m.port.Endpoints, p.Endpoints) {
+func (m *serviceMemo) reusable(key digest, ids *idAllocator) bool {
+	if m.key != key {
 		return false
 	}
 	// Grant as the render did, in order; a fresh render after a mismatch asks for the same keys again
@@ -324,7 +332,6 @@ func (m *serviceMemo) reusable(s NodeState, svc ServiceState, p ServicePort, ids
 // renderServices adds the services' owners to out (each local pod's hairpin flows are its own, see
 // Render). A service port that cannot be rendered is recorded in failed, and the others render.
 func (r *Renderer) renderServices(s NodeState, out map[reconcile.Owner]reconcile.OwnerState, failed map[reconcile.Owner]error) {
-	out[ServicesOwner] = reconcile.OwnerState{Flows: renderServicesBase(s)}
 	type item struct {
 		owner reconcile.Owner
 		key   string // owner.String(), the sort key
@@ -358,7 +365,8 @@ func (r *Renderer) renderServices(s NodeState, out map[reconcile.Owner]reconcile
 		if failed[it.owner] != nil {
 			continue
 		}
-		if m, ok := r.services[it.owner]; ok && m.reusable(s, *it.svc, *it.port, ids) {
+		key := servicePortKey(&s, it.svc, it.port)
+		if m, ok := r.services[it.owner]; ok && m.reusable(key, ids) {
 			out[it.owner] = m.out
 			memos[it.owner] = m
 			continue
@@ -370,10 +378,7 @@ func (r *Renderer) renderServices(s NodeState, out map[reconcile.Owner]reconcile
 			continue
 		}
 		out[it.owner] = st
-		svc := *it.svc
-		svc.Ports = nil
-		memos[it.owner] = serviceMemo{svc: svc, port: *it.port, gateway: Gateway(s.LocalSubnet),
-			nodePort: slices.Clone(s.NodePortAddresses), ids: slices.Clone(ids.record), out: st}
+		memos[it.owner] = serviceMemo{memo: memo{key: key, out: st}, ids: slices.Clone(ids.record)}
 	}
 	r.services = memos
 }

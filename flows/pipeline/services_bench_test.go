@@ -60,7 +60,7 @@ func BenchmarkServicesInstallOnOVS(b *testing.B) {
 			b.Fatal(err)
 		}
 		r := newReconciler(br.Switch, 1)
-		res, err := install(ctx, r, owners)
+		res, err := install(ctx, r, nil, owners)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -159,7 +159,7 @@ func replayEndpointChanges(b *testing.B, n int, proto uint8, affinity uint32, ch
 	if err != nil {
 		b.Fatal(err)
 	}
-	if _, err := install(ctx, r, owners); err != nil {
+	if _, err := install(ctx, r, nil, owners); err != nil {
 		b.Fatal(err)
 	}
 	o := ServicePortOwner(svc, svc.Ports[0])

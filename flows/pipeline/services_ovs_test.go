@@ -34,6 +34,8 @@ type svcLab struct {
 	state NodeState
 	host  *ovstest.Pod
 	pods  map[string]pod
+	// applied is the render r last installed.
+	applied map[reconcile.Owner]reconcile.OwnerState
 }
 
 var (
@@ -154,10 +156,11 @@ func (l *svcLab) apply(t *testing.T) reconcile.SyncStats {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := install(context.Background(), l.r, owners)
+	res, err := install(context.Background(), l.r, l.applied, owners)
 	if err != nil {
 		t.Fatal(err)
 	}
+	l.applied = owners
 	l.settle(t)
 	return res.Stats
 }

@@ -5,18 +5,23 @@
 // flows/reconcile, which installs it; the words of the flows are flows/openflow's.
 //
 // Where each flow comes from: render_base.go (dispatch, table defaults, version note), render.go
-// (the local subnet, pods, tenants, remote nodes), uplink.go (encapsulation none: the uplink port, and
-// why it is that rather than host routes), services.go (services, their groups and learned
-// affinity), services_affinity.go (sessionAffinity's choice), owners.go (who owns what).
+// (the local subnet, pods, tenants, remote nodes), guard.go (the tunnel guard: no pod injects into the
+// overlay), uplink.go (encapsulation none: the uplink port, and why it is that rather than host
+// routes), services.go (services, their groups and learned affinity), services_affinity.go
+// (sessionAffinity's choice), networks.go (Networks: pods' interfaces besides eth0, each network a
+// segment of its own, and cross-talk between networks), owners.go (who owns what: each owner names its API object), ports.go
+// (br0's own ports and their roles: tunnel, host, uplink; the rest are pods').
 //
 // The pipeline (table numbers are fixed so dumps stay comparable across versions):
 //
-//	  0 classifier        in_port: vxlan0 → 10, tun0 → 25, the uplink port (encapsulation none) → 15
-//	                      when addressed to our uplink MAC (else drop), any other port → 20 (pods)
-//	 10 tunnel-ingress    tun_src must be a known node; tun_id → reg0 (source VNID); else drop
+//	  0 classifier        by the ingress port's role (Ports): vxlan0 (tunnel) → 10, tun0 (host) → 25,
+//	                      the uplink port (encapsulation none) → 15 when addressed to our uplink MAC
+//	                      (else drop), any other port → 20 (pods)
+//	 10 tunnel-ingress    tun_src must be a known node and the inner source inside its subnet or its own
+//	                      address (guard.go); tun_id → reg0 (source VNID); else drop
 //	 15 uplink-ingress    unencapsulated from a known node's uplink MAC (uplink.go): a source address of
-//	                      its pods → reg0 = that pod's VNID (its gateway: 0), eth_dst = the pod MAC of the
-//	                      destination; else drop
+//	                      its pods → reg0 = that pod's VNID (its gateway and own address: 0), eth_dst = the
+//	                      pod MAC of the destination; else drop
 //	 20 pod-ingress       anti-spoofing: in_port + MAC + IP (and ARP sha/spa) must be the pod's; reg0 = pod VNID
 //	 25 host-ingress      from tun0 (host, hostNetwork pods): reg0 = 0 (global)
 //	 30 conntrack         ct(nat) in ofsdn's zones so replies are un-NATed before routing: replies to the
@@ -45,9 +50,11 @@
 //	 50 egress-policy     NetworkPolicy egress (networkpolicy mode, netpol.go): replies/related pass; a
 //	                      policy's rules are conjunctions (pods × ports × peers) at its own priority; an
 //	                      egress-isolated pod's default deny; everything else continues to 60
-//	 60 routing           local pod → reg1 = its VNID, reg2 = its port; remote subnet → 90 (networkpolicy
-//	                      mode: committing the connection to conntrack first); the gateway → tun0 (with
-//	                      tun0's MAC); else → tun0
+//	 60 routing           the tunnel guard first (guard.go): UDP to the tunnel port of any gateway or of
+//	                      anything not a pod is dropped, replies excepted, so no pod injects into the
+//	                      overlay; local pod → reg1 = its VNID, reg2 = its port; remote subnet → 90
+//	                      (networkpolicy mode: committing the connection to conntrack first); the gateway
+//	                      → tun0 (with tun0's MAC); else → tun0
 //	 70 arp               ARP for local pods, the gateway, and remote subnets (through the tunnel; for a
 //	                      peer reached through the uplink, requests are answered here with the pod MAC)
 //	 80 ingress-isolation multitenant: reg0 vs reg1, same VNID or either 0 passes to 100, else drop.
@@ -61,10 +68,24 @@
 //	                      address in the hairpin zone when reg3 says it went through a service DNAT, and
 //	                      goes to 105
 //	105 hairpin-output    swap MACs and send back out of the ingress port
+//
+//	Networks (networks.go): a pod's interface on a Network (table 20) or a tunnelled packet with the
+//	network's VNI from a node with a subnet of it (table 10, priority 150, straight to 135 with reg1 = the
+//	VNI; any other VNI of the networks' range: dropped at 140) comes here, and never meets 30-105:
+//	130 net-crosstalk     from a local pod (reg0 = its network's VNI): the destination's network into reg1,
+//	                      the source's own (its CIDR), or a cross-talk peer's (eth_src = the peer's
+//	                      gateway MAC, TTL - 1); else drop
+//	135 net-routing       reg1 + a local attachment's address → eth_dst = its MAC, reg2 = its port → 145;
+//	                      else → 140
+//	138 net-arp           ARP within reg1's network: a local attachment's address → its port; the node's
+//	                      gateway on the network (requests from local pods) answered here; else → 140
+//	140 net-tunnel        reg1 + another node's subnet of the network → tun_id = the VNI, tun_dst = the
+//	                      node, vxlan0; nothing from the tunnel goes back into it
+//	145 net-output        commit to the network's conntrack zone (NetworkZone), output:reg2
 //	253 version           a note carrying the pipeline version; never matched by traffic
 //
 // Every table ends in an explicit default (miss) flow, so drop counters in `flowctl dump` show where
-// packets die. Registers: reg0 = source VNID, reg1 = destination VNID, reg2 = output port (openshift-sdn's
+// packets die. Registers: reg0 = source VNID (a tenant's, or a Network's VNI), reg1 = destination VNID, reg2 = output port (openshift-sdn's
 // convention), reg3 = flags, reg4/reg5/reg6 = the chosen endpoint's IP and port and the service's
 // load-balancer ID, reg7 = sessionAffinity's hash (IP packets) or the proxy ARP responder's scratch
 // (ARP packets: never both in one packet); see the Reg* names below.
@@ -98,6 +119,11 @@ const (
 	TableTunnelEgress     TableID = 90
 	TableOutput           TableID = 100
 	TableHairpinOutput    TableID = 105
+	TableNetCrossTalk     TableID = 130
+	TableNetRouting       TableID = 135
+	TableNetARP           TableID = 138
+	TableNetTunnel        TableID = 140
+	TableNetOutput        TableID = 145
 	TableVersion          TableID = 253
 )
 
@@ -134,7 +160,7 @@ type Table struct {
 // Tables is the registry of the pipeline, in packet order.
 var Tables = []Table{
 	{TableClassifier, "classifier", "dispatch by ingress port: tunnel, host (tun0), else a pod", TablePodIngress},
-	{TableTunnelIngress, "tunnel-ingress", "accept VXLAN only from known nodes; tun_id becomes the source VNID", NoTable},
+	{TableTunnelIngress, "tunnel-ingress", "accept VXLAN only from known nodes, from their subnet or own address; tun_id becomes the source VNID", NoTable},
 	{TableUplinkIngress, "uplink-ingress", "accept unencapsulated traffic only from known nodes' uplink MACs and their pods' addresses; the address gives the source VNID", NoTable},
 	{TablePodIngress, "pod-ingress", "anti-spoofing: a pod sends only from its own port, MAC and IP; load its VNID", NoTable},
 	{TableHostIngress, "host-ingress", "traffic from the host through tun0 is global (VNID 0)", TableConntrack},
@@ -145,12 +171,17 @@ var Tables = []Table{
 	{TableServiceHash, "service-hash", "sessionAffinity: the slot of the client address's hash → its endpoint; an empty slot hashes again", NoTable},
 	{TableServiceL2, "service-l2", "after DNAT: address the endpoint pod's MAC", TableEgressPolicy},
 	{TableEgressPolicy, "egress-policy", "NetworkPolicy egress: the source pod's policies allow the connection, or its isolation drops it", TableRouting},
-	{TableRouting, "routing", "find the destination: local pod, remote node subnet, or the host", NoTable},
+	{TableRouting, "routing", "drop UDP to a tunnel port outside the pod network (tunnel guard); find the destination: local pod, remote node subnet, or the host", NoTable},
 	{TableARP, "arp", "answer and deliver ARP for pods, the gateway and remote subnets", NoTable},
 	{TableIngressIsolation, "ingress-isolation", "tenant isolation (reg0 vs reg1) or NetworkPolicy ingress (the destination pod's policies); commits allowed connections", NoTable},
 	{TableTunnelEgress, "tunnel-egress", "encapsulate towards the node that hosts the destination subnet", NoTable},
 	{TableOutput, "output", "deliver to the port in reg2; hairpin back out of the ingress port via 105", NoTable},
 	{TableHairpinOutput, "hairpin-output", "send a hairpinned packet back out of its ingress port", NoTable},
+	{TableNetCrossTalk, "net-crosstalk", "Networks: the destination's network, the source's own or a cross-talk peer's (routed); else drop", NoTable},
+	{TableNetRouting, "net-routing", "Networks: deliver to a local attachment of the destination's network, else to the tunnel", TableNetTunnel},
+	{TableNetARP, "net-arp", "Networks: ARP for local attachments and the node's gateway on the network; else to the tunnel", TableNetTunnel},
+	{TableNetTunnel, "net-tunnel", "Networks: VXLAN with the network's VNI to the node that has the destination's subnet", NoTable},
+	{TableNetOutput, "net-output", "Networks: commit to the network's conntrack zone and deliver to the port in reg2", NoTable},
 	{TableVersion, "version", "records the pipeline version; never matched by traffic", NoTable},
 }
 

@@ -12,11 +12,12 @@ package pipeline
 // peer's subnet is answered at once in table 70 with the address's pod MAC (0a:58 + IP, as every pod
 // MAC is), so nothing but IP crosses. On the way in, the classifier takes only frames addressed to our
 // uplink MAC (other nodes' frames flooded to us are dropped), and table 15 (uplink-ingress) accepts a
-// packet only from a known node's uplink MAC and from an address of that node's pods, or its gateway:
+// packet only from a known node's uplink MAC and from an address of that node's pods, its gateway or its own address:
 //
 //   - its source VNID: VXLAN carried it in tun_id; here it comes from the source address. In
 //     multitenant mode every remote pod's address loads its namespace's VNID (one flow per pod, kept
-//     by the node that hosts it: RemoteNode.Pods), the peer's gateway (its host) loads 0 (global), and
+//     by the node that hosts it: RemoteNode.Pods), the peer's gateway and its own address (its host)
+//     load 0 (global), and
 //     an address the node does not know yet is dropped — isolation fails closed, never open. In the
 //     flat modes the peer's subnet is one flow with VNID 0.
 //   - the MAC the destination needs: the pod MAC of the destination address (0a:58 + IP); traffic for
@@ -120,12 +121,15 @@ func renderUplinkIngress(s NodeState, n RemoteNode) []Flow {
 		}
 		return append(acts, Goto{Table: TableConntrack})
 	}
+	// The peer's host (its gateway address, or its own address when a host process chose that source)
+	// is global, as its tunnelled traffic is (tun_id 0); nothing else outside the peer's subnet is
+	// accepted from it, as in table 10.
+	host := F(TableUplinkIngress, 110, from(IPSrc(n.NodeIP)), accept(GlobalVNID)...)
 	if s.Mode != ModeMultitenant {
-		return []Flow{F(TableUplinkIngress, 100, from(IPSrcNet(n.Subnet)), accept(GlobalVNID)...)}
+		return []Flow{host, F(TableUplinkIngress, 100, from(IPSrcNet(n.Subnet)), accept(GlobalVNID)...)}
 	}
-	out := make([]Flow, 0, len(n.Pods)+1)
-	// The peer's host (its gateway address) is global, as its tunnelled traffic is (tun_id 0).
-	out = append(out, F(TableUplinkIngress, 110, from(IPSrc(Gateway(n.Subnet))), accept(GlobalVNID)...))
+	out := make([]Flow, 0, len(n.Pods)+2)
+	out = append(out, host, F(TableUplinkIngress, 110, from(IPSrc(Gateway(n.Subnet))), accept(GlobalVNID)...))
 	for _, p := range n.Pods {
 		if n.Subnet.Contains(p.IP) {
 			out = append(out, F(TableUplinkIngress, 100, from(IPSrc(p.IP)), accept(p.VNID)...))
@@ -149,8 +153,15 @@ func renderUplinkEgress(s NodeState, n RemoteNode) []Flow {
 // br0 itself: the MAC a pod there has, so a pod's ARP cache is right whichever way the packets go.
 func proxyARP(p netip.Prefix) Flow {
 	return F(TableARP, 110, M(append(ARP, ARPOp(ARPRequest), ARPTPANet(p))...),
-		Move{Src: Whole(FieldEthSrc), Dst: Whole(FieldEthDst)},
-		Move{Src: Whole(FieldARPTPA), Dst: Bits(FieldEthSrc, 0, 31)}, Load{Dst: Bits(FieldEthSrc, 32, 47), Value: 0x0a58},
+		arpReply(Move{Src: Whole(FieldARPTPA), Dst: Bits(FieldEthSrc, 0, 31)}, Load{Dst: Bits(FieldEthSrc, 32, 47), Value: 0x0a58})...)
+}
+
+// arpReply turns an ARP request into its answer and sends it back where it came from: setMAC leaves
+// the answering MAC in eth_src (after the requester's moved to eth_dst), which becomes the sender's
+// hardware address; the sender and target addresses swap through RegARPScratch.
+func arpReply(setMAC ...Action) []Action {
+	out := append([]Action{Move{Src: Whole(FieldEthSrc), Dst: Whole(FieldEthDst)}}, setMAC...)
+	return append(out,
 		SetField{Field: FieldARPOp, Value: uint64(ARPReply)},
 		Move{Src: Whole(FieldARPSHA), Dst: Whole(FieldARPTHA)}, Move{Src: Whole(FieldEthSrc), Dst: Whole(FieldARPSHA)},
 		Move{Src: Whole(FieldARPTPA), Dst: Whole(RegARPScratch)}, Move{Src: Whole(FieldARPSPA), Dst: Whole(FieldARPTPA)},

@@ -22,17 +22,17 @@ func TestUplinkChoice(t *testing.T) {
 		uplink    bool
 		onSegment bool
 		wantOut   uint32 // port of the IP flow that wins in table 90
-		wantIn    int    // table-15 flows of the peer
+		wantIn    int    // table-15 flows of the peer: its host's own address, then its subnet's
 	}{
 		{"vxlan", ModeMultitenant, EncapVXLAN, false, true, PortVXLAN, 0},
-		{"empty encapsulation is vxlan", ModeMultitenant, "", true, true, PortVXLAN, 3},
+		{"empty encapsulation is vxlan", ModeMultitenant, "", true, true, PortVXLAN, 4},
 		{"none, no uplink port here", ModeMultitenant, EncapNone, false, true, PortVXLAN, 0},
-		{"none, peer off the segment", ModeMultitenant, EncapNone, true, false, PortVXLAN, 3},
-		{"none, peer on the segment", ModeMultitenant, EncapNone, true, true, PortUplink, 3},
-		{"none, flat: one flow for the subnet", ModeSubnet, EncapNone, true, true, PortUplink, 1},
-		{"none, networkpolicy", ModeNetworkPolicy, EncapNone, true, true, PortUplink, 1},
+		{"none, peer off the segment", ModeMultitenant, EncapNone, true, false, PortVXLAN, 4},
+		{"none, peer on the segment", ModeMultitenant, EncapNone, true, true, PortUplink, 4},
+		{"none, flat: one flow for the subnet", ModeSubnet, EncapNone, true, true, PortUplink, 2},
+		{"none, networkpolicy", ModeNetworkPolicy, EncapNone, true, true, PortUplink, 2},
 		// Back to vxlan while the uplink port lingers: still accepted, no longer sent.
-		{"vxlan with a lingering uplink port", ModeSubnet, EncapVXLAN, true, true, PortVXLAN, 1},
+		{"vxlan with a lingering uplink port", ModeSubnet, EncapVXLAN, true, true, PortVXLAN, 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			n := peer
@@ -79,13 +79,13 @@ func isGoto(t TableID) func(Action) bool {
 }
 
 // TestUplinkIngressVNIDs: in multitenant mode each known pod of the peer loads its own VNID, the
-// peer's gateway is global, and every flow insists on the peer's uplink MAC.
+// peer's gateway and own address (its host) are global, and every flow insists on the peer's uplink MAC.
 func TestUplinkIngressVNIDs(t *testing.T) {
 	n := RemoteNode{Name: "n2", NodeIP: netip.MustParseAddr("192.0.2.12"), Subnet: netip.MustParsePrefix("10.128.2.0/23"),
 		Pods: []RemotePod{{IP: netip.MustParseAddr("10.128.2.5"), VNID: 20}, {IP: netip.MustParseAddr("10.128.2.6"), VNID: 0}}}
 	s := NodeState{Mode: ModeMultitenant, NodeIP: netip.MustParseAddr("192.0.2.11"), Encapsulation: EncapNone, Uplink: true}
 	want := map[string]string{ // source → the VNID load it must carry ("" for none: 0)
-		"10.128.2.1": "", "10.128.2.5": "load:0x14->NXM_NX_REG0[]", "10.128.2.6": "",
+		"10.128.2.1": "", "10.128.2.5": "load:0x14->NXM_NX_REG0[]", "10.128.2.6": "", "192.0.2.12": "",
 	}
 	got := map[string]string{}
 	for _, f := range renderUplinkIngress(s, n) {

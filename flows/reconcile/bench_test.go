@@ -80,3 +80,39 @@ func (nopSwitch) DumpFlows(context.Context, uint64, uint64) ([][]byte, error) {
 	return nil, nil
 }
 func (nopSwitch) DumpGroups(context.Context) ([][]byte, error) { return nil, nil }
+
+// BenchmarkApplyOwnSide is the reconciler's own share of the two syncs BenchmarkInstallVsOvsOfctl and
+// BenchmarkChangeOneOwner time against OVS (compile, stage, plan, lay out the bundle, record it),
+// with a switch that accepts everything at once: its time and allocations are what the Go side costs.
+func BenchmarkApplyOwnSide(b *testing.B) {
+	ctx := context.Background()
+	b.Run("install-10k-flows", func(b *testing.B) {
+		owners := benchOwners(10000, 5)
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := New(nopSwitch{}, Config{Round: 1}).Apply(ctx, owners); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("change-10-of-50k-flows", func(b *testing.B) {
+		r := New(nopSwitch{}, Config{Round: 1})
+		owners := benchOwners(50000, 5)
+		if _, err := r.Apply(ctx, owners); err != nil {
+			b.Fatal(err)
+		}
+		var target Owner
+		for o := range owners {
+			target = o
+		}
+		changed := []*OwnerState{{Flows: benchOwnerFlows(owners[target].Flows, 6)}, {Flows: benchOwnerFlows(owners[target].Flows, 5)}}
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			if _, err := r.Apply(ctx, map[Owner]*OwnerState{target: changed[i%2]}); err != nil {
+				b.Fatal(err)
+			}
+			i++
+		}
+	})
+}

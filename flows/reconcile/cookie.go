@@ -3,7 +3,7 @@ package reconcile
 import (
 	"encoding/json"
 	"fmt"
-	"hash/fnv"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -54,32 +54,55 @@ const (
 	// CategoryLearned marks flows the switch learns itself (sessionAffinity): no owner renders them, so
 	// the Reconciler leaves them alone instead of deleting them as strays.
 	CategoryLearned Category = 9
+	// CategoryNetwork is one Network's own flows (flows/pipeline/networks.go); its pods' attachments
+	// are CategoryPod ("pod/ns/name@net1").
+	CategoryNetwork Category = 11
 )
 
-var categoryNames = map[Category]string{
-	CategoryNone: "none", CategoryPipeline: "pipeline", CategoryPod: "pod", CategoryNode: "node",
-	CategoryTenant: "vnid", CategoryService: "svc", CategoryNetPol: "netpol",
-	CategoryTest: "test", CategoryLearned: "learned",
+// categories is the registry of categories, by number: the name owner keys, dumps and metrics use.
+// String, ParseCategory and Categories (flowctl's help) all read it.
+var categories = []struct {
+	c    Category
+	name string
+}{
+	{CategoryNone, "none"}, {CategoryPipeline, "pipeline"}, {CategoryPod, "pod"}, {CategoryNode, "node"},
+	{CategoryTenant, "vnid"}, {CategoryService, "svc"}, {CategoryNetPol, "netpol"},
+	{CategoryTest, "test"}, {CategoryLearned, "learned"}, {CategoryNetwork, "net"},
+}
+
+// Categories lists every category in use, by number.
+func Categories() []Category {
+	out := make([]Category, len(categories))
+	for i, e := range categories {
+		out[i] = e.c
+	}
+	return out
 }
 
 func (c Category) String() string {
-	if n, ok := categoryNames[c]; ok {
-		return n
+	for _, e := range categories {
+		if e.c == c {
+			return e.name
+		}
 	}
 	return fmt.Sprintf("category(%d)", uint8(c))
 }
 
-// ParseCategory reads a category name as printed by String.
+// ParseCategory reads a category name as printed by String, or a number.
 func ParseCategory(s string) (Category, error) {
-	for c, n := range categoryNames {
-		if n == s {
-			return c, nil
+	for _, e := range categories {
+		if e.name == s {
+			return e.c, nil
 		}
 	}
 	if v, err := strconv.ParseUint(s, 0, 8); err == nil {
 		return Category(v), nil
 	}
-	return 0, fmt.Errorf("unknown flow category %q", s)
+	names := make([]string, len(categories))
+	for i, e := range categories {
+		names[i] = e.name
+	}
+	return 0, fmt.Errorf("unknown flow category %q (a number, or one of %s)", s, strings.Join(names, ", "))
 }
 
 // Owner names the object whose state a set of flows renders: "pod/ns/name", "node/n2", "vnid/42",
@@ -91,11 +114,25 @@ type Owner struct {
 
 func (o Owner) String() string { return o.Category.String() + "/" + o.Name }
 
-// Hash is the stable 32-bit owner hash carried in cookies (FNV-1a of the owner key).
+// Hash is the stable 32-bit owner hash carried in cookies: FNV-1a of the owner key (String), computed
+// without building the key (every new owner of an install hashes).
 func (o Owner) Hash() uint32 {
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(o.String()))
-	return h.Sum32()
+	h := fnvAdd(fnvOffset32, o.Category.String())
+	h = (h ^ '/') * fnvPrime32
+	return fnvAdd(h, o.Name)
+}
+
+// FNV-1a, 32 bits (hash/fnv's constants).
+const (
+	fnvOffset32 uint32 = 2166136261
+	fnvPrime32  uint32 = 16777619
+)
+
+func fnvAdd(h uint32, s string) uint32 {
+	for i := 0; i < len(s); i++ {
+		h = (h ^ uint32(s[i])) * fnvPrime32
+	}
+	return h
 }
 
 // ParseOwner reads an owner key as printed by String.
@@ -226,12 +263,21 @@ func ParseOwnerIndex(data []byte) (*OwnerIndex, error) {
 	return x, nil
 }
 
+// compareOwners orders owners by key (String) without building the keys: category names hold only
+// letters, so comparing the category's name, then the name, is comparing the keys.
+func compareOwners(a, b Owner) int {
+	if a.Category != b.Category {
+		return strings.Compare(a.Category.String(), b.Category.String())
+	}
+	return strings.Compare(a.Name, b.Name)
+}
+
 // SortedOwnerKeys lists a map's owners in a stable order (by key), for logs, errors and golden files.
 func SortedOwnerKeys[V any](m map[Owner]V) []Owner {
 	out := make([]Owner, 0, len(m))
 	for o := range m {
 		out = append(out, o)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].String() < out[j].String() })
+	slices.SortFunc(out, compareOwners)
 	return out
 }

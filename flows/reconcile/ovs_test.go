@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -68,18 +67,7 @@ func renderChanges(t *testing.T, st pipeline.NodeState, last map[reconcile.Owner
 	if err != nil {
 		t.Fatal(err)
 	}
-	changes := map[reconcile.Owner]*reconcile.OwnerState{}
-	for o, s := range owners {
-		if prev, ok := last[o]; !ok || !reflect.DeepEqual(prev, s) {
-			changes[o] = &s
-		}
-	}
-	for o := range last {
-		if _, ok := owners[o]; !ok {
-			changes[o] = nil
-		}
-	}
-	return changes, owners
+	return reconcile.Changes(last, owners), owners
 }
 
 func apply(t *testing.T, r *reconcile.Reconciler, changes map[reconcile.Owner]*reconcile.OwnerState) reconcile.SyncStats {

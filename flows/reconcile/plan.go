@@ -72,8 +72,18 @@ func (it planItem) String() string {
 
 func newPlan() *plan { return &plan{} }
 
-// maxFlowModLen bounds one flow-mod: an OpenFlow message's length is 16 bits.
-const maxFlowModLen = 1 << 16
+// flowModBound bounds the length of any flow-mod of e: the fixed part, the match (its key less table
+// and priority, plus the ofp_match header and padding) and the instructions.
+func flowModBound(e *flowEntry) int {
+	return openflow.FlowModFixedLen + len(e.c.Key) + 8 + len(e.c.Instr)
+}
+
+// reserve sizes a plan's flow buffers for n flow-mods of about bytes bytes in all.
+func (p *plan) reserve(n, bytes int) {
+	p.flows.buf = slices.Grow(p.flows.buf, bytes)
+	p.flows.ends = slices.Grow(p.flows.ends, n)
+	p.flows.items = slices.Grow(p.flows.items, n)
+}
 
 // added records the message just appended to s.buf.
 func (p *plan) added(s *segment, it planItem) {
@@ -84,9 +94,11 @@ func (p *plan) added(s *segment, it planItem) {
 
 func (p *plan) flowMod(e *flowEntry, cmd openflow.FlowModCommand, cookie, mask uint64, it planItem) {
 	// Double the buffer when it is full: append alone grows a big slice by 1.25x, and a full install
-	// (tens of MB) then spends more time copying and clearing the buffer than encoding the flows.
-	if cap(p.flows.buf)-len(p.flows.buf) < maxFlowModLen {
-		p.flows.buf = slices.Grow(p.flows.buf, max(len(p.flows.buf), 64<<10))
+	// (tens of MB) then spends more time copying and clearing the buffer than encoding the flows. Grow
+	// by what this message needs at most, never by a fixed 64 KiB: a 10-flow change would allocate
+	// (and clear) that much, and pay the garbage collector for it.
+	if need := flowModBound(e); cap(p.flows.buf)-len(p.flows.buf) < need {
+		p.flows.buf = slices.Grow(p.flows.buf, max(len(p.flows.buf), need))
 	}
 	p.flows.buf = openflow.AppendFlowMod(p.flows.buf, &e.c, cmd, cookie, mask)
 	p.added(&p.flows, it)
@@ -206,19 +218,26 @@ func (r *Reconciler) planGroupDelete(p *plan, g *groupEntry) {
 func (r *Reconciler) planOwners(scope []*ownerState) *plan {
 	p := newPlan()
 	inScope := make(map[*ownerState]bool, len(scope))
+	n, bytes := 0, 0
 	for _, st := range scope {
 		inScope[st] = true
+		for _, e := range st.flows.desired {
+			n, bytes = n+1, bytes+flowModBound(e)
+		}
 	}
+	p.reserve(n, bytes) // at most one message per desired flow, besides deletes
+	// Flow mods go in map order: the bundle is atomic, so their order within it does not matter, and
+	// sorting every key of the owners in scope was a third of a small change's cost.
 	for _, st := range scope {
 		for _, id := range sortedIDs(st.groups.desired) {
 			r.planGroup(p, st.groups.desired[id])
 		}
-		for _, k := range sortedKeys(st.flows.desired) {
-			r.planFlow(p, st.flows.desired[k])
+		for _, d := range st.flows.desired {
+			r.planFlow(p, d)
 		}
 	}
 	for _, st := range scope {
-		for _, k := range sortedKeys(st.flows.installed) {
+		for k, inst := range st.flows.installed {
 			if _, want := st.flows.desired[k]; want {
 				continue
 			}
@@ -228,7 +247,7 @@ func (r *Reconciler) planOwners(scope []*ownerState) *plan {
 					r.planFlow(p, other)
 				}
 			} else {
-				r.planFlowDelete(p, st.flows.installed[k])
+				r.planFlowDelete(p, inst)
 			}
 		}
 		for _, id := range sortedIDs(st.groups.installed) {
@@ -268,9 +287,7 @@ func (r *Reconciler) planAll(maskOldRounds bool) *plan {
 	// Bundle order among flow adds does not matter (the bundle is atomic); not sorting 50,000 keys
 	// saves a tenth of a full install. Size the buffers for the common large case, a first install.
 	if len(r.flows.installed) == 0 && len(r.flows.desired) > 0 {
-		p.flows.buf = make([]byte, 0, len(r.flows.desired)*(openflow.FlowModFixedLen+96))
-		p.flows.ends = make([]int, 0, len(r.flows.desired))
-		p.flows.items = make([]planItem, 0, len(r.flows.desired))
+		p.reserve(len(r.flows.desired), len(r.flows.desired)*(openflow.FlowModFixedLen+96))
 	}
 	for _, d := range r.flows.desired {
 		r.planFlow(p, d)
@@ -287,7 +304,7 @@ func (r *Reconciler) planAll(maskOldRounds bool) *plan {
 		}
 		stale = append(stale, k)
 	}
-	sort.Slice(stale, func(i, j int) bool { return stale[i].Less(stale[j]) })
+	slices.SortFunc(stale, compareFlowKeys)
 	for _, k := range stale {
 		r.planFlowDelete(p, r.flows.installed[k])
 	}
@@ -331,7 +348,7 @@ func (r *Reconciler) apply(it planItem) {
 
 // send sends a plan as one bundle and, once the switch accepted it, makes memory follow.
 func (r *Reconciler) send(ctx context.Context, p *plan) error {
-	var msgs [][]byte
+	msgs := make([][]byte, 0, p.stats.Messages)
 	for _, s := range []*segment{&p.groupsFirst, &p.flows, &p.last} {
 		start := 0
 		for _, end := range s.ends {
@@ -349,6 +366,7 @@ func (r *Reconciler) send(ctx context.Context, p *plan) error {
 			return fmt.Errorf("bundle of %d messages: %w", len(msgs), err)
 		}
 	}
+	r.flows.expectInstalled(len(p.flows.items))
 	for _, s := range []*segment{&p.groupsFirst, &p.flows, &p.last} {
 		for _, it := range s.items {
 			r.apply(it)

@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 	"runtime"
-	"sort"
+	"slices"
 	"sync"
 
 	"github.com/ofsdn/ofsdn/flows/openflow"
@@ -72,7 +72,40 @@ type Reconciler struct {
 	// indexGen counts changes of the owner set, so callers persist the index only when it changed.
 	indexGen   uint64
 	collisions []Owner
+	// compiled remembers each owner's last compile by flow identity (compileCache).
+	compiledMu sync.Mutex
+	compiled   map[Owner]compileCache
 }
+
+// flowIdentity is a rendered flow's identity: its scalars and the backing arrays of its match and
+// actions. Renderers never change a flow's slices once it is built (a memoised render hands back the
+// very slices of its last one), so two flows of one identity compile the same.
+type flowIdentity struct {
+	table                openflow.TableID
+	priority, idle, hard uint16
+	match                *openflow.MatchField
+	nmatch               int
+	actions              *openflow.Action
+	nactions             int
+}
+
+func identityOf(f *openflow.Flow) (flowIdentity, bool) {
+	if f.Match.Err() != nil {
+		return flowIdentity{}, false
+	}
+	id := flowIdentity{table: f.Table, priority: f.Priority, idle: f.IdleTimeout, hard: f.HardTimeout}
+	if fs := f.Match.Fields(); len(fs) > 0 {
+		id.match, id.nmatch = &fs[0], len(fs)
+	}
+	if len(f.Actions) > 0 {
+		id.actions, id.nactions = &f.Actions[0], len(f.Actions)
+	}
+	return id, true
+}
+
+// compileCache is an owner's last compile: a re-rendered owner whose flows mostly are its last render's
+// (a policy whose peer set changed by one) compiles only its new flows. Each compile replaces it.
+type compileCache map[flowIdentity]openflow.CompiledFlow
 
 // entry is one compiled flow or group and its owner; nil owner: installed, claimed by no registered
 // owner (an orphan) until one claims it or a full sync deletes it.
@@ -107,6 +140,20 @@ func newLedger[K comparable, T any](of func(*ownerState) *book[K, T]) ledger[K, 
 	return ledger[K, T]{book: newBook[K, T](), orphans: map[K]*entry[T]{}, of: of}
 }
 
+// expectInstalled and expectDesired size an empty book for n entries before a first install records
+// them one by one (a map of tens of thousands of entries grown step by step rehashes at every step).
+func (l *ledger[K, T]) expectInstalled(n int) {
+	if len(l.installed) == 0 && n > 64 {
+		l.installed = make(map[K]*entry[T], n)
+	}
+}
+
+func (l *ledger[K, T]) expectDesired(n int) {
+	if len(l.desired) == 0 && n > 64 {
+		l.desired = make(map[K]*entry[T], n)
+	}
+}
+
 // markInstalled records that e is now what the switch holds under k.
 func (l *ledger[K, T]) markInstalled(k K, e *entry[T]) {
 	if old := l.installed[k]; old != nil && old != e {
@@ -114,7 +161,11 @@ func (l *ledger[K, T]) markInstalled(k K, e *entry[T]) {
 	}
 	l.installed[k] = e
 	if e.owner != nil {
-		l.of(e.owner).installed[k] = e
+		b := l.of(e.owner)
+		if len(b.installed) == 0 {
+			b.installed = make(map[K]*entry[T], len(b.desired)) // sized for what the owner wants
+		}
+		b.installed[k] = e
 	} else {
 		l.orphans[k] = e
 	}
@@ -336,7 +387,21 @@ func (r *Reconciler) compileAll(changes map[Owner]*OwnerState) map[Owner]*compil
 				o := owners[i]
 				c := out[o]
 				if st := changes[o]; st != nil {
-					c.flows, c.groups, c.err = compileOwner(o, r.cfg.Round, st.Flows, st.Groups)
+					r.compiledMu.Lock()
+					prev := r.compiled[o]
+					r.compiledMu.Unlock()
+					var next compileCache
+					c.flows, c.groups, next, c.err = compileOwner(o, r.cfg.Round, st.Flows, st.Groups, prev)
+					r.compiledMu.Lock()
+					if r.compiled == nil {
+						r.compiled = map[Owner]compileCache{}
+					}
+					r.compiled[o] = next
+					r.compiledMu.Unlock()
+				} else {
+					r.compiledMu.Lock()
+					delete(r.compiled, o)
+					r.compiledMu.Unlock()
 				}
 			}
 		}(w)
@@ -345,19 +410,32 @@ func (r *Reconciler) compileAll(changes map[Owner]*OwnerState) map[Owner]*compil
 	return out
 }
 
-// compileOwner compiles an owner's flows with its cookie for the round, rejecting duplicates.
-func compileOwner(o Owner, round uint16, flows []openflow.Flow, groups []openflow.GroupEntry) (map[openflow.FlowKey]*flowEntry, map[uint32]*groupEntry, error) {
+// compileOwner compiles an owner's flows with its cookie for the round, rejecting duplicates; a flow of
+// the same identity as one of cache (the owner's last compile) is not compiled again. It returns the
+// cache for the next compile.
+func compileOwner(o Owner, round uint16, flows []openflow.Flow, groups []openflow.GroupEntry, cache compileCache) (map[openflow.FlowKey]*flowEntry,
+	map[uint32]*groupEntry, compileCache, error) {
 	out := make(map[openflow.FlowKey]*flowEntry, len(flows))
 	entries := make([]flowEntry, len(flows)) // one allocation for the owner's entries, not one each
+	next := make(compileCache, len(flows))
 	cookie := uint64(MakeCookie(round, o))
-	for i, f := range flows {
-		f.Cookie = cookie
-		c, err := openflow.Compile(f)
-		if err != nil {
-			return nil, nil, fmt.Errorf("owner %s: %w", o, err)
+	for i := range flows {
+		f := &flows[i]
+		id, cacheable := identityOf(f)
+		c, cached := cache[id]
+		if !cacheable || !cached {
+			g := *f
+			g.Cookie = cookie
+			var err error
+			if c, err = openflow.Compile(g); err != nil {
+				return nil, nil, nil, fmt.Errorf("owner %s: %w", o, err)
+			}
+		}
+		if cacheable {
+			next[id] = c
 		}
 		if prev, dup := out[c.Key]; dup {
-			return nil, nil, fmt.Errorf("owner %s: two flows with one table, priority and match: %s and %s", o, prev.c.Flow(), f)
+			return nil, nil, nil, fmt.Errorf("owner %s: two flows with one table, priority and match: %s and %s", o, prev.c.Flow(), f)
 		}
 		entries[i].c = c
 		out[c.Key] = &entries[i]
@@ -366,14 +444,14 @@ func compileOwner(o Owner, round uint16, flows []openflow.Flow, groups []openflo
 	for _, g := range groups {
 		c, err := openflow.CompileGroup(g)
 		if err != nil {
-			return nil, nil, fmt.Errorf("owner %s: %w", o, err)
+			return nil, nil, nil, fmt.Errorf("owner %s: %w", o, err)
 		}
 		if _, dup := gout[g.ID]; dup {
-			return nil, nil, fmt.Errorf("owner %s: group %d given twice", o, g.ID)
+			return nil, nil, nil, fmt.Errorf("owner %s: group %d given twice", o, g.ID)
 		}
 		gout[g.ID] = &groupEntry{c: c}
 	}
-	return out, gout, nil
+	return out, gout, next, nil
 }
 
 // Apply makes the given owners' desired state the new one and syncs exactly those owners in one
@@ -405,7 +483,7 @@ func (r *Reconciler) stage(comp map[Owner]*compiled, failed map[Owner]error) []*
 	for o := range comp {
 		owners = append(owners, o)
 	}
-	sort.Slice(owners, func(i, j int) bool { return owners[i].String() < owners[j].String() })
+	slices.SortFunc(owners, compareOwners)
 	scope := make([]*ownerState, 0, len(owners))
 	// Clear every changed owner first: a flow may move between owners in one change (a deleted pod's
 	// IP given to a new pod), and each owner may only claim what no other owner wants.
@@ -416,9 +494,16 @@ func (r *Reconciler) stage(comp map[Owner]*compiled, failed map[Owner]error) []*
 			}
 		}
 		st := r.ownerFor(o)
-		r.flows.setDesired(st, map[openflow.FlowKey]*flowEntry{})
-		r.groups.setDesired(st, map[uint32]*groupEntry{})
+		r.flows.setDesired(st, nil) // nil reads as empty; each owner gets its new map below
+		r.groups.setDesired(st, nil)
 		scope = append(scope, st)
+	}
+	if len(r.flows.desired) == 0 {
+		n := 0
+		for _, c := range comp {
+			n += len(c.flows)
+		}
+		r.flows.expectDesired(n)
 	}
 	var fallbacks []*ownerState
 	for _, st := range scope {
@@ -713,8 +798,19 @@ func sortedKeys(m map[openflow.FlowKey]*flowEntry) []openflow.FlowKey {
 	for k := range m {
 		keys = append(keys, k)
 	}
-	sort.Slice(keys, func(i, j int) bool { return keys[i].Less(keys[j]) })
+	slices.SortFunc(keys, compareFlowKeys)
 	return keys
+}
+
+// compareFlowKeys is FlowKey.Less as a comparison.
+func compareFlowKeys(a, b openflow.FlowKey) int {
+	switch {
+	case a.Less(b):
+		return -1
+	case b.Less(a):
+		return 1
+	}
+	return 0
 }
 
 func sortedIDs(m map[uint32]*groupEntry) []uint32 {
@@ -722,6 +818,6 @@ func sortedIDs(m map[uint32]*groupEntry) []uint32 {
 	for id := range m {
 		ids = append(ids, id)
 	}
-	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	slices.Sort(ids)
 	return ids
 }

@@ -22,15 +22,7 @@ import (
 func BenchmarkTraceLiveVsOffline(b *testing.B) {
 	br := ofbridge.New(b)
 	ctx := context.Background()
-	for _, p := range []struct {
-		name string
-		port int
-	}{{"vxlan0", 1}, {"tun0", 2}, {"pa", 3}} {
-		if _, err := br.Inst.Vsctl("add-port", "br0", p.name, "--", "set", "interface", p.name, "type=internal",
-			fmt.Sprintf("ofport_request=%d", p.port)); err != nil {
-			b.Fatal(err)
-		}
-	}
+	addPorts(b, br, map[string]uint32{pipeline.PortNameVXLAN: pipeline.PortVXLAN, pipeline.PortNameTun0: pipeline.PortTun0, "pa": 3})
 	st := testState(pipeline.ModeMultitenant)
 	for i := 0; i < 200; i++ {
 		ip := netip.AddrFrom4([4]byte{10, 128, 1, byte(i)})
@@ -49,11 +41,7 @@ func BenchmarkTraceLiveVsOffline(b *testing.B) {
 		b.Fatal(err)
 	}
 	r := reconcile.New(br.Switch, reconcile.Config{Round: 1})
-	changes := map[reconcile.Owner]*reconcile.OwnerState{}
-	for o, s := range owners {
-		changes[o] = &s
-	}
-	if res, err := r.Apply(ctx, changes); err != nil || len(res.Failed) > 0 {
+	if res, err := r.Apply(ctx, reconcile.Changes(nil, owners)); err != nil || len(res.Failed) > 0 {
 		b.Fatal(err, res.Failed)
 	}
 	off := offlineBridge(b, br)

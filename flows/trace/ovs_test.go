@@ -92,7 +92,33 @@ func testState(mode pipeline.Mode) pipeline.NodeState {
 		},
 		Policies: []pipeline.PolicyState{{Namespace: "t1", Name: "web-80", Ingress: true, Pods: []pipeline.PolicyPod{{OFPort: 3}},
 			IngressRules: []pipeline.PolicyRule{{AllPeers: true, Ports: []pipeline.PolicyPort{{Protocol: openflow.IPProtoTCP, Port: 80}}}}}},
+		// Networks: red and blue share addresses (a pod on each has ipNet), green talks to red.
+		Networks: []pipeline.NetworkState{
+			network("red", vniRed, "10.200.0.0/16", "10.200.1.0/24", "10.200.2.0/24", "green"),
+			network("blue", vniBlue, "10.200.0.0/16", "10.200.1.0/24", "10.200.2.0/24"),
+			network("green", vniGreen, "10.201.0.0/16", "10.201.3.0/24", "10.201.2.0/24", "red"),
+		},
+		Attachments: []pipeline.AttachmentState{
+			{Namespace: "t1", Name: "a", Interface: "net1", Network: "red", VNI: vniRed, IP: ipNet, MAC: net.HardwareAddr(mac(ipNet)), OFPort: 6},
+			{Namespace: "t2", Name: "b", Interface: "net1", Network: "blue", VNI: vniBlue, IP: ipNet, MAC: net.HardwareAddr(mac(ipNet)), OFPort: 7},
+			{Namespace: "t1", Name: "a", Interface: "net2", Network: "green", VNI: vniGreen, IP: ipGreen, MAC: net.HardwareAddr(mac(ipGreen)), OFPort: 8},
+		},
 	}
+}
+
+const vniRed, vniBlue, vniGreen = 0xfff001, 0xfff002, 0xfff003
+
+var (
+	ipNet       = netip.MustParseAddr("10.200.1.5")
+	ipGreen     = netip.MustParseAddr("10.201.3.5")
+	ipNetRemote = netip.MustParseAddr("10.200.2.9")
+)
+
+// network is a Network with this node's subnet and n2's.
+func network(name string, vni uint32, cidr, local, remote string, talks ...string) pipeline.NetworkState {
+	return pipeline.NetworkState{Name: name, VNI: vni, CIDR: netip.MustParsePrefix(cidr), LocalSubnet: netip.MustParsePrefix(local),
+		Remotes:   []pipeline.NetworkRemote{{Node: "n2", NodeIP: peerIP, Subnet: netip.MustParsePrefix(remote)}},
+		CrossTalk: talks}
 }
 
 // fromPod is a packet a local pod sends to its gateway's MAC.
@@ -136,15 +162,8 @@ type want struct {
 func TestOfflineAgreesWithOFProtoTrace(t *testing.T) {
 	b := ofbridge.New(t)
 	ctx := context.Background()
-	for _, p := range []struct {
-		name string
-		port int
-	}{{"vxlan0", 1}, {"tun0", 2}, {"pa", 3}, {"pb", 4}, {"pg", 5}} {
-		if _, err := b.Inst.Vsctl("add-port", "br0", p.name, "--", "set", "interface", p.name, "type=internal",
-			fmt.Sprintf("ofport_request=%d", p.port)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	addPorts(t, b, map[string]uint32{pipeline.PortNameVXLAN: pipeline.PortVXLAN, pipeline.PortNameTun0: pipeline.PortTun0, "pa": 3, "pb": 4, "pg": 5,
+		"pa-net1": 6, "pb-net1": 7, "pa-net2": 8})
 	l := live{c: unixctl.New(b.Inst.Dir, "ovs-vswitchd"), bridge: "br0", last: new(string)}
 	r := reconcile.New(b.Switch, reconcile.Config{Round: 1})
 
@@ -156,12 +175,46 @@ func TestOfflineAgreesWithOFProtoTrace(t *testing.T) {
 	}
 	nodePort := Packet{InPort: pipeline.PortTun0, EthSrc: tun0MAC, EthDst: MAC(pipeline.ServiceMAC), Proto: "tcp", IPSrc: gw,
 		IPDst: pipeline.ServiceNodePortIP, SrcPort: 40000, DstPort: 30080}
+	netIn := func(vni uint64, src, dst netip.Addr) Packet {
+		return Packet{InPort: pipeline.PortVXLAN, TunID: vni, TunSrc: peerIP, TunDst: nodeIP, EthSrc: mac(src), EthDst: mac(dst),
+			Proto: "udp", IPSrc: src, IPDst: dst, SrcPort: 40000, DstPort: 5000}
+	}
+	everyMode := func(w want) map[pipeline.Mode]want {
+		return map[pipeline.Mode]want{pipeline.ModeMultitenant: w, pipeline.ModeSubnet: w, pipeline.ModeNetworkPolicy: w}
+	}
+	onNet := func(port uint32, vni uint32, src, dst netip.Addr, dport uint16) Packet {
+		return Packet{InPort: port, EthSrc: mac(src), EthDst: MAC(pipeline.NetworkGatewayMAC(vni)), Proto: "udp", IPSrc: src, IPDst: dst,
+			SrcPort: 40000, DstPort: dport}
+	}
 	cases := []struct {
 		name   string
 		p      Packet
 		follow netip.Addr // endpoint to follow in a select group
 		want   map[pipeline.Mode]want
 	}{
+		// Networks (pipeline/networks.go): the same address on two networks, each its own segment.
+		{"network: red pod to a red pod on n2", onNet(6, vniRed, ipNet, ipNetRemote, 5000), netip.Addr{},
+			everyMode(want{out: 1, tunDst: peerIP, tunID: vniRed, ipDst: ipNetRemote, dstPort: 5000})},
+		{"network: blue pod, same address, to n2", onNet(7, vniBlue, ipNet, ipNetRemote, 5000), netip.Addr{},
+			everyMode(want{out: 1, tunDst: peerIP, tunID: vniBlue, ipDst: ipNetRemote, dstPort: 5000})},
+		{"network: red in from n2 reaches the red pod only", netIn(vniRed, ipNetRemote, ipNet), netip.Addr{},
+			everyMode(want{out: 6, ipDst: ipNet, dstPort: 5000})},
+		{"network: blue in from n2 reaches the blue pod only", netIn(vniBlue, ipNetRemote, ipNet), netip.Addr{},
+			everyMode(want{out: 7, ipDst: ipNet, dstPort: 5000})},
+		{"network: cross-talk red to green", onNet(6, vniRed, ipNet, ipGreen, 5000), netip.Addr{},
+			everyMode(want{out: 8, ipDst: ipGreen, dstPort: 5000})},
+		{"network: no cross-talk blue to green", onNet(7, vniBlue, ipNet, ipGreen, 5000), netip.Addr{},
+			everyMode(want{dropAt: pipeline.TableNetCrossTalk})},
+		{"network: green from n2's red subnet", netIn(vniGreen, ipNetRemote, ipGreen), netip.Addr{},
+			everyMode(want{out: 8, ipDst: ipGreen, dstPort: 5000})},
+		{"network: an unknown network's VNI", netIn(0xfff0ff, ipRemote, ipA), netip.Addr{},
+			everyMode(want{dropAt: pipeline.TableTunnelIngress})},
+		{"network: to the cluster network", onNet(6, vniRed, ipNet, ipA, 5000), netip.Addr{},
+			everyMode(want{dropAt: pipeline.TableNetCrossTalk})},
+		{"network: to a node's tunnel port", onNet(6, vniRed, ipNet, peerIP, 4789), netip.Addr{},
+			everyMode(want{dropAt: pipeline.TableNetCrossTalk})},
+		{"network: spoofed source", onNet(6, vniRed, ipGreen, ipNetRemote, 5000), netip.Addr{},
+			everyMode(want{dropAt: pipeline.TablePodIngress})},
 		{"same tenant? no: a to b", fromPod(3, ipA, ipB, "tcp", 8080), netip.Addr{}, map[pipeline.Mode]want{
 			pipeline.ModeMultitenant: {dropAt: pipeline.TableIngressIsolation}, pipeline.ModeSubnet: {out: 4, ipDst: ipB, dstPort: 8080},
 			pipeline.ModeNetworkPolicy: {out: 4, ipDst: ipB, dstPort: 8080}}},
@@ -214,25 +267,33 @@ func TestOfflineAgreesWithOFProtoTrace(t *testing.T) {
 			pipeline.ModeNetworkPolicy: {dropAt: pipeline.TableIngressIsolation}}},
 		{"unknown tunnel peer", func() Packet { p := remoteIn(0, ipA, 80); p.TunSrc = outside; return p }(), netip.Addr{}, map[pipeline.Mode]want{
 			pipeline.ModeMultitenant: {dropAt: pipeline.TableTunnelIngress}}},
+		// The tunnel guard (pipeline/guard.go): no pod datagram to a tunnel port outside the pod network;
+		// a known peer's tunnel carries only its subnet's and its own addresses.
+		{"pod to a node's tunnel port", fromPod(4, ipB, peerIP, "udp", 4789), netip.Addr{}, map[pipeline.Mode]want{
+			pipeline.ModeMultitenant: {dropAt: pipeline.TableRouting}, pipeline.ModeSubnet: {dropAt: pipeline.TableRouting},
+			pipeline.ModeNetworkPolicy: {dropAt: pipeline.TableRouting}}},
+		{"pod to a remote gateway's tunnel port", fromPod(4, ipB, pipeline.Gateway(netip.MustParsePrefix("10.128.2.0/23")), "udp", 4789), netip.Addr{},
+			map[pipeline.Mode]want{pipeline.ModeMultitenant: {dropAt: pipeline.TableRouting}, pipeline.ModeNetworkPolicy: {dropAt: pipeline.TableRouting}}},
+		{"pod to a node's other port", fromPod(4, ipB, peerIP, "udp", 4790), netip.Addr{}, map[pipeline.Mode]want{
+			pipeline.ModeMultitenant: {out: 2, ipDst: peerIP, dstPort: 4790}, pipeline.ModeNetworkPolicy: {out: 2, ipDst: peerIP, dstPort: 4790}}},
+		{"tunnel from the peer with a third node's source", func() Packet {
+			p := remoteIn(0, ipG, 80)
+			p.IPSrc = netip.MustParseAddr("10.128.4.3")
+			return p
+		}(), netip.Addr{}, map[pipeline.Mode]want{pipeline.ModeMultitenant: {dropAt: pipeline.TableTunnelIngress},
+			pipeline.ModeNetworkPolicy: {dropAt: pipeline.TableTunnelIngress}}},
 	}
+	var applied map[reconcile.Owner]reconcile.OwnerState // the render r holds
 	for _, mode := range []pipeline.Mode{pipeline.ModeMultitenant, pipeline.ModeSubnet, pipeline.ModeNetworkPolicy} {
 		t.Run(string(mode), func(t *testing.T) {
 			owners, err := pipeline.Render(testState(mode))
 			if err != nil {
 				t.Fatal(err)
 			}
-			changes := map[reconcile.Owner]*reconcile.OwnerState{}
-			for o, st := range owners {
-				changes[o] = &st
-			}
-			for _, o := range r.Owners() {
-				if _, keep := owners[o]; !keep {
-					changes[o] = nil
-				}
-			}
-			if res, err := r.Apply(ctx, changes); err != nil || len(res.Failed) > 0 {
+			if res, err := r.Apply(ctx, reconcile.Changes(applied, owners)); err != nil || len(res.Failed) > 0 {
 				t.Fatal(err, res.Failed)
 			}
+			applied = owners
 			off := offlineBridge(t, b)
 			for _, tc := range cases {
 				w, ok := tc.want[mode]
@@ -244,26 +305,7 @@ func TestOfflineAgreesWithOFProtoTrace(t *testing.T) {
 					if tc.follow.IsValid() {
 						choose = endpointChooser(off, tc.follow)
 					}
-					lp, lflags, err := Run(ctx, l, tc.p, choose)
-					if err != nil {
-						t.Fatal(err)
-					}
-					op, oflags, err := Run(ctx, Offline{off}, tc.p, choose)
-					if err != nil {
-						t.Fatal(err)
-					}
-					if lk, ok := strings.Join(lp.Key(), "\n"), strings.Join(op.Key(), "\n"); lk != ok {
-						t.Fatalf("live and offline paths differ:\nlive (ct %v):\n%s\noffline (ct %v):\n%s", lflags, lk, oflags, ok)
-					}
-					if name, ok := recorded[string(mode)+"/"+tc.name]; ok && *update {
-						dir := filepath.Join("testdata", "ofproto-trace-"+name)
-						if err := os.WriteFile(dir+".txt", []byte(*l.last), 0o644); err != nil {
-							t.Fatal(err)
-						}
-						if err := os.WriteFile(dir+".key", []byte(strings.Join(lp.Key(), "\n")+"\n"), 0o644); err != nil {
-							t.Fatal(err)
-						}
-					}
+					lp, op := traceBoth(t, l, off, tc.p, choose, recorded[string(mode)+"/"+tc.name])
 					for name, path := range map[string]*Path{"live": lp, "offline": op} {
 						err := w.fate(path)
 						for alt := w.or; err != nil && alt != nil; alt = alt.or {
@@ -306,6 +348,45 @@ func (w want) fate(p *Path) error {
 	return nil
 }
 
+// traceBoth traces p live and offline, fails unless both take the same path, and with -update keeps
+// the live answer as testdata/ofproto-trace-<record>.txt (and its key) for the parser's tests.
+func traceBoth(t *testing.T, l live, off *Bridge, p Packet, choose Chooser, record string) (lp, op *Path) {
+	t.Helper()
+	ctx := t.Context()
+	lp, lflags, err := Run(ctx, l, p, choose)
+	if err != nil {
+		t.Fatal(err)
+	}
+	op, oflags, err := Run(ctx, Offline{off}, p, choose)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lk, ok := strings.Join(lp.Key(), "\n"), strings.Join(op.Key(), "\n"); lk != ok {
+		t.Fatalf("live and offline paths differ:\nlive (ct %v):\n%s\noffline (ct %v):\n%s", lflags, lk, oflags, ok)
+	}
+	if record != "" && *update {
+		file := filepath.Join("testdata", "ofproto-trace-"+record)
+		if err := os.WriteFile(file+".txt", []byte(*l.last), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(file+".key", []byte(strings.Join(lp.Key(), "\n")+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return lp, op
+}
+
+// addPorts adds internal ports to br0 at the given OpenFlow numbers: a trace's in_port must exist.
+func addPorts(t testing.TB, b *ofbridge.Bridge, ports map[string]uint32) {
+	t.Helper()
+	for name, number := range ports {
+		if _, err := b.Inst.Vsctl("add-port", "br0", name, "--", "set", "interface", name, "type=internal",
+			fmt.Sprintf("ofport_request=%d", number)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // offlineBridge reads the bridge's flows and groups as flowctl dump does.
 func offlineBridge(t testing.TB, b *ofbridge.Bridge) *Bridge {
 	t.Helper()
@@ -335,4 +416,76 @@ func offlineBridge(t testing.TB, b *ofbridge.Bridge) *Bridge {
 		groups = append(groups, g)
 	}
 	return NewBridge(flows, groups)
+}
+
+// TestOfflineAgreesWithOFProtoTraceUplink: encapsulation none. A pod's packet for the peer leaves by
+// the uplink port, unencapsulated, between the two nodes' uplink MACs; what the peer sends arrives
+// through the uplink port and is accepted by its source address (with the VNID of the pod that has
+// it), or dropped. ofproto/trace and the offline evaluator must agree on every step.
+func TestOfflineAgreesWithOFProtoTraceUplink(t *testing.T) {
+	b := ofbridge.New(t)
+	ctx := context.Background()
+	addPorts(t, b, map[string]uint32{pipeline.PortNameVXLAN: pipeline.PortVXLAN, pipeline.PortNameTun0: pipeline.PortTun0, "pa": 3, "pb": 4, "pg": 5,
+		"pa-net1": 6, "pb-net1": 7, "pa-net2": 8})
+	// The uplink port is a patch port into an uplink bridge that switches NORMAL, as on a node: live,
+	// ofproto/trace follows the packet on into that bridge, which is not br0's path.
+	b.Inst.AddBridge("br-ul")
+	if _, err := b.Inst.Vsctl("add-port", "br-ul", "ul0", "--", "set", "interface", "ul0", "type=internal",
+		"--", "add-port", "br0", pipeline.PortNameUplink, "--", "set", "interface", pipeline.PortNameUplink, "type=patch",
+		"options:peer=patch-br0", fmt.Sprintf("ofport_request=%d", pipeline.PortUplink),
+		"--", "add-port", "br-ul", "patch-br0", "--", "set", "interface", "patch-br0", "type=patch", "options:peer="+pipeline.PortNameUplink); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := b.Inst.Ofctl("add-flow", "br-ul", "actions=NORMAL"); err != nil {
+		t.Fatal(err, out)
+	}
+	l := live{c: unixctl.New(b.Inst.Dir, "ovs-vswitchd"), bridge: "br0", last: new(string)}
+	r := reconcile.New(b.Switch, reconcile.Config{Round: 1})
+	ipRemote2 := netip.MustParseAddr("10.128.2.6") // a pod of the peer in tenant 12
+	st := testState(pipeline.ModeMultitenant)
+	st.Encapsulation, st.Uplink = pipeline.EncapNone, true
+	st.RemoteNodes[0].OnSegment = true
+	st.RemoteNodes[0].Pods = []pipeline.RemotePod{{IP: ipRemote, VNID: 11}, {IP: ipRemote2, VNID: 12}}
+	owners, err := pipeline.Render(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res, err := r.Apply(ctx, reconcile.Changes(nil, owners)); err != nil || len(res.Failed) > 0 {
+		t.Fatal(err, res.Failed)
+	}
+	off := offlineBridge(t, b)
+	ours, peers := MAC(pipeline.UplinkMAC(nodeIP)), MAC(pipeline.UplinkMAC(peerIP))
+	fromPeer := func(src, dst netip.Addr, dport uint16) Packet {
+		return Packet{InPort: pipeline.PortUplink, EthSrc: peers, EthDst: ours, Proto: "tcp", IPSrc: src, IPDst: dst, SrcPort: 40000, DstPort: dport}
+	}
+	cases := []struct {
+		name string
+		p    Packet
+		want want
+		// ethDst is the destination MAC the packet must leave with ("" when it does not matter).
+		ethDst string
+		// record names the testdata file that keeps the live answer for the parser's tests (-update).
+		record string
+	}{
+		{"to the peer's pod: out of the uplink port, to the peer's uplink MAC", fromPod(3, ipA, ipRemote, "tcp", 8080),
+			want{out: pipeline.PortUplink, ipDst: ipRemote, dstPort: 8080}, peers.String(), "uplink-out"},
+		{"from the peer's pod, same tenant: delivered", fromPeer(ipRemote, ipA, 80), want{out: 3, ipDst: ipA, dstPort: 80}, mac(ipA).String(), "uplink-in"},
+		{"from the peer's pod, another tenant: isolated", fromPeer(ipRemote2, ipA, 80), want{dropAt: pipeline.TableIngressIsolation}, "", ""},
+		{"from an address the peer has no pod at: dropped", fromPeer(netip.MustParseAddr("10.128.2.99"), ipA, 80),
+			want{dropAt: pipeline.TableUplinkIngress}, "", ""},
+		{"for another node's uplink MAC: dropped", func() Packet { p := fromPeer(ipRemote, ipA, 80); p.EthDst = peers; return p }(),
+			want{dropAt: pipeline.TableClassifier}, "", ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			lp, op := traceBoth(t, l, off, tc.p, nil, tc.record)
+			for name, path := range map[string]*Path{"live": lp, "offline": op} {
+				if err := tc.want.fate(path); err != nil {
+					t.Errorf("%s: %v\n%s", name, err, strings.Join(path.Key(), "\n"))
+				} else if tc.ethDst != "" && path.Outputs[0].Fields.EthDst != tc.ethDst {
+					t.Errorf("%s: leaves for %s, want %s", name, path.Outputs[0].Fields.EthDst, tc.ethDst)
+				}
+			}
+		})
+	}
 }

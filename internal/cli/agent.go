@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/ofsdn/ofsdn/agent"
+	"github.com/ofsdn/ofsdn/agent/attach"
+	"github.com/ofsdn/ofsdn/agent/hostnet"
 	"github.com/ofsdn/ofsdn/internal/kubeconfig"
 	"github.com/ofsdn/ofsdn/internal/version"
 	"k8s.io/klog/v2"
@@ -35,14 +37,16 @@ func Agent(args []string) int {
 	fs.StringVar(&cfg.CNIConfDir, "cni-conf-dir", "/etc/cni/net.d", "where to install the conflist")
 	fs.StringVar(&cfg.CNIBinDir, "cni-bin-dir", "/opt/cni/bin", "where to install the plugin binary")
 	fs.StringVar(&cfg.PluginBinary, "cni-plugin", defaultPlugin(), "plugin binary to install")
-	fs.DurationVar(&cfg.AbsentPodGrace, "absent-pod-grace", agent.DefaultAbsentPodGrace,
+	fs.DurationVar(&cfg.AbsentPodGrace, "absent-pod-grace", attach.DefaultAbsentPodGrace,
 		"how long after its ADD an attached pod may be missing from the API before its attachment is released (static pods get their mirror late)")
-	fs.DurationVar(&cfg.UplinkLinger, "uplink-linger", agent.DefaultUplinkLinger,
+	fs.DurationVar(&cfg.UplinkLinger, "uplink-linger", hostnet.DefaultUplinkLinger,
 		"encapsulation none: how long the uplink port stays after a change back to vxlan, for peers that have not followed yet")
-	fs.StringVar(&cfg.MetricsAddress, "metrics-address", ":9101", "address of /metrics, /healthz and /readyz (empty: not served)")
-	fs.StringVar(&cfg.DebugAddress, "debug-address", "", "address of the read-only debug API flowctl reaches through the API server's node proxy, e.g. $(HOST_IP):9103 (empty: not served)")
-	fs.StringVar(&cfg.DebugSocket, "debug-socket", "", "unix socket of the debug API for flowctl on the node (default <ovs-rundir>/<bridge>.ofsdn.sock; - : not served)")
-	fs.BoolVar(&cfg.Profiling, "profiling", false, "serve Go's /debug/pprof/ on the metrics address (unauthenticated: enable while investigating)")
+	fs.StringVar(&cfg.MetricsAddress, "metrics-address", ":9101", "address of /metrics, /healthz and /readyz, over TLS; /metrics needs a token allowed get on the non-resource URL /metrics (empty: not served)")
+	fs.StringVar(&cfg.DebugAddress, "debug-address", "", "address of the read-only debug API flowctl reaches through the API server's node proxy, over TLS, for tokens allowed nodes/debug of network.ofsdn.io, e.g. $(HOST_IP):9103 (empty: not served)")
+	fs.StringVar(&cfg.DebugSocket, "debug-socket", "", "unix socket of the debug API for flowctl on the node, root only (default <ovs-rundir>/<bridge>.ofsdn.sock; - : not served)")
+	fs.StringVar(&cfg.TLSCertFile, "tls-cert-file", "", "serving certificate (PEM) of the metrics and debug addresses (default: a self-signed one the agent keeps in <state-dir>/pki)")
+	fs.StringVar(&cfg.TLSKeyFile, "tls-private-key-file", "", "key (PEM) of --tls-cert-file")
+	fs.BoolVar(&cfg.Profiling, "profiling", false, "serve Go's /debug/pprof/ on the metrics address, for tokens allowed nodes/pprof of network.ofsdn.io (a profile costs the node CPU: enable while investigating)")
 	fs.DurationVar(&cfg.ResyncPeriod, "drift-check-period", 5*time.Minute, "how often to compare br0 with the desired flows and repair what differs")
 	fs.BoolVar(&showVersion, "version", false, "print the version and exit")
 	_ = fs.Parse(args) // ExitOnError

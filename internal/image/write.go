@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"encoding/json"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/ofsdn/ofsdn/internal/atomicfile"
 )
 
 // Annotations of the image's entry in index.json: ctr import names the image from the first, other
@@ -130,51 +132,35 @@ func WriteTarball(path, layoutDir string, img v1.Image, ref string, mtime time.T
 	}
 	slices.SortFunc(entries, func(a, b entry) int { return strings.Compare(a.name, b.name) })
 
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-")
-	if err != nil {
-		return fmt.Errorf("image: %w", err)
-	}
-	defer os.Remove(tmp.Name())
-	tw := tar.NewWriter(tmp)
-	for _, e := range entries {
-		hdr := &tar.Header{Name: e.name, Mode: 0o644, ModTime: mtime, Format: tar.FormatPAX, Typeflag: tar.TypeReg}
-		if e.dir {
-			hdr.Name, hdr.Mode, hdr.Typeflag = e.name+"/", 0o755, tar.TypeDir
+	err = atomicfile.WriteFunc(path, 0o644, func(out io.Writer) error {
+		tw := tar.NewWriter(out)
+		for _, e := range entries {
+			hdr := &tar.Header{Name: e.name, Mode: 0o644, ModTime: mtime, Format: tar.FormatPAX, Typeflag: tar.TypeReg}
+			if e.dir {
+				hdr.Name, hdr.Mode, hdr.Typeflag = e.name+"/", 0o755, tar.TypeDir
+				if err := tw.WriteHeader(hdr); err != nil {
+					return err
+				}
+				continue
+			}
+			data := e.data
+			if e.src != "" {
+				var err error
+				if data, err = os.ReadFile(e.src); err != nil {
+					return err
+				}
+			}
+			hdr.Size = int64(len(data))
 			if err := tw.WriteHeader(hdr); err != nil {
-				tmp.Close()
-				return fmt.Errorf("image: tarball: %w", err)
+				return err
 			}
-			continue
-		}
-		data := e.data
-		if e.src != "" {
-			if data, err = os.ReadFile(e.src); err != nil {
-				tmp.Close()
-				return fmt.Errorf("image: tarball: %w", err)
+			if _, err := tw.Write(data); err != nil {
+				return err
 			}
 		}
-		hdr.Size = int64(len(data))
-		if err := tw.WriteHeader(hdr); err != nil {
-			tmp.Close()
-			return fmt.Errorf("image: tarball: %w", err)
-		}
-		if _, err := tw.Write(data); err != nil {
-			tmp.Close()
-			return fmt.Errorf("image: tarball: %w", err)
-		}
-	}
-	if err := tw.Close(); err != nil {
-		tmp.Close()
-		return fmt.Errorf("image: tarball: %w", err)
-	}
-	if err := tmp.Chmod(0o644); err != nil {
-		tmp.Close()
-		return fmt.Errorf("image: tarball: %w", err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("image: tarball: %w", err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
+		return tw.Close()
+	})
+	if err != nil {
 		return fmt.Errorf("image: tarball: %w", err)
 	}
 	return nil

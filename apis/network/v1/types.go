@@ -19,8 +19,9 @@ const (
 	GlobalVNID uint32 = 0
 	// MinVNID is the lowest VNID handed to a namespace; 1-9 are reserved, as in openshift-sdn.
 	MinVNID uint32 = 10
-	// MaxVNID is the highest VNID: VXLAN's VNI is 24 bits.
-	MaxVNID uint32 = 1<<24 - 1
+	// MaxVNID is the highest VNID of a namespace: VXLAN's VNI is 24 bits, and the top 4,096 VNIs are
+	// Networks' (MinNetworkVNI).
+	MaxVNID uint32 = MinNetworkVNI - 1
 
 	// DefaultVXLANPort is the IANA VXLAN port.
 	DefaultVXLANPort int32 = 4789
@@ -232,9 +233,9 @@ type NetNamespace struct {
 	// +kubebuilder:validation:MaxLength=63
 	NetName string `json:"netname"`
 
-	// NetID is the namespace's VNID: 0 (global) or 10 to 2^24-1.
+	// NetID is the namespace's VNID: 0 (global) or 10 to 2^24-4097 (the VNIs above are Networks').
 	// +kubebuilder:validation:Minimum=0
-	// +kubebuilder:validation:Maximum=16777215
+	// +kubebuilder:validation:Maximum=16773119
 	// +kubebuilder:validation:XValidation:rule="self == 0 || self >= 10",message="netid must be 0 (global) or at least 10"
 	NetID uint32 `json:"netid"`
 }

@@ -43,6 +43,10 @@ func (f *sharedInformerFactory) ForResource(resource schema.GroupVersionResource
 		return &genericInformer{resource: resource.GroupResource(), informer: f.Network().V1().HostSubnets().Informer()}, nil
 	case v1.SchemeGroupVersion.WithResource("netnamespaces"):
 		return &genericInformer{resource: resource.GroupResource(), informer: f.Network().V1().NetNamespaces().Informer()}, nil
+	case v1.SchemeGroupVersion.WithResource("networks"):
+		return &genericInformer{resource: resource.GroupResource(), informer: f.Network().V1().Networks().Informer()}, nil
+	case v1.SchemeGroupVersion.WithResource("networksubnets"):
+		return &genericInformer{resource: resource.GroupResource(), informer: f.Network().V1().NetworkSubnets().Informer()}, nil
 
 	}
 

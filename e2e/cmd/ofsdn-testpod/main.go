@@ -1,10 +1,11 @@
 // Command ofsdn-testpod is the lab pods' process: `serve` answers on the pod's ports, `probe` tests a
 // peer. See e2e/testpod.
 //
-//	ofsdn-testpod serve --name ns/pod --tcp 8080 --udp 8080 [--sctp 8080]
-//	ofsdn-testpod probe tcp|udp|sctp HOST:PORT [--payload 1400] [--timeout 2s]
-//	ofsdn-testpod probe-all [--timeout 1s] tcp|udp|sctp/HOST:PORT...                 (JSON result per target, all at once)
-//	ofsdn-testpod repeat tcp|udp|sctp HOST:PORT [--want ns/pod] [--interval 10ms] [--timeout 500ms] [--duration 10s]
+//	ofsdn-testpod serve --name ns/pod --tcp 8080 --udp 8080 [--sctp 8080] [--networks 8081]
+//	                                                    (--networks: TCP and UDP on each Network interface, net1..., bound to it)
+//	ofsdn-testpod probe tcp|udp|sctp HOST:PORT [--payload 1400] [--timeout 2s] [--dev net1] [--sport 41234]
+//	ofsdn-testpod probe-all [--timeout 1s] [--dev net1] tcp|udp|sctp/HOST:PORT...     (JSON result per target, all at once)
+//	ofsdn-testpod repeat tcp|udp|sctp HOST:PORT [--want ns/pod] [--interval 10ms] [--timeout 500ms] [--duration 10s] [--dev net1]
 //	                                                                                  (a new single-attempt connection per interval; JSON counts)
 //	ofsdn-testpod spread tcp|udp HOST:PORT [--count 600] [--parallel 8] [--timeout 2s]   (JSON counts per endpoint)
 //	ofsdn-testpod session tcp|udp HOST:PORT [--interval 100ms] [--timeout 1s] [--duration 10s]  (one connection, a line per question)
@@ -48,8 +49,17 @@ func run(args []string) error {
 		tcp := fs.String("tcp", "", "TCP ports")
 		udp := fs.String("udp", "", "UDP ports")
 		sctp := fs.String("sctp", "", "SCTP ports (answered in user space: INIT → INIT-ACK, see testpod/sctp.go)")
+		networks := fs.Int("networks", 0, "a port to answer on each Network interface (net1...), bound to it")
 		if err := fs.Parse(args[1:]); err != nil {
 			return err
+		}
+		if *networks > 0 {
+			go func() {
+				if err := testpod.ServeNetworks(ctx, *name, *networks); err != nil {
+					fmt.Fprintln(os.Stderr, "ofsdn-testpod:", err)
+					os.Exit(1)
+				}
+			}()
 		}
 		sp, err := testpod.ParsePorts(*sctp)
 		if err != nil {
@@ -80,6 +90,8 @@ func run(args []string) error {
 		fs := flag.NewFlagSet("probe", flag.ContinueOnError)
 		payload := fs.Int("payload", 0, "TCP: bytes to send and expect echoed")
 		timeout := fs.Duration("timeout", 2*time.Second, "give up after")
+		fs.StringVar(&testpod.BindDevice, "dev", "", "send from this interface (SO_BINDTODEVICE)")
+		fs.IntVar(&testpod.LocalPort, "sport", 0, "UDP: send from this source port")
 		if len(args) < 3 {
 			return fmt.Errorf("usage: probe tcp|udp HOST:PORT")
 		}
@@ -147,6 +159,7 @@ func run(args []string) error {
 	case "probe-all":
 		fs := flag.NewFlagSet("probe-all", flag.ContinueOnError)
 		timeout := fs.Duration("timeout", time.Second, "per target")
+		fs.StringVar(&testpod.BindDevice, "dev", "", "send from this interface (SO_BINDTODEVICE)")
 		if err := fs.Parse(args[1:]); err != nil {
 			return err
 		}
@@ -165,6 +178,7 @@ func run(args []string) error {
 		interval := fs.Duration("interval", 10*time.Millisecond, "between connections")
 		timeout := fs.Duration("timeout", 500*time.Millisecond, "per connection")
 		duration := fs.Duration("duration", 10*time.Second, "how long")
+		fs.StringVar(&testpod.BindDevice, "dev", "", "send from this interface (SO_BINDTODEVICE)")
 		if len(args) < 3 {
 			return fmt.Errorf("usage: repeat tcp|udp|sctp HOST:PORT")
 		}

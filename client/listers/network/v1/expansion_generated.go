@@ -13,3 +13,11 @@ type HostSubnetListerExpansion interface{}
 // NetNamespaceListerExpansion allows custom methods to be added to
 // NetNamespaceLister.
 type NetNamespaceListerExpansion interface{}
+
+// NetworkListerExpansion allows custom methods to be added to
+// NetworkLister.
+type NetworkListerExpansion interface{}
+
+// NetworkSubnetListerExpansion allows custom methods to be added to
+// NetworkSubnetLister.
+type NetworkSubnetListerExpansion interface{}

@@ -14,6 +14,10 @@ type Interface interface {
 	HostSubnets() HostSubnetInformer
 	// NetNamespaces returns a NetNamespaceInformer.
 	NetNamespaces() NetNamespaceInformer
+	// Networks returns a NetworkInformer.
+	Networks() NetworkInformer
+	// NetworkSubnets returns a NetworkSubnetInformer.
+	NetworkSubnets() NetworkSubnetInformer
 }
 
 type version struct {
@@ -40,4 +44,14 @@ func (v *version) HostSubnets() HostSubnetInformer {
 // NetNamespaces returns a NetNamespaceInformer.
 func (v *version) NetNamespaces() NetNamespaceInformer {
 	return &netNamespaceInformer{factory: v.factory, tweakListOptions: v.tweakListOptions}
+}
+
+// Networks returns a NetworkInformer.
+func (v *version) Networks() NetworkInformer {
+	return &networkInformer{factory: v.factory, tweakListOptions: v.tweakListOptions}
+}
+
+// NetworkSubnets returns a NetworkSubnetInformer.
+func (v *version) NetworkSubnets() NetworkSubnetInformer {
+	return &networkSubnetInformer{factory: v.factory, tweakListOptions: v.tweakListOptions}
 }

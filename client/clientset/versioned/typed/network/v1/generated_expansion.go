@@ -7,3 +7,7 @@ type ClusterNetworkExpansion interface{}
 type HostSubnetExpansion interface{}
 
 type NetNamespaceExpansion interface{}
+
+type NetworkExpansion interface{}
+
+type NetworkSubnetExpansion interface{}

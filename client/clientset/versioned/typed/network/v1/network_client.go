@@ -15,6 +15,8 @@ type NetworkV1Interface interface {
 	ClusterNetworksGetter
 	HostSubnetsGetter
 	NetNamespacesGetter
+	NetworksGetter
+	NetworkSubnetsGetter
 }
 
 // NetworkV1Client is used to interact with features provided by the network.ofsdn.io group.
@@ -32,6 +34,14 @@ func (c *NetworkV1Client) HostSubnets() HostSubnetInterface {
 
 func (c *NetworkV1Client) NetNamespaces() NetNamespaceInterface {
 	return newNetNamespaces(c)
+}
+
+func (c *NetworkV1Client) Networks() NetworkInterface {
+	return newNetworks(c)
+}
+
+func (c *NetworkV1Client) NetworkSubnets() NetworkSubnetInterface {
+	return newNetworkSubnets(c)
 }
 
 // NewForConfig creates a new NetworkV1Client for the given config.

@@ -24,6 +24,14 @@ func (c *FakeNetworkV1) NetNamespaces() v1.NetNamespaceInterface {
 	return newFakeNetNamespaces(c)
 }
 
+func (c *FakeNetworkV1) Networks() v1.NetworkInterface {
+	return newFakeNetworks(c)
+}
+
+func (c *FakeNetworkV1) NetworkSubnets() v1.NetworkSubnetInterface {
+	return newFakeNetworkSubnets(c)
+}
+
 // RESTClient returns a RESTClient that is used to communicate
 // with API server by this client implementation.
 func (c *FakeNetworkV1) RESTClient() rest.Interface {
