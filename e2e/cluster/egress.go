@@ -71,7 +71,8 @@ func (p *egressProxy) serve() {
 	}
 }
 
-// track adds or removes a connection; it refuses new ones once the proxy closed.
+// track adds or removes a connection (a client's or an upstream's); it refuses new ones once the proxy
+// closed.
 func (p *egressProxy) track(c net.Conn, add bool) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -117,6 +118,12 @@ func (p *egressProxy) handle(c net.Conn) {
 		return
 	}
 	defer up.Close()
+	// Close ends the tunnel from both sides: closing the client's end alone leaves the copy from an
+	// upstream that never speaks again (an idle exec or watch stream) blocked for good.
+	if !p.track(up, true) {
+		return
+	}
+	defer p.track(up, false)
 	if _, err := fmt.Fprintf(c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
 		return
 	}

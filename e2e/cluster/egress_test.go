@@ -78,3 +78,43 @@ func TestEgressProxy(t *testing.T) {
 		t.Errorf("a GET: %q, want 405", line)
 	}
 }
+
+// Close returns although a tunnel's upstream never speaks or closes again (its client gone): an idle
+// exec stream once held make conformance at the end of a run for good.
+func TestEgressProxyCloseEndsSilentTunnels(t *testing.T) {
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	held := make(chan net.Conn, 1)
+	go func() {
+		if c, err := silent.Accept(); err == nil {
+			held <- c // kept open, never written to
+		}
+	}()
+	sock := filepath.Join(t.TempDir(), "egress.sock")
+	p, err := startEgressProxy(sock, "", []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.DialTimeout("unix", sock, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", silent.Addr(), silent.Addr())
+	if resp, err := http.ReadResponse(bufio.NewReader(c), &http.Request{Method: http.MethodConnect}); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("CONNECT: %v %v", resp, err)
+	}
+	c.Close()
+	up := <-held
+	defer up.Close()
+	closed := make(chan struct{})
+	go func() { p.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close still waits for a tunnel whose upstream is silent")
+	}
+}
