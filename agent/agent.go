@@ -20,6 +20,7 @@ import (
 	"github.com/ofsdn/ofsdn/agent/networks"
 	"github.com/ofsdn/ofsdn/agent/nodenet"
 	"github.com/ofsdn/ofsdn/agent/policy"
+	"github.com/ofsdn/ofsdn/agent/services"
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
 	cnp "github.com/ofsdn/ofsdn/apis/policy/v1beta1"
 	networkclient "github.com/ofsdn/ofsdn/client/clientset/versioned"
@@ -195,6 +196,8 @@ type Agent struct {
 	// nadInformers watch NetworkAttachmentDefinitions when the cluster has them; the agent does not wait
 	// for them to sync (the CNI side asks the API server meanwhile).
 	nadInformers nadinformers.SharedInformerFactory
+	// healthChecks serves LoadBalancer services' health check node ports (services/healthcheck.go).
+	healthChecks *services.HealthCheckServers
 
 	netInformers  networkinformers.SharedInformerFactory
 	kubeInformers kubeinformers.SharedInformerFactory
@@ -236,6 +239,7 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	}
 	a.conflicts = &conflictReporter{log: log.WithName("hostports"), recorder: a.events}
 	a.policyProblems = &policyProblemReporter{log: log.WithName("netpol"), recorder: a.events}
+	a.healthChecks = services.NewHealthCheckServers(log)
 	var heldStale func(context.Context, pipeline.NodeState) ([]openflow.ConntrackFlush, error)
 	if deps.DialSwitch != nil { // a real bridge: its conntrack can be read
 		heldStale = a.staleHeld
@@ -404,6 +408,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.eventBroadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: a.deps.Kube.CoreV1().Events("")})
 		defer a.eventBroadcaster.Shutdown()
 	}
+	defer a.healthChecks.Close()
 	steps := []struct {
 		name string
 		run  func(context.Context) error
@@ -676,6 +681,10 @@ func (a *Agent) applyHost(ctx context.Context, st pipeline.NodeState, problems m
 	if err := a.host.setForwards(nodePortsOf(st.Services), hostPorts); err != nil {
 		return fmt.Errorf("NodePort and hostPort forwarding: %w", err)
 	}
+	// A port another process holds is told, and tried again at the next sync; it fails no flow sync.
+	if err := a.healthChecks.Sync(a.view.healthChecks()); err != nil {
+		a.log.Error(err, "health check node ports")
+	}
 	return nil
 }
 
@@ -726,9 +735,12 @@ func ownerObject(o reconcile.Owner) *corev1.ObjectReference {
 }
 
 // installCNI writes the conflist and copies the plugin binary into the CNI directories, atomically.
+// The conflist offers CNI 1.1 through cniVersions (runtimes whose libcni knows 1.1 take it, with STATUS
+// and GC) and says 1.0.0 in cniVersion for the others: containerd 1.6 and 1.7 (libcni 1.1) refuse a
+// 1.1.0 result ("unsupported CNI result version"), which broke every pod on a real kubelet.
 func installCNI(cfg Config, mtu int) error {
 	if cfg.CNIConfDir != "" {
-		conf := fmt.Sprintf(`{"cniVersion":"1.1.0","name":"ofsdn","plugins":[{"type":"ofsdn","agentSocket":%q,"pendingDeletesDir":%q,"mtu":%d}]}`+"\n",
+		conf := fmt.Sprintf(`{"cniVersion":"1.0.0","cniVersions":["1.0.0","1.1.0"],"name":"ofsdn","plugins":[{"type":"ofsdn","agentSocket":%q,"pendingDeletesDir":%q,"mtu":%d}]}`+"\n",
 			cfg.CNISocket, cni.PendingDeletesDirFor(cfg.CNISocket), mtu)
 		if err := atomicfile.Write(filepath.Join(cfg.CNIConfDir, "80-ofsdn.conflist"), []byte(conf), 0o644); err != nil {
 			return fmt.Errorf("install CNI config: %w", err)

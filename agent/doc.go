@@ -14,7 +14,8 @@
 //   - informers.go: ClusterNetwork, HostSubnets and NetNamespaces into the view.
 //   - services.go: the Services and EndpointSlices informers into the view; services/ (its own
 //     package) turns them into pipeline.ServiceState (with a conversion cache, so one endpoint change
-//     converts one service).
+//     converts one service) and serves LoadBalancer services' health check node ports, which hostSync
+//     keeps in step with each synced state.
 //   - policy/ (its own package): NetworkPolicy resolution — policies, every pod of the cluster and
 //     namespaces into pipeline.PolicyState for the policies that select a local pod, and the pods'
 //     isolation; incremental, so one pod's change resolves only the policies it can affect. The flow

@@ -99,6 +99,14 @@ func TestServiceStates(t *testing.T) {
 			testService("bad", func(s *corev1.Service) { s.Spec.ClusterIP = "not-an-ip" }),
 		},
 		want: []pipeline.ServiceState{},
+	}, {
+		name: "services labelled for another proxy or as headless are left alone, as kube-proxy does",
+		services: []*corev1.Service{
+			testService("other-proxy", func(s *corev1.Service) { s.Labels = map[string]string{services.LabelServiceProxyName: "foo-bar"} }),
+			testService("marked-headless", func(s *corev1.Service) { s.Labels = map[string]string{corev1.IsHeadlessService: ""} }),
+		},
+		slices: []*discoveryv1.EndpointSlice{testSlice("o-1", "other-proxy", 8080, ep("10.128.2.5", "n2", yes, yes, no))},
+		want:   []pipeline.ServiceState{},
 	}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

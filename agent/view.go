@@ -343,6 +343,13 @@ func (v *nodeView) resolvedHostPorts() ([]nodenet.HostPort, []hostPortConflict) 
 	return hostPortsOf(v.pods, v.hostPorts)
 }
 
+// healthChecks returns the health check node ports this node serves, with their local ready endpoints.
+func (v *nodeView) healthChecks() []services.HealthCheck {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return services.HealthChecks(v.services, v.slices, v.nodeName)
+}
+
 // viewSnapshot is a copy of what the flow loop renders: nothing in it is shared with the view.
 type viewSnapshot struct {
 	// state lacks its Policies and the pods' isolation: the flow loop resolves them from policies.

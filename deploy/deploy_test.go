@@ -5,6 +5,7 @@ package deploy
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -391,6 +392,98 @@ spec:
 	}
 	if got := get(); got != "none" {
 		t.Errorf("a refused change altered encapsulation to %q", got)
+	}
+}
+
+// hostOVSOverlay is README's overlay for nodes that run Open vSwitch themselves.
+const hostOVSOverlay = `apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+  - %s
+patches:
+  - patch: |-
+      $patch: delete
+      apiVersion: apps/v1
+      kind: DaemonSet
+      metadata: {name: ofsdn-ovs, namespace: ofsdn}
+`
+
+// deploy/ runs Open vSwitch as a DaemonSet from its own image, privileged on the host network, sharing
+// the agent's /var/run/openvswitch; README's host-OVS overlay removes exactly that DaemonSet.
+func TestOVSDaemonSetAndHostOVSOverlay(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs kubectl kustomize")
+	}
+	bin, err := kubelab.BinDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	kustomize := func(dir string) []map[string]any {
+		out, err := exec.Command(filepath.Join(bin, "kubectl"), "kustomize", dir).Output()
+		if err != nil {
+			t.Fatalf("kubectl kustomize %s: %v", dir, err)
+		}
+		var objs []map[string]any
+		for _, doc := range strings.Split(string(out), "\n---\n") {
+			var o map[string]any
+			if err := yaml.Unmarshal([]byte(doc), &o); err != nil {
+				t.Fatal(err)
+			}
+			objs = append(objs, o)
+		}
+		return objs
+	}
+	find := func(objs []map[string]any, kind, name string) map[string]any {
+		for _, o := range objs {
+			if md, _ := o["metadata"].(map[string]any); o["kind"] == kind && md["name"] == name {
+				return o
+			}
+		}
+		return nil
+	}
+	all := kustomize(".")
+	ovs := find(all, "DaemonSet", "ofsdn-ovs")
+	if ovs == nil {
+		t.Fatal("deploy/ has no Open vSwitch DaemonSet")
+	}
+	var ds appsv1.DaemonSet
+	data, _ := yaml.Marshal(ovs)
+	if err := yaml.UnmarshalStrict(data, &ds); err != nil {
+		t.Fatal(err)
+	}
+	spec := ds.Spec.Template.Spec
+	c := spec.Containers[0]
+	if !spec.HostNetwork || c.SecurityContext == nil || c.SecurityContext.Privileged == nil || !*c.SecurityContext.Privileged ||
+		!strings.HasPrefix(c.Image, "ofsdn/openvswitch:") || c.LivenessProbe == nil {
+		t.Errorf("the Open vSwitch DaemonSet: hostNetwork %v, container %+v", spec.HostNetwork, c)
+	}
+	shared := false
+	for _, v := range spec.Volumes {
+		if v.HostPath != nil && v.HostPath.Path == "/var/run/openvswitch" {
+			shared = true
+		}
+	}
+	if !shared {
+		t.Error("the Open vSwitch DaemonSet does not put its sockets in the host's /var/run/openvswitch, where the agent looks")
+	}
+	dir := t.TempDir()
+	deployDir, err := filepath.Abs(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel, err := filepath.Rel(dir, deployDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(fmt.Sprintf(hostOVSOverlay, rel)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	host := kustomize(dir)
+	if find(host, "DaemonSet", "ofsdn-ovs") != nil {
+		t.Error("the host-OVS overlay still runs the Open vSwitch DaemonSet")
+	}
+	if len(host) != len(all)-1 || find(host, "DaemonSet", "ofsdn-agent") == nil {
+		t.Errorf("the host-OVS overlay has %d objects, want deploy/'s %d but one, the agent's DaemonSet among them", len(host), len(all))
 	}
 }
 

@@ -265,6 +265,7 @@ func cniCode(err error) uint {
 // network namespace until the end, as a runtime may remove it long after DEL. Once the agent runs again,
 // nothing of any sandbox may remain: no address, OVS port, pod flow, host veth or unprocessed DEL.
 func TestCNIChurnWithAgentKills(t *testing.T) {
+	needsStandIn(t, "kills and restarts the agent's process between CNI calls; there the agent is a DaemonSet pod kubelet restarts on its own")
 	ctx := ctxT(t, 10*time.Minute)
 	n := lc.Nodes[2]
 	const namespace, workers, cycles, minKills = "e2e-churn", 4, 300, 25
@@ -462,6 +463,7 @@ func attachmentOf(t *testing.T, ctx context.Context, n *cluster.Node, rt *libcni
 // the attachment is recreated, and no ping is lost. ADDs of the sandbox in another netns or with a second
 // interface are refused with code 4, harmlessly too.
 func TestCNIRepeatedAddUnderTraffic(t *testing.T) {
+	needsStandIn(t, "calls the CNI plugin itself as a runtime for sandboxes of its own; there containerd owns the sandboxes")
 	ctx := ctxT(t, 5*time.Minute)
 	n1, n2 := lc.Nodes[0], lc.Nodes[1]
 	pods := runPods(t, ctx, "rep", []string{"e2e-repeat"}, []*cluster.Node{n1, n2})
@@ -526,6 +528,7 @@ func newNetNS(t *testing.T, n *cluster.Node, suffix string) string {
 // with an address) gets code 4 naming CNI_IFNAME, and its eth0 stays as it was; the DEL that follows the
 // failed ADD succeeds and leaves nothing behind.
 func TestCNIRefusesForeignInterface(t *testing.T) {
+	needsStandIn(t, "calls the CNI plugin itself as a runtime for sandboxes of its own; there containerd owns the sandboxes")
 	ctx := ctxT(t, 2*time.Minute)
 	n := lc.Nodes[1]
 	const namespace = "e2e-foreign"
@@ -570,6 +573,7 @@ func TestCNIRefusesForeignInterface(t *testing.T) {
 // runtime's deadline; DELs succeed, left for the agent, which serves them once it thaws and drops the
 // requests their plugins gave up on.
 func TestCNIFrozenAgent(t *testing.T) {
+	needsStandIn(t, "freezes the agent's process and keeps it down; there the agent is a DaemonSet pod kubelet restarts on its own")
 	ctx := ctxT(t, 5*time.Minute)
 	n := lc.Nodes[1]
 	const namespace = "e2e-frozen"
@@ -665,6 +669,7 @@ func TestCNIFrozenAgent(t *testing.T) {
 // (the deleted pod's once it has been missing for the agent's grace, 2 minutes after its ADD: a static
 // pod's mirror appears late), and the pods that live on keep their connectivity.
 func TestRestoreReleasesWhatIsGone(t *testing.T) {
+	needsStandIn(t, "stops the agent's process while it changes sandboxes behind its back; there kubelet restarts it on its own")
 	ctx := ctxT(t, 6*time.Minute)
 	n := lc.Nodes[2]
 	const namespace, absentGrace = "e2e-restore", absentPodGrace // the lab agents' --absent-pod-grace

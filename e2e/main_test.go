@@ -21,6 +21,18 @@ import (
 
 var lc *cluster.Cluster
 
+// kubelets runs the suite on real containerd and kubelet per node, ofsdn from deploy/ and its image
+// (OFSDN_E2E_KUBELETS=1, make e2e-kubelets); tests that drive the stand-in or the agent's process skip.
+var kubelets = os.Getenv("OFSDN_E2E_KUBELETS") == "1"
+
+// needsStandIn skips a test on real kubelets, saying why it needs the lab's stand-in.
+func needsStandIn(t testing.TB, why string) {
+	t.Helper()
+	if kubelets {
+		t.Skip("on real kubelets: " + why)
+	}
+}
+
 // absentPodGrace is the lab agents' --absent-pod-grace: short, so restore tests need not wait the
 // production default of two minutes.
 const absentPodGrace = 20 * time.Second
@@ -42,7 +54,7 @@ func TestMain(m *testing.M) {
 	var err error
 	// Drift checks every few seconds (the DaemonSet says 5m): TestDriftRepairAndDiff waits for one.
 	// --profiling: TestNodeAPIAccess shows who may profile an agent.
-	lc, err = cluster.Start(ctx, cluster.Options{Logger: logger, AgentArgs: []string{"-v=2", "--absent-pod-grace=" + absentPodGrace.String(),
+	lc, err = cluster.Start(ctx, cluster.Options{Logger: logger, Kubelets: kubelets, AgentArgs: []string{"-v=2", "--absent-pod-grace=" + absentPodGrace.String(),
 		"--drift-check-period=3s", "--profiling"}})
 	cancel()
 	if err != nil {

@@ -244,6 +244,7 @@ func (r *npRepeat) wait() (testpod.RepeatStats, error) {
 // second, and denied pairs are tried over TCP and UDP throughout: not one ping or connection of an allowed
 // pair may be lost, not one of a denied pair may pass, and the flows afterwards are the flows before.
 func npRestartCase(t *testing.T, ctx context.Context, f *npFixture) {
+	needsStandIn(t, "stops and starts the agent's process at chosen moments; there kubelet restarts it on its own")
 	f.createPolicy(t, ctx, "x", npPolicy("from-y", npAll, npIngress(npFrom(npPeers(npNSPeer(npSel("ns", "y")))))))
 	f.createPolicy(t, ctx, "z", npPolicy("b-out", npSel("pod", "b"), npEgress(npTo(npPeers(npNSPeer(npExpr("ns", metav1.LabelSelectorOpIn, "x", "y")))))))
 	f.check(t, ctx, "policies in place for the restarts")

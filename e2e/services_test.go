@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/ofsdn/ofsdn/e2e/cluster"
+	"github.com/ofsdn/ofsdn/internal/proc"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -65,6 +66,27 @@ func svcPod(t *testing.T, ctx context.Context, ns, name, node, selects string, m
 	}
 	t.Cleanup(func() { _ = lc.DeletePod(context.Background(), ns, name) })
 	return p
+}
+
+// hostPortRefusedByKubelet creates a second pod asking for a hostPort the node's first pod holds and
+// waits until kubelet fails it at admission.
+func hostPortRefusedByKubelet(t *testing.T, ctx context.Context, ns, node string, withHostPort func(*corev1.Pod)) {
+	t.Helper()
+	spec := cluster.PodSpec(ns, "hp-2", node)
+	withHostPort(spec)
+	if _, err := lc.Client.CoreV1().Pods(ns).Create(ctx, spec, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = lc.DeletePod(context.Background(), ns, "hp-2") })
+	var last *corev1.Pod
+	proc.Eventually(t, time.Minute, "kubelet fails the pod whose hostPort is taken", func() bool {
+		p, err := lc.Client.CoreV1().Pods(ns).Get(ctx, "hp-2", metav1.GetOptions{})
+		last = p
+		return err == nil && p.Status.Phase == corev1.PodFailed
+	})
+	if last != nil && !strings.Contains(strings.ToLower(last.Status.Reason+last.Status.Message), "port") {
+		t.Errorf("kubelet failed hp-2 for %q (%s), not for its hostPort", last.Status.Reason, last.Status.Message)
+	}
 }
 
 func createService(t *testing.T, ctx context.Context, ns, name string, spec corev1.ServiceSpec) *corev1.Service {
@@ -289,7 +311,16 @@ func services(t *testing.T, ctx context.Context, websvc *corev1.Service, webPort
 				t.Errorf("%s (on %s) → its node's %s:18080: %q %v", from.Key(), node.Name, node.IP, r, err)
 			}
 		}
-		// A second pod asking for the same hostPort is told so; the first keeps it.
+		// A second pod asking for the same hostPort is told so; the first keeps it. A real kubelet refuses
+		// that pod itself (its admission fails the pod: the node's hostPort is taken), before the network
+		// plugin sees it; the stand-in admits it and ofsdn tells the conflict.
+		if kubelets {
+			hostPortRefusedByKubelet(t, ctx, svcNS, node.Name, withHostPort)
+			if r, err := lc.ProbeFrom(ctx, ext.NetNS, "tcp", netip.AddrPortFrom(node.IP, 18080)); err != nil || !strings.HasPrefix(r, hp.Key()+" ") {
+				t.Errorf("after kubelet refused a second pod, the hostPort must still lead to %s: %q %v", hp.Key(), r, err)
+			}
+			return
+		}
 		second := svcPod(t, ctx, svcNS, "hp-2", node.Name, "hp", withHostPort)
 		deadline := time.Now().Add(30 * time.Second)
 		found := false

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Builds the lab's Kubernetes control plane from pinned sources into _output/k8s/bin (git-ignored):
-# etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kubectl. Nothing in Debian ships
-# kube-apiserver, so e2e/kubelab runs these. The build lives in its own module (hack/k8s) so ofsdn's module
-# never depends on k8s.io/kubernetes. A cold build takes minutes; the script does nothing when the five
+# Builds the lab's Kubernetes from pinned sources into _output/k8s/bin (git-ignored): etcd,
+# kube-apiserver, kube-controller-manager, kube-scheduler and kubectl (e2e/kubelab runs them), and kubelet
+# (e2e/kubelet runs one per lab node, beside Debian's containerd). Nothing in Debian ships them. The
+# build lives in its own module (hack/k8s) so ofsdn's module never depends on k8s.io/kubernetes. A cold build takes minutes; the script does nothing when the
 # binaries exist and the stamp says they were built from the pins below.
 #
 #   hack/build-k8s.sh          build when missing or stale
@@ -12,7 +12,7 @@ set -euo pipefail
 
 K8S_VERSION=v1.34.4   # k8s.io/kubernetes; staging modules are replaced with v0.${minor}.${patch}
 ETCD_VERSION=v3.6.4   # go.etcd.io/etcd/server/v3
-BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl)
+BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet)
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 MOD="$ROOT/hack/k8s"
@@ -72,12 +72,15 @@ rm -f "$STAMP"
 start=$SECONDS
 cd "$MOD"
 export GOWORK=off GOFLAGS="-mod=readonly -buildvcs=false" CGO_ENABLED=0
-log "go build kube-apiserver kube-controller-manager kube-scheduler kubectl"
+log "go build kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet"
+# kubelet is the same version as the control plane (a kubelet newer than its API server is unsupported);
+# it builds without cgo (cAdvisor's cgo parts are optional) and runs the lab's nodes with cgroupfs.
 go build -ldflags "$ldflags" -o "$tmp/" \
   k8s.io/kubernetes/cmd/kube-apiserver \
   k8s.io/kubernetes/cmd/kube-controller-manager \
   k8s.io/kubernetes/cmd/kube-scheduler \
-  k8s.io/kubernetes/cmd/kubectl
+  k8s.io/kubernetes/cmd/kubectl \
+  k8s.io/kubernetes/cmd/kubelet
 log "go build etcd"
 go build -ldflags "-s -w" -o "$tmp/etcd" go.etcd.io/etcd/server/v3
 

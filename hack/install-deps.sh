@@ -8,7 +8,8 @@ command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v ping >/dev/null 2>&1 || need+=(iputils-ping)
 command -v nft >/dev/null 2>&1 || need+=(nftables) # tests read the table back with nft
 command -v curl >/dev/null 2>&1 || need+=(curl) # e2e: pods reach the API server through its service
-command -v ctr >/dev/null 2>&1 || need+=(containerd) # tests import the image with ctr (a private daemon per test)
+command -v ctr >/dev/null 2>&1 || need+=(containerd) # tests import the image with ctr; the lab's real nodes run it
+[ -x /usr/lib/cni/loopback ] || need+=(containernetworking-plugins) # containerd brings pods' lo up with it
 # Browser tests of flowctl ui drive Debian's headless Chromium (internal/browser); a font so that
 # their screenshots show text.
 command -v chromium >/dev/null 2>&1 || need+=(chromium)

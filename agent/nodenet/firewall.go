@@ -81,8 +81,25 @@ type nftChain struct {
 // chains renders the whole table. Pure: cfg must be valid.
 func chains(cfg Config) []nftChain {
 	dnat := dnatRules(cfg)
-	output := append([]nftRule{{Text: "ip daddr 127.0.0.0/8 return",
-		Exprs: append(matchPrefix(16, netip.MustParsePrefix("127.0.0.0/8")), &expr.Verdict{Kind: expr.VerdictReturn})}}, dnat...)
+	// Loopback destinations return before the DNATs (no NodePort on 127.0.0.1), except a hostPort
+	// bound to a loopback hostIP, which only the node itself can reach: its rule comes first (the
+	// upstream HostPort conformance test found it never matched).
+	var output []nftRule
+	first := map[string]bool{}
+	for _, hp := range cfg.Forwards.HostPorts {
+		if hp.HostIP.Is4() && hp.HostIP.IsLoopback() {
+			for _, r := range dnatRules(Config{Forwards: Forwards{HostPorts: []HostPort{hp}}}) {
+				output, first[r.Text] = append(output, r), true
+			}
+		}
+	}
+	output = append(output, nftRule{Text: "ip daddr 127.0.0.0/8 return",
+		Exprs: append(matchPrefix(16, netip.MustParsePrefix("127.0.0.0/8")), &expr.Verdict{Kind: expr.VerdictReturn})})
+	for _, r := range dnat {
+		if !first[r.Text] {
+			output = append(output, r)
+		}
+	}
 	return []nftChain{
 		{Name: "input", Type: nftables.ChainTypeFilter, Hook: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Rules: rejectRules(cfg)},
 		{Name: "output", Type: nftables.ChainTypeNAT, Hook: nftables.ChainHookOutput, Priority: nftables.ChainPriorityNATDest, Rules: output},

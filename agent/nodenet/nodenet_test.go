@@ -232,3 +232,34 @@ func TestPrefixRoundTrip(t *testing.T) {
 		t.Errorf("nil → %s", got)
 	}
 }
+
+// A hostPort bound to a loopback hostIP is DNATed for the node's own connections before loopback
+// destinations return (the upstream HostPort conformance test reaches 127.0.0.1:hostPort from the
+// node); every other DNAT stays after that return.
+func TestOutputChainLoopbackHostPortFirst(t *testing.T) {
+	c := goodConfig()
+	c.Forwards = Forwards{NodePortTarget: netip.MustParseAddr("169.254.169.3"), NodePorts: []NodePort{{Protocol: unix.IPPROTO_TCP, Port: 30080}},
+		HostPorts: []HostPort{
+			{Protocol: unix.IPPROTO_TCP, HostIP: netip.MustParseAddr("127.0.0.1"), HostPort: 54323, PodIP: netip.MustParseAddr("10.128.2.5"), PodPort: 8080, Pod: "a/lo"},
+			{Protocol: unix.IPPROTO_TCP, HostIP: netip.MustParseAddr("192.0.2.10"), HostPort: 54323, PodIP: netip.MustParseAddr("10.128.2.6"), PodPort: 8080, Pod: "a/node"}}}
+	if err := c.validate(); err != nil {
+		t.Fatal(err)
+	}
+	var output []string
+	for _, ch := range chains(c) {
+		if ch.Name == "output" {
+			for _, r := range ch.Rules {
+				output = append(output, r.Text)
+			}
+		}
+	}
+	want := []string{
+		"ip daddr 127.0.0.1 tcp dport 54323 counter dnat to 10.128.2.5:8080 # hostPort of a/lo",
+		"ip daddr 127.0.0.0/8 return",
+		"ip daddr 192.0.2.10 tcp dport 54323 counter dnat to 10.128.2.6:8080 # hostPort of a/node",
+		"fib daddr type local tcp dport 30080 counter dnat to 169.254.169.3 # NodePort",
+	}
+	if strings.Join(output, "\n") != strings.Join(want, "\n") {
+		t.Errorf("output chain:\n%s\nwant\n%s", strings.Join(output, "\n"), strings.Join(want, "\n"))
+	}
+}

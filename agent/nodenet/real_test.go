@@ -3,7 +3,6 @@ package nodenet
 import (
 	"context"
 	"fmt"
-	"golang.org/x/sys/unix"
 	"net"
 	"net/netip"
 	"os"
@@ -24,6 +23,7 @@ import (
 	"github.com/ofsdn/ofsdn/internal/ovstest"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
 // nsPrefix starts the name of every network namespace these tests create; the pid after it lets a later

@@ -1,7 +1,9 @@
 // Package services turns Services and EndpointSlices, as the agent's informers keep them (never
 // mutated), into the pipeline.ServiceState a node renders: every Service with an IPv4 ClusterIP, with
 // the endpoints its EndpointSlices list for each port, the traffic policies, sessionAffinity and
-// NodePorts. A Cache converts again only the services whose objects or VNID changed.
+// NodePorts. A Cache converts again only the services whose objects or VNID changed. It also serves
+// what kube-proxy serves beside the datapath: LoadBalancer services' health check node ports
+// (healthcheck.go).
 package services
 
 import (
@@ -72,10 +74,21 @@ func States(services map[string]*corev1.Service, endpointSlices map[string]*disc
 	return out
 }
 
+// LabelServiceProxyName names the service proxy that is to serve a Service: kube-proxy, and ofsdn as it
+// replaces kube-proxy, leave a Service that carries it alone (found by the upstream Services tests), as
+// they do one labelled corev1.IsHeadlessService.
+const LabelServiceProxyName = "service.kubernetes.io/service-proxy-name"
+
 // serviceState converts one Service and its slices; ok is false for what br0 does not serve
-// (headless and ExternalName services, IPv6-only ClusterIPs).
+// (headless and ExternalName services, IPv6-only ClusterIPs, services for another proxy).
 func serviceState(svc *corev1.Service, endpointSlices []*discoveryv1.EndpointSlice, nodeName string, vnids map[string]uint32) (pipeline.ServiceState, bool) {
 	if svc.Spec.Type == corev1.ServiceTypeExternalName {
+		return pipeline.ServiceState{}, false
+	}
+	if _, other := svc.Labels[LabelServiceProxyName]; other {
+		return pipeline.ServiceState{}, false
+	}
+	if _, headless := svc.Labels[corev1.IsHeadlessService]; headless {
 		return pipeline.ServiceState{}, false
 	}
 	ip, err := netip.ParseAddr(svc.Spec.ClusterIP)

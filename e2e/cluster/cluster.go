@@ -22,6 +22,7 @@ import (
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
 	networkclient "github.com/ofsdn/ofsdn/client/clientset/versioned"
 	"github.com/ofsdn/ofsdn/e2e/kubelab"
+	"github.com/ofsdn/ofsdn/e2e/kubenode"
 	"github.com/ofsdn/ofsdn/e2e/lab"
 	"github.com/ofsdn/ofsdn/e2e/nodesim"
 	appsv1 "k8s.io/api/apps/v1"
@@ -56,6 +57,19 @@ type Options struct {
 	// NoController leaves ofsdn-controller out, for tests that write ClusterNetwork, HostSubnets and
 	// NetNamespaces themselves; Start then returns without waiting for the agents (WaitAgentsReady does).
 	NoController bool
+	// Kubelets runs a real containerd and kubelet on every node instead of the stand-in, and ofsdn's
+	// agent and controller from deploy/ and the image (kubelet.go).
+	Kubelets bool
+	// CoreDNS is a CoreDNS binary; with Kubelets, the nodes also get the CoreDNS image made from it
+	// (labimages.CoreDNS), for a test to deploy cluster DNS.
+	CoreDNS string
+	// TestImages (with Kubelets) also gives the nodes the e2e framework's images (agnhost, busybox,
+	// jessie-dnsutils); without it they get the sandbox and the lab's test pod only.
+	TestImages bool
+	// ContainerOVS (with Kubelets) starts the nodes without Open vSwitch (lab.Options.NoOVS): deploy/'s
+	// Open vSwitch DaemonSet brings it, from the image make image-ovs builds. Without it the lab's own
+	// Open vSwitch is the nodes' host OVS and the overlay leaves that DaemonSet out.
+	ContainerOVS bool
 	Logger       *slog.Logger
 }
 
@@ -68,19 +82,24 @@ type Cluster struct {
 	Nodes  []*Node
 	BinDir string
 	Dir    string
-	opts   Options
-	log    *slog.Logger
+	// Image is ofsdn's image the kubelets run (Options.Kubelets).
+	Image string
+	opts  Options
+	log   *slog.Logger
 
 	ctx        context.Context
 	cancel     context.CancelFunc
 	controller *process
+	egress     *egressProxy // Options.Kubelets: the API server's way into the cluster
 	stopOnce   sync.Once
 }
 
-// Node is one lab node: its namespace and OVS, its agent and its kubelet stand-in.
+// Node is one lab node: its namespace and OVS, its agent and its kubelet stand-in (or, with
+// Options.Kubelets, its containerd and kubelet).
 type Node struct {
 	*lab.Node
 	Sim        *nodesim.Sim
+	Kube       *kubenode.Node
 	CNIConfDir string
 	CNIBinDir  string
 	CNISocket  string
@@ -88,7 +107,9 @@ type Node struct {
 	AgentLog   string
 	agent      *process
 	kubeconfig string
-	mu         sync.Mutex
+	// kubeAgentPID finds the agent's process in its pod (Options.Kubelets).
+	kubeAgentPID func() int
+	mu           sync.Mutex
 }
 
 // Binaries the cluster runs, and where their sources are.
@@ -146,12 +167,20 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 			return nil, err
 		}
 	}
-	c.Lab, err = lab.Start(ctx, lab.Options{Nodes: opts.Nodes, Prefix: opts.Prefix, RootLink: true, Logger: opts.Logger})
+	c.Lab, err = lab.Start(ctx, lab.Options{Nodes: opts.Nodes, Prefix: opts.Prefix, RootLink: true, NoOVS: opts.Kubelets && opts.ContainerOVS,
+		Logger: opts.Logger})
 	if err != nil {
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
+	var apiFlags []string
+	if opts.Kubelets {
+		if apiFlags, err = c.setupEgress(); err != nil {
+			return nil, err
+		}
+	}
 	c.API, err = kubelab.Launch(kubelab.Options{BindAddress: c.Lab.Root.IP.String(), ControllerManager: true, Scheduler: true,
-		ServiceCIDR: opts.ServiceCIDR}, func(f string, a ...any) { c.log.Debug(fmt.Sprintf(f, a...)) })
+		ServiceCIDR: opts.ServiceCIDR, KubeletClient: opts.Kubelets, ExtraAPIServerFlags: apiFlags},
+		func(f string, a ...any) { c.log.Debug(fmt.Sprintf(f, a...)) })
 	if err != nil {
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
@@ -160,6 +189,13 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	}
 	if c.Net, err = networkclient.NewForConfig(c.API.AdminConfig()); err != nil {
 		return nil, fmt.Errorf("cluster: %w", err)
+	}
+	if opts.Kubelets {
+		if err := c.startKubelets(ctx); err != nil {
+			return nil, err
+		}
+		c.log.Info("cluster up on real kubelets", "nodes", len(c.Nodes), "mode", opts.Mode, "took", time.Since(began).Round(time.Millisecond))
+		return c, nil
 	}
 	if err := c.applyDeploy(ctx); err != nil {
 		return nil, err
@@ -302,6 +338,9 @@ func (c *Cluster) startController(ctx context.Context) error {
 // StartAgent starts (or restarts) a node's agent inside the node's namespace, as the DaemonSet's pod
 // (hostNetwork) would run.
 func (c *Cluster) StartAgent(n *Node) error {
+	if c.opts.Kubelets {
+		return fmt.Errorf("cluster: on real kubelets the agent on %s is a DaemonSet pod, not a process of the lab's", n.Name)
+	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.agent != nil && n.agent.running() {
@@ -346,6 +385,9 @@ func (c *Cluster) StopAgent(n *Node, crash bool) {
 
 // WaitAgentsReady waits until every agent has set up its node and installed the CNI configuration.
 func (c *Cluster) WaitAgentsReady(ctx context.Context) error {
+	if c.opts.Kubelets {
+		return c.waitKubeletCluster(ctx)
+	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	for _, n := range c.Nodes {
@@ -383,6 +425,17 @@ func (c *Cluster) Stop() {
 			}
 		}
 		c.cancel()
+		var wg sync.WaitGroup
+		for _, n := range c.Nodes {
+			if n.Kube != nil {
+				wg.Go(func() {
+					if err := n.Kube.Stop(); err != nil {
+						c.log.Error("node stop", "node", n.Name, "err", err)
+					}
+				})
+			}
+		}
+		wg.Wait()
 		for _, n := range c.Nodes {
 			c.StopAgent(n, false)
 		}
@@ -391,6 +444,9 @@ func (c *Cluster) Stop() {
 		}
 		if c.API != nil {
 			c.API.Stop()
+		}
+		if c.egress != nil {
+			c.egress.Close()
 		}
 		if c.Lab != nil {
 			if err := c.Lab.Stop(); err != nil {
@@ -410,6 +466,13 @@ func (c *Cluster) Logs(lines int) string {
 		fmt.Fprintf(&b, "--- ofsdn-controller (%s):\n%s\n", c.controller.log, proc.Tail(c.controller.log, lines))
 	}
 	for _, n := range c.Nodes {
+		if n.Kube != nil {
+			fmt.Fprintf(&b, "--- kubelet on %s (%s):\n%s\n", n.Name, n.Kube.KubeletLog(), proc.Tail(n.Kube.KubeletLog(), lines))
+			for _, l := range n.Kube.ContainerLogs("ofsdn") {
+				fmt.Fprintf(&b, "--- %s:\n%s\n", l, proc.Tail(l, lines))
+			}
+			continue
+		}
 		fmt.Fprintf(&b, "--- ofsdn-agent on %s (%s):\n%s\n", n.Name, n.AgentLog, proc.Tail(n.AgentLog, lines))
 	}
 	return b.String()
@@ -470,6 +533,9 @@ func (p *process) running() bool {
 
 // AgentPID returns the PID of a node's agent, or 0.
 func (n *Node) AgentPID() int {
+	if n.kubeAgentPID != nil {
+		return n.kubeAgentPID()
+	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.agent == nil || !n.agent.running() {

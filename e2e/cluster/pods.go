@@ -65,6 +65,9 @@ func PodSpec(namespace, name, node string) *corev1.Pod {
 
 // RunPod creates a pod from spec and waits until it runs with an address and serves.
 func (c *Cluster) RunPod(ctx context.Context, spec *corev1.Pod) (*Pod, error) {
+	if c.opts.Kubelets {
+		spec = kubeletPodSpec(spec)
+	}
 	if _, err := c.Client.CoreV1().Pods(spec.Namespace).Create(ctx, spec, metav1.CreateOptions{}); err != nil {
 		return nil, fmt.Errorf("create pod %s/%s: %w", spec.Namespace, spec.Name, err)
 	}
@@ -105,6 +108,10 @@ func (c *Cluster) WaitPod(ctx context.Context, namespace, name string) (*Pod, er
 		NetNS: nodesim.NetNSName(c.Lab.Prefix+"-"+n.Name, namespace, name)}
 	if pod.Spec.HostNetwork {
 		p.NetNS = n.NetNS
+	} else if n.Kube != nil {
+		if err := c.attachPodNetNS(ctx, n, pod, p.NetNS); err != nil {
+			return nil, err
+		}
 	}
 	// The process starts after the status is written: wait until it answers locally.
 	err = proc.Until(ctx, 0, func() bool {
@@ -124,10 +131,17 @@ func (c *Cluster) DeletePod(ctx context.Context, namespace, name string) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	return proc.Until(ctx, 0, func() bool {
+	err := proc.Until(ctx, 0, func() bool {
 		_, err := c.Client.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
 		return apierrors.IsNotFound(err)
 	})
+	if c.opts.Kubelets {
+		// The name attachPodNetNS gave the pod's namespace holds it: let it go with the pod.
+		for _, n := range c.Nodes {
+			_ = exec.CommandContext(context.WithoutCancel(ctx), "ip", "netns", "del", nodesim.NetNSName(c.Lab.Prefix+"-"+n.Name, namespace, name)).Run()
+		}
+	}
+	return err
 }
 
 // Probe connects from the pod to dst with ofsdn-testpod (tcp or udp, optionally echoing payload bytes)

@@ -25,8 +25,12 @@ type Options struct {
 	// BinDir holds prebuilt binaries (make build's _output/bin); empty builds them.
 	BinDir string
 	// Keep leaves the cluster running until ctx ends (for a person to poke at it).
-	Keep   bool
-	Logger *slog.Logger
+	Keep bool
+	// Kubelets runs the demo on real containerd and kubelet per node, ofsdn from deploy/ and its image
+	// (cluster.Options.Kubelets); CoreDNS names a CoreDNS binary for the cluster DNS (optional).
+	Kubelets bool
+	CoreDNS  string
+	Logger   *slog.Logger
 }
 
 // Result is what the demo measured.
@@ -49,9 +53,16 @@ func Run(ctx context.Context, out io.Writer, opts Options) (*Result, error) {
 		opts.Mode = networkv1.PluginModeMultitenant
 	}
 	start := time.Now()
-	fmt.Fprintf(out, "starting a %d-node lab: OVS per node namespace, etcd + kube-apiserver + controller-manager + scheduler,\n"+
-		"ofsdn-controller, ofsdn-agent per node, kubelet stand-ins running pods through the ofsdn CNI plugin...\n", opts.Nodes)
-	c, err := cluster.Start(ctx, cluster.Options{Nodes: opts.Nodes, Mode: opts.Mode, BinDir: opts.BinDir, Logger: opts.Logger})
+	if opts.Kubelets {
+		fmt.Fprintf(out, "starting a %d-node lab: OVS per node namespace, etcd + kube-apiserver + controller-manager + scheduler,\n"+
+			"containerd and kubelet per node; deploy/ applied: ofsdn-controller and an ofsdn-agent per node from the image,\n"+
+			"pods started by kubelet through the ofsdn CNI plugin...\n", opts.Nodes)
+	} else {
+		fmt.Fprintf(out, "starting a %d-node lab: OVS per node namespace, etcd + kube-apiserver + controller-manager + scheduler,\n"+
+			"ofsdn-controller, ofsdn-agent per node, kubelet stand-ins running pods through the ofsdn CNI plugin...\n", opts.Nodes)
+	}
+	c, err := cluster.Start(ctx, cluster.Options{Nodes: opts.Nodes, Mode: opts.Mode, BinDir: opts.BinDir, Logger: opts.Logger,
+		Kubelets: opts.Kubelets, CoreDNS: opts.CoreDNS})
 	if err != nil {
 		return nil, err
 	}

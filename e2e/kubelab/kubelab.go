@@ -60,6 +60,10 @@ type Options struct {
 	ServiceCIDR string
 	// ExtraAPIServerFlags come after kubelab's own flags; for a flag given twice the last value wins.
 	ExtraAPIServerFlags []string
+	// KubeletClient gives kube-apiserver a client certificate for kubelets (user
+	// kube-apiserver-kubelet-client in system:masters, signed by the cluster's CA), so real kubelets that
+	// authenticate with that CA and authorize through the API server serve it logs, exec and proxy.
+	KubeletClient bool
 }
 
 // Cluster is a running control plane. Its methods are safe for concurrent use.
@@ -211,6 +215,18 @@ func (c *Cluster) prepare() error {
 	if err := writeSAKeys(c.path("sa.key"), c.path("sa.pub")); err != nil {
 		return err
 	}
+	if c.opts.KubeletClient {
+		certPEM, keyPEM, err := c.ca.issue("kube-apiserver-kubelet-client", []string{"system:masters"}, false, nil, nil)
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(c.path("kubelet-client.crt"), certPEM, 0o644); err != nil {
+			return fmt.Errorf("write kubelet client cert: %w", err)
+		}
+		if err := os.WriteFile(c.path("kubelet-client.key"), keyPEM, 0o600); err != nil {
+			return fmt.Errorf("write kubelet client key: %w", err)
+		}
+	}
 	c.adminToken = randomToken()
 	// token,user,uid,"groups": the admin, and the identities bootstrap RBAC already binds for the
 	// controller manager and the scheduler.
@@ -285,6 +301,9 @@ func (c *Cluster) boot() error {
 		"--endpoint-reconciler-type=" + reconciler,
 		"--allow-privileged=true",
 		"--profiling=false",
+	}
+	if c.opts.KubeletClient {
+		args = append(args, "--kubelet-client-certificate="+c.path("kubelet-client.crt"), "--kubelet-client-key="+c.path("kubelet-client.key"))
 	}
 	args = append(args, c.opts.ExtraAPIServerFlags...)
 	api, err := c.start(APIServer, args...)
@@ -456,13 +475,23 @@ func (c *Cluster) AdminConfig() *rest.Config {
 // (CN = user, O = groups): a user with no RBAC of its own, for tests of "forbidden".
 func (c *Cluster) UserConfig(t testing.TB, user string, groups ...string) *rest.Config {
 	t.Helper()
+	cfg, err := c.CertConfig(user, groups...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+// CertConfig is UserConfig for callers that are not tests, e.g. a kubelet's credentials
+// (system:node:<name> in system:nodes).
+func (c *Cluster) CertConfig(user string, groups ...string) (*rest.Config, error) {
 	certPEM, keyPEM, err := c.ca.issue(user, groups, false, nil, nil)
 	if err != nil {
-		t.Fatalf("kubelab: client certificate for %s: %v", user, err)
+		return nil, fmt.Errorf("kubelab: client certificate for %s: %w", user, err)
 	}
 	cfg := c.baseConfig()
 	cfg.CertData, cfg.KeyData = certPEM, keyPEM
-	return cfg
+	return cfg, nil
 }
 
 // ServiceAccountConfig authenticates as ServiceAccount namespace/name exactly as a pod running with it

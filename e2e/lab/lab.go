@@ -103,6 +103,10 @@ type Options struct {
 	// address with its connected route only, so that processes in node namespaces reach a server (the
 	// API server) bound to Lab.Root.IP.
 	RootLink bool
+	// NoOVS builds nodes without Open vSwitch: the underlay address sits on eth0, as on a host that
+	// has none, for a cluster that brings Open vSwitch itself (deploy/ovs). Node.Dir still exists (the
+	// cluster's Open vSwitch may keep its sockets there, where the Node helpers look).
+	NoOVS bool
 	// Logger receives the lab's progress at debug level and teardown problems at warn; default: discarded.
 	Logger *slog.Logger
 }
@@ -121,6 +125,7 @@ type Lab struct {
 	// StartDuration is how long Start took.
 	StartDuration time.Duration
 
+	noOVS    bool
 	log      *slog.Logger
 	man      manifest
 	stopMu   sync.Mutex
@@ -155,7 +160,7 @@ func Start(ctx context.Context, opts Options) (*Lab, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := &Lab{Prefix: o.Prefix, MTU: o.MTU, UnderlayNetNS: o.Prefix + "-underlay", log: o.Logger}
+	l := &Lab{Prefix: o.Prefix, MTU: o.MTU, UnderlayNetNS: o.Prefix + "-underlay", noOVS: o.NoOVS, log: o.Logger}
 	if err := l.build(ctx, o); err != nil {
 		stopErr := l.Stop()
 		return l, errors.Join(fmt.Errorf("lab %s: %w", o.Prefix, err), stopErr)

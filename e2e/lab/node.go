@@ -97,6 +97,15 @@ func (l *Lab) buildNode(ctx context.Context, n *Node) error {
 	}); err != nil {
 		return err
 	}
+	if l.noOVS {
+		// A host without Open vSwitch: its address on its NIC. Open vSwitch brought later (deploy/ovs on
+		// the userspace datapath) moves it onto br-ul, with br-ul's MAC as below.
+		if err := run(ctx, "ip", "-n", n.NetNS, "addr", "add", n.Addr.String(), "dev", Uplink); err != nil {
+			return err
+		}
+		l.log.Debug("node up without Open vSwitch", "node", n.Name, "netns", n.NetNS, "ip", n.IP, "took", time.Since(t0))
+		return nil
+	}
 	if err := n.startOVS(ctx); err != nil {
 		return fmt.Errorf("%s: %w", n.Name, err)
 	}

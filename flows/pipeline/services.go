@@ -29,7 +29,9 @@ package pipeline
 // to be un-NATed (table 30: un-masquerade, then un-DNAT): NodePorts with externalTrafficPolicy
 // Cluster, and connections from the host (hostNetwork clients) whose source lies outside the cluster
 // networks (table 30 flags them in reg3 bit 1; the DNAT commit keeps the flag as ct_mark bit 0, so
-// every later packet is masqueraded too). externalTrafficPolicy Local keeps the client's address.
+// every later packet is masqueraded too). externalTrafficPolicy Local keeps the client's address,
+// except for the node's own connections to its NodePort (source the node's address), which take any
+// endpoint, masqueraded, as kube-proxy short-circuits them.
 // Masquerading uses MasqueradePortMin..Max, ports the host never picks for its own connections from
 // the gateway, which br0's zone cannot see. Pods reaching a NodePort through their own node's address
 // are masqueraded by the host (nodenet), as their replies must pass the host's un-DNAT.
@@ -176,7 +178,9 @@ func l4Fields(proto uint8) (dst, src Field, ok bool) {
 
 // eligible picks the endpoints that take new connections, as kube-proxy does: the ready ones, or
 // when there are none, the serving ones that are terminating. Sorted and deduplicated, so buckets and
-// flows are stable whatever order the EndpointSlices came in.
+// flows are stable whatever order the EndpointSlices came in. Ready is what the EndpointSlice says,
+// terminating or not: a Service with publishNotReadyAddresses keeps its terminating pods ready (the
+// upstream test "should create endpoints for unready pods" found them refused).
 func eligible(eps []Endpoint, localOnly bool) []Endpoint {
 	var ready, terminating []Endpoint
 	for _, e := range eps {
@@ -184,7 +188,7 @@ func eligible(eps []Endpoint, localOnly bool) []Endpoint {
 			continue
 		}
 		switch {
-		case e.Ready && !e.Terminating:
+		case e.Ready:
 			ready = append(ready, e)
 		case e.Serving && e.Terminating:
 			terminating = append(terminating, e)
@@ -290,13 +294,15 @@ type serviceMemo struct {
 }
 
 // servicePortKey is the key of what a service port's owner renders from: the service (its other ports
-// aside), the port, and of the node its gateway and NodePort addresses (frontends, the reject target).
+// aside), the port, and of the node its address, gateway and NodePort addresses (frontends, the node's
+// own NodePort clients, the reject target).
 func servicePortKey(s *NodeState, svc *ServiceState, p *ServicePort) digest {
 	var w keyWriter
 	w.init()
 	svc.writeKey(&w)
 	p.writeKey(&w)
 	w.prefix(s.LocalSubnet)
+	w.addr(s.NodeIP)
 	w.u64(uint64(len(s.NodePortAddresses)))
 	for _, a := range s.NodePortAddresses {
 		w.addr(a)
@@ -483,51 +489,74 @@ func renderServicePort(s NodeState, svc ServiceState, p ServicePort, ids *idAllo
 	proto := Proto(p.Protocol)
 	var st reconcile.OwnerState
 	lbs := map[bool]uint32{} // local? → load-balancer ID
-	for _, fe := range frontends(s, svc, p) {
-		m := M(append(proto, IPDst(fe.addr), Exact(dstField, uint64(fe.port)))...)
-		switch {
-		case fe.reject:
-			st.Flows = append(st.Flows, F(TableServices, 100, m, CT{Commit: true, Table: TableServiceL2, Zone: ZoneService,
-				NAT: &NAT{Kind: NATDst, AddrMin: Gateway(s.LocalSubnet), PortMin: RejectPortMin, PortMax: RejectPortMax}}))
-			continue
-		case len(fe.eps) == 0:
-			// Local traffic policy and no local endpoint: drop, as kube-proxy does.
-			st.Flows = append(st.Flows, F(TableServices, 100, m))
-			continue
+	// lbFor renders the cluster-wide or the local load balancer once, and returns its ID.
+	lbFor := func(local bool, eps []Endpoint) (uint32, error) {
+		if lb, seen := lbs[local]; seen {
+			return lb, nil
 		}
-		lb, seen := lbs[fe.local]
-		if !seen {
-			variant := "cluster"
-			if fe.local {
-				variant = "local"
-			}
-			var err error
-			if lb, err = ids.get(key + "#" + variant); err != nil {
-				return reconcile.OwnerState{}, err
-			}
-			lbs[fe.local] = lb
-			flows, groups, err := renderLB(owner, lb, p.Protocol, srcField, fe.eps, svc.AffinityTimeout, ids, key+"#"+variant)
-			if err != nil {
-				return reconcile.OwnerState{}, err
-			}
-			st.Flows = append(st.Flows, flows...)
-			st.Groups = append(st.Groups, groups...)
+		variant := "cluster"
+		if local {
+			variant = "local"
 		}
+		lb, err := ids.get(key + "#" + variant)
+		if err != nil {
+			return 0, err
+		}
+		lbs[local] = lb
+		flows, groups, err := renderLB(owner, lb, p.Protocol, srcField, eps, svc.AffinityTimeout, ids, key+"#"+variant)
+		if err != nil {
+			return 0, err
+		}
+		st.Flows = append(st.Flows, flows...)
+		st.Groups = append(st.Groups, groups...)
+		return lb, nil
+	}
+	// toLB sends a frontend's new connections to load balancer lb; masquerade is for NodePorts only.
+	toLB := func(m Match, priority uint16, lb uint32, nodePort bool, masquerade uint64) {
 		acts := []Action{LoadReg(RegServiceLB, lb)}
-		if fe.nodePort {
-			// externalTrafficPolicy Cluster masquerades (the endpoint may be on another node, and its
-			// replies must come back here), Local keeps the client's address (table 30 flagged a
-			// client outside the cluster networks).
-			masquerade := uint64(1)
-			if fe.local {
-				masquerade = 0
-			}
+		if nodePort {
 			acts = append(acts, Load{Dst: flagMasquerade, Value: masquerade})
 		}
 		if svc.AffinityTimeout > 0 {
 			acts = append(acts, Resubmit{Table: TableServiceAffinity})
 		}
-		st.Flows = append(st.Flows, F(TableServices, 100, m, append(acts, Goto{Table: TableServiceLB})...))
+		st.Flows = append(st.Flows, F(TableServices, priority, m, append(acts, Goto{Table: TableServiceLB})...))
+	}
+	all := eligible(p.Endpoints, false)
+	for _, fe := range frontends(s, svc, p) {
+		m := M(append(proto, IPDst(fe.addr), Exact(dstField, uint64(fe.port)))...)
+		if fe.reject {
+			st.Flows = append(st.Flows, F(TableServices, 100, m, CT{Commit: true, Table: TableServiceL2, Zone: ZoneService,
+				NAT: &NAT{Kind: NATDst, AddrMin: Gateway(s.LocalSubnet), PortMin: RejectPortMin, PortMax: RejectPortMax}}))
+			continue
+		}
+		if fe.nodePort && fe.local && s.NodeIP.Is4() {
+			// externalTrafficPolicy Local does not hold for the node's own connections (their source
+			// is the node's address), as kube-proxy short-circuits them: any endpoint, masqueraded so
+			// that its replies come back here (found by the upstream Services tests).
+			lb, err := lbFor(false, all)
+			if err != nil {
+				return reconcile.OwnerState{}, err
+			}
+			toLB(m.With(IPSrc(s.NodeIP)), 110, lb, true, 1)
+		}
+		if len(fe.eps) == 0 {
+			// Local traffic policy and no local endpoint: drop, as kube-proxy does.
+			st.Flows = append(st.Flows, F(TableServices, 100, m))
+			continue
+		}
+		lb, err := lbFor(fe.local, fe.eps)
+		if err != nil {
+			return reconcile.OwnerState{}, err
+		}
+		// externalTrafficPolicy Cluster masquerades NodePorts (the endpoint may be on another node, and
+		// its replies must come back here), Local keeps the client's address (table 30 flagged a client
+		// outside the cluster networks).
+		masquerade := uint64(1)
+		if fe.local {
+			masquerade = 0
+		}
+		toLB(m, 100, lb, fe.nodePort, masquerade)
 	}
 	return st, nil
 }

@@ -74,7 +74,7 @@ func TestServiceGolden(t *testing.T) {
 			"table=40, priority=100,udp,nw_dst=172.30.0.11,tp_dst=53 actions=ct(commit,table=45,zone=65520,nat(dst=10.128.0.1:65400-65499))",
 		},
 	}, {
-		name: "affinity, SCTP, NodePort with externalTrafficPolicy Local, terminating endpoint skipped",
+		name: "affinity, SCTP, NodePort with externalTrafficPolicy Local (but for the node's own connections), terminating endpoint skipped",
 		svc: ServiceState{Namespace: "ns", Name: "sticky", ClusterIP: netip.MustParseAddr("172.30.0.12"), AffinityTimeout: 100000, ExternalLocal: true,
 			Ports: []ServicePort{{Name: "s", Protocol: IPProtoSCTP, Port: 9, NodePort: 30009, Endpoints: append(two,
 				Endpoint{IP: netip.MustParseAddr("10.128.0.13"), Port: 8080, Serving: true, Terminating: true, Local: true})}}},
@@ -87,6 +87,8 @@ func TestServiceGolden(t *testing.T) {
 			"table=43, priority=200,reg6=0x57f1df5f,reg7=0x1/0x3 actions=load:0xa810005->NXM_NX_REG4[],load:0x1f90->NXM_NX_REG5[],resubmit(,42)",
 			"table=43, priority=100,reg6=0x57f1df5f actions=load:0xa80000c->NXM_NX_REG4[],load:0x1f90->NXM_NX_REG5[],resubmit(,42)",
 			"table=40, priority=100,sctp,nw_dst=172.30.0.12,tp_dst=9 actions=load:0x57f1df5f->NXM_NX_REG6[],resubmit(,41),goto_table:42",
+			// The node's own connections to the NodePort take any endpoint, masqueraded, as kube-proxy's do.
+			"table=40, priority=110,sctp,nw_src=192.0.2.11,nw_dst=169.254.169.3,tp_dst=30009 actions=load:0x57f1df5f->NXM_NX_REG6[],load:0x1->NXM_NX_REG3[1],resubmit(,41),goto_table:42",
 			// The NodePort (local endpoints only): one endpoint, no hash; the client's address is kept.
 			"table=42, priority=200,sctp,reg4=0xa80000c,reg5=0x1f90,reg6=0x12a6aa8e actions=learn(table=41,idle_timeout=65535,priority=100,delete_learned,cookie=0x900d45639b6,eth_type=0x800,NXM_NX_REG6[],NXM_OF_IP_SRC[],load:NXM_NX_REG4[]->NXM_NX_REG4[],load:NXM_NX_REG5[]->NXM_NX_REG5[]),ct(commit,table=45,zone=65520,nat(dst=10.128.0.12:8080),exec(move:NXM_NX_REG3[1]->NXM_NX_CT_MARK[0]))",
 			"table=42, priority=100,sctp,reg6=0x12a6aa8e actions=load:0xa80000c->NXM_NX_REG4[],load:0x1f90->NXM_NX_REG5[],resubmit(,42)",
@@ -522,5 +524,31 @@ func TestRendererReusesUnchangedServices(t *testing.T) {
 	}
 	if rerendered != 1 || same == 0 {
 		t.Errorf("%d owners rendered again, %d reused; want exactly the changed one again", rerendered, same)
+	}
+}
+
+// eligible takes what kube-proxy takes: ready endpoints (a ready one that is terminating too, as
+// publishNotReadyAddresses makes them, included), else serving terminating ones.
+func TestEligibleEndpoints(t *testing.T) {
+	ep := func(last byte, ready, serving, terminating bool) Endpoint {
+		return Endpoint{IP: netip.AddrFrom4([4]byte{10, 128, 0, last}), Port: 8080, Ready: ready, Serving: serving, Terminating: terminating}
+	}
+	for _, tc := range []struct {
+		name string
+		eps  []Endpoint
+		want []byte
+	}{
+		{"ready only, terminating serving ones waiting", []Endpoint{ep(1, true, true, false), ep(2, false, true, true)}, []byte{1}},
+		{"no ready one: the serving terminating ones", []Endpoint{ep(2, false, true, true), ep(3, false, false, true), ep(4, false, false, false)}, []byte{2}},
+		{"publishNotReadyAddresses: ready while terminating", []Endpoint{ep(5, true, false, true), ep(6, false, true, true)}, []byte{5}},
+		{"nothing usable", []Endpoint{ep(3, false, false, true)}, nil},
+	} {
+		var got []byte
+		for _, e := range eligible(tc.eps, false) {
+			got = append(got, e.IP.As4()[3])
+		}
+		if string(got) != string(tc.want) {
+			t.Errorf("%s: eligible %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }

@@ -29,7 +29,7 @@ type File struct {
 	Mode   int64  // permission bits (and sticky)
 	Data   []byte // a regular file's content, unless Source is set
 	Source string // a regular file's content: this file
-	Link   string // TypeLink: the entry (Path) this one is a hard link to
+	Link   string // TypeLink: the entry (Path) this one is a hard link to; TypeSymlink: the link's target
 }
 
 // Layer is a layer's files, and the history line that says what it holds.
@@ -88,8 +88,30 @@ type Sizes struct {
 // Assemble makes the OCI image: one gzip layer per Layer, a config with the labels, the nonroot user
 // and the creation time of info, and OCI media types throughout.
 func Assemble(layers []Layer, info BuildInfo) (v1.Image, Sizes, error) {
+	return AssembleConfig(layers, info, Config{
+		User:       fmt.Sprintf("%d:%d", NonRootUID, NonRootUID),
+		Env:        []string{"PATH=/usr/local/bin:/usr/bin:/bin"},
+		WorkingDir: "/",
+		Labels:     Labels(info),
+	})
+}
+
+// Config is what an image's config says besides its layers: how a runtime starts it, and its labels
+// (also written as the manifest's annotations).
+type Config struct {
+	User       string
+	Entrypoint []string
+	Cmd        []string
+	Env        []string
+	WorkingDir string
+	Labels     map[string]string
+}
+
+// AssembleConfig is Assemble for any image: the layers, the creation time and architecture of info,
+// and cfg.
+func AssembleConfig(layers []Layer, info BuildInfo, cfg Config) (v1.Image, Sizes, error) {
 	var sizes Sizes
-	labels := Labels(info)
+	labels := cfg.Labels
 	created := v1.Time{Time: info.Created}
 	img := mutate.ConfigMediaType(mutate.MediaType(empty.Image, types.OCIManifestSchema1), types.OCIConfigJSON)
 	img, err := mutate.ConfigFile(img, &v1.ConfigFile{
@@ -97,9 +119,11 @@ func Assemble(layers []Layer, info BuildInfo) (v1.Image, Sizes, error) {
 		OS:           "linux",
 		Created:      created,
 		Config: v1.Config{
-			User:       fmt.Sprintf("%d:%d", NonRootUID, NonRootUID),
-			Env:        []string{"PATH=/usr/local/bin:/usr/bin:/bin"},
-			WorkingDir: "/",
+			User:       cfg.User,
+			Entrypoint: cfg.Entrypoint,
+			Cmd:        cfg.Cmd,
+			Env:        cfg.Env,
+			WorkingDir: cfg.WorkingDir,
 			Labels:     labels,
 		},
 		RootFS: v1.RootFS{Type: "layers"},
@@ -129,6 +153,9 @@ func Assemble(layers []Layer, info BuildInfo) (v1.Image, Sizes, error) {
 			return nil, sizes, fmt.Errorf("image: append layer: %w", err)
 		}
 	}
+	if len(labels) == 0 {
+		return img, sizes, nil
+	}
 	return mutate.Annotations(img, labels).(v1.Image), sizes, nil
 }
 
@@ -153,6 +180,9 @@ func LayerTar(files []File, mtime time.Time) ([]byte, error) {
 		if _, dup := written[f.Path]; dup {
 			return nil, fmt.Errorf("image: %s twice in one layer", f.Path)
 		}
+		if f.Type == tar.TypeSymlink && f.Link == "" {
+			return nil, fmt.Errorf("image: symbolic link %s has no target", f.Path)
+		}
 		if f.Type == tar.TypeLink && written[f.Link] != tar.TypeReg {
 			return nil, fmt.Errorf("image: %s links to %s, which is no regular file of this layer", f.Path, f.Link)
 		}
@@ -165,7 +195,7 @@ func LayerTar(files []File, mtime time.Time) ([]byte, error) {
 		switch f.Type {
 		case tar.TypeDir:
 			hdr.Name += "/"
-		case tar.TypeLink:
+		case tar.TypeLink, tar.TypeSymlink:
 			hdr.Linkname = f.Link
 		case tar.TypeReg:
 			data = f.Data

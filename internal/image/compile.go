@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 )
 
@@ -29,10 +30,20 @@ const versionPkg = "github.com/ofsdn/ofsdn/internal/version"
 // GOAMD64, GOEXPERIMENT, ...) are dropped, so two machines with the same Go release produce the same
 // bytes. It returns each binary's path by name.
 func CompileBinaries(ctx context.Context, goCmd, root, dir string, info BuildInfo) (map[string]string, error) {
+	return compilePackages(ctx, goCmd, root, dir, info, binaryPackages)
+}
+
+// compilePackages builds the named packages as CompileBinaries does.
+func compilePackages(ctx context.Context, goCmd, root, dir string, info BuildInfo, packages map[string]string) (map[string]string, error) {
 	ldflags := fmt.Sprintf("-s -w -buildid= -X %s.Version=%s -X %s.Revision=%s", versionPkg, info.Version, versionPkg, info.Revision)
 	args := []string{"build", "-trimpath", "-buildvcs=false", "-ldflags", ldflags, "-o", dir + "/"}
-	for _, name := range []string{"ofsdn-multicall", "ofsdn"} {
-		args = append(args, binaryPackages[name])
+	names := make([]string, 0, len(packages))
+	for name := range packages {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		args = append(args, packages[name])
 	}
 	cmd := exec.CommandContext(ctx, goCmd, args...)
 	cmd.Dir = root
@@ -41,7 +52,7 @@ func CompileBinaries(ctx context.Context, goCmd, root, dir string, info BuildInf
 		return nil, fmt.Errorf("image: go %s: %w\n%s", strings.Join(args, " "), err, out)
 	}
 	bins := map[string]string{}
-	for name := range binaryPackages {
+	for name := range packages {
 		bins[name] = filepath.Join(dir, name)
 		if _, err := os.Stat(bins[name]); err != nil {
 			return nil, fmt.Errorf("image: go build made no %s: %w", name, err)

@@ -13,6 +13,7 @@ import (
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
 	"github.com/ofsdn/ofsdn/e2e/demo"
 	"github.com/ofsdn/ofsdn/e2e/kubelab"
+	"github.com/ofsdn/ofsdn/e2e/kubenode"
 	"github.com/ofsdn/ofsdn/e2e/lab"
 )
 
@@ -23,10 +24,13 @@ func main() {
 	keep := flag.Bool("keep", false, "keep the cluster up until interrupted")
 	down := flag.Bool("down", false, "only remove labs and API servers left by killed runs")
 	verbose := flag.Bool("v", false, "log the cluster's progress")
+	kubelets := flag.Bool("kubelets", true, "real containerd and kubelet per node, ofsdn from deploy/ and its image (false: the kubelet stand-in, ofsdn's daemons as processes)")
+	coreDNS := flag.String("coredns", "", "with --kubelets: a CoreDNS binary for the nodes' images (make k8s-e2e-bins builds one)")
 	flag.Parse()
 	if *down {
-		lab.Sweep("")
 		kubelab.Sweep()
+		kubenode.Sweep("")
+		lab.Sweep("")
 		return
 	}
 	level := slog.LevelWarn
@@ -36,7 +40,8 @@ func main() {
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	res, err := demo.Run(ctx, os.Stdout, demo.Options{Nodes: *nodes, Mode: networkv1.PluginMode(*mode), BinDir: *binDir, Keep: *keep, Logger: logger})
+	res, err := demo.Run(ctx, os.Stdout, demo.Options{Nodes: *nodes, Mode: networkv1.PluginMode(*mode), BinDir: *binDir, Keep: *keep, Logger: logger,
+		Kubelets: *kubelets, CoreDNS: *coreDNS})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "ofsdn-demo:", err)
 		os.Exit(1)

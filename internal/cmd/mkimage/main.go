@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 
 	"github.com/ofsdn/ofsdn/internal/image"
@@ -22,23 +23,32 @@ func main() {
 	flag.StringVar(&opts.Version, "version", "", "version label and tag (default: git describe --tags --always --dirty)")
 	flag.StringVar(&opts.Revision, "revision", "", "commit label (default: git rev-parse HEAD); with --version and SOURCE_DATE_EPOCH, no git is needed")
 	push := flag.Bool("push", false, "also push the image to the registry its --name names, as name:version")
+	ovs := flag.Bool("ovs", false, "build the Open vSwitch image (deploy/ovs) instead: Debian's Open vSwitch and ofsdn-ovs")
 	insecure := flag.Bool("insecure", false, "with --push, allow a registry over plain HTTP")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, opts, *push, *insecure); err != nil {
+	if err := run(ctx, opts, *ovs, *push, *insecure); err != nil {
 		fmt.Fprintln(os.Stderr, "mkimage:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, opts image.Options, push, insecure bool) error {
+func run(ctx context.Context, opts image.Options, ovs, push, insecure bool) error {
 	root, err := image.RepoRoot(ctx)
 	if err != nil {
 		return err
 	}
 	opts.RepoRoot, opts.Log = root, os.Stderr
-	res, err := image.Build(ctx, opts)
+	var res *image.Result
+	if ovs {
+		if opts.Name == image.DefaultName {
+			opts.Name = image.DefaultOVSName
+		}
+		res, err = image.BuildOVS(ctx, opts, filepath.Join(root, "_output", "debs"))
+	} else {
+		res, err = image.Build(ctx, opts)
+	}
 	if err != nil {
 		return err
 	}
