@@ -16,7 +16,7 @@ import (
 
 	"github.com/ofsdn/ofsdn/agent/nodeauth"
 	"github.com/ofsdn/ofsdn/debugapi"
-	"github.com/ofsdn/ofsdn/e2e/kubelab"
+	"github.com/ofsdn/ofsdn/lab/kubelab"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"

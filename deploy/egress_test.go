@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ofsdn/ofsdn/e2e/kubelab"
+	"github.com/ofsdn/ofsdn/lab/kubelab"
 )
 
 // TestEgressValidation: the CRDs' schemas, on a real API server, refuse malformed egress IPs, egress

@@ -16,9 +16,9 @@ import (
 	"time"
 
 	"github.com/ofsdn/ofsdn/e2e/cluster"
-	"github.com/ofsdn/ofsdn/e2e/lab"
 	"github.com/ofsdn/ofsdn/e2e/testpod"
 	"github.com/ofsdn/ofsdn/internal/stats"
+	"github.com/ofsdn/ofsdn/lab"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"

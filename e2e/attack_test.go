@@ -26,7 +26,7 @@ import (
 
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
 	"github.com/ofsdn/ofsdn/e2e/cluster"
-	"github.com/ofsdn/ofsdn/e2e/lab"
+	"github.com/ofsdn/ofsdn/lab"
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
-	"github.com/ofsdn/ofsdn/e2e/kubelab"
+	"github.com/ofsdn/ofsdn/lab/kubelab"
 )
 
 // cnpConformanceSubset are the upstream ClusterNetworkPolicy conformance tests `make e2e` runs on the

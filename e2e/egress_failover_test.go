@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/ofsdn/ofsdn/e2e/cluster"
-	"github.com/ofsdn/ofsdn/e2e/lab"
+	"github.com/ofsdn/ofsdn/lab"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )

@@ -20,7 +20,7 @@ import (
 
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
 	"github.com/ofsdn/ofsdn/e2e/cluster"
-	"github.com/ofsdn/ofsdn/e2e/lab"
+	"github.com/ofsdn/ofsdn/lab"
 	"golang.org/x/net/dns/dnsmessage"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"

@@ -15,8 +15,8 @@ import (
 	"time"
 
 	"github.com/ofsdn/ofsdn/e2e/cluster"
-	"github.com/ofsdn/ofsdn/e2e/kubelab"
-	"github.com/ofsdn/ofsdn/e2e/lab"
+	"github.com/ofsdn/ofsdn/lab"
+	"github.com/ofsdn/ofsdn/lab/kubelab"
 )
 
 var lc *cluster.Cluster

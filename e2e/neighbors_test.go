@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/ofsdn/ofsdn/e2e/cluster"
-	"github.com/ofsdn/ofsdn/e2e/lab"
+	"github.com/ofsdn/ofsdn/lab"
 )
 
 // appctl runs ovs-appctl against a node's ovs-vswitchd: OVS's own client, independent of the agent's

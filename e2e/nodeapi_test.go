@@ -17,7 +17,7 @@ import (
 	"github.com/ofsdn/ofsdn/agent/nodeauth"
 	"github.com/ofsdn/ofsdn/debugapi"
 	"github.com/ofsdn/ofsdn/e2e/cluster"
-	"github.com/ofsdn/ofsdn/e2e/lab"
+	"github.com/ofsdn/ofsdn/lab"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"

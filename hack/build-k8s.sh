@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Builds the lab's Kubernetes from pinned sources into _output/k8s/bin (git-ignored): etcd,
-# kube-apiserver, kube-controller-manager, kube-scheduler and kubectl (e2e/kubelab runs them), and kubelet
+# kube-apiserver, kube-controller-manager, kube-scheduler and kubectl (lab/kubelab runs them), and kubelet
 # (e2e/kubelet runs one per lab node, beside Debian's containerd). Nothing in Debian ships them. The
 # build lives in its own module (hack/k8s) so ofsdn's module never depends on k8s.io/kubernetes. A cold build takes minutes; the script does nothing when the
 # binaries exist and the stamp says they were built from the pins below.
 #
 #   hack/build-k8s.sh          build when missing or stale
 #   hack/build-k8s.sh --force  rebuild regardless of the stamp
-#   OFSDN_K8S_BIN=/dir         build into /dir instead (e2e/kubelab reads the same variable)
+#   OFSDN_K8S_BIN=/dir         build into /dir instead (lab/kubelab reads the same variable)
 set -euo pipefail
 
 K8S_VERSION=v1.34.4   # k8s.io/kubernetes; staging modules are replaced with v0.${minor}.${patch}

@@ -12,7 +12,7 @@ import (
 
 	networkclient "github.com/ofsdn/ofsdn/client/clientset/versioned"
 	"github.com/ofsdn/ofsdn/controller"
-	"github.com/ofsdn/ofsdn/e2e/kubelab"
+	"github.com/ofsdn/ofsdn/lab/kubelab"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"

@@ -1,5 +1,5 @@
-// Package cluster runs a whole ofsdn cluster in the lab: the node namespaces with their own OVS (e2e/lab),
-// a real kube-apiserver with etcd, controller-manager and scheduler (e2e/kubelab) reachable from the node
+// Package cluster runs a whole ofsdn cluster in the lab: the node namespaces with their own OVS (lab),
+// a real kube-apiserver with etcd, controller-manager and scheduler (lab/kubelab) reachable from the node
 // namespaces, ofsdn's CRDs and RBAC applied from deploy/, the ofsdn-controller, one ofsdn-agent per node
 // running in the node's namespace with exactly the credentials deploy/ gives it, and a node simulator per
 // node (e2e/nodesim) that plays kubelet: it registers the Node and runs pods through the installed CNI
@@ -21,10 +21,10 @@ import (
 
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
 	networkclient "github.com/ofsdn/ofsdn/client/clientset/versioned"
-	"github.com/ofsdn/ofsdn/e2e/kubelab"
-	"github.com/ofsdn/ofsdn/e2e/kubenode"
-	"github.com/ofsdn/ofsdn/e2e/lab"
 	"github.com/ofsdn/ofsdn/e2e/nodesim"
+	"github.com/ofsdn/ofsdn/lab"
+	"github.com/ofsdn/ofsdn/lab/kubelab"
+	"github.com/ofsdn/ofsdn/lab/kubenode"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"

@@ -14,7 +14,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/ofsdn/ofsdn/e2e/lab"
+	"github.com/ofsdn/ofsdn/lab"
 )
 
 // The API server runs in the machine's namespace, which has no route to pods or services (network

@@ -13,19 +13,19 @@ import (
 	"sync"
 	"time"
 
-	"github.com/ofsdn/ofsdn/e2e/kubelab"
-	"github.com/ofsdn/ofsdn/e2e/kubenode"
-	"github.com/ofsdn/ofsdn/e2e/lab"
 	"github.com/ofsdn/ofsdn/e2e/labimages"
 	"github.com/ofsdn/ofsdn/internal/image"
 	"github.com/ofsdn/ofsdn/internal/proc"
+	"github.com/ofsdn/ofsdn/lab"
+	"github.com/ofsdn/ofsdn/lab/kubelab"
+	"github.com/ofsdn/ofsdn/lab/kubenode"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 )
 
-// Real kubelets (Options.Kubelets): every lab node runs Debian's containerd and kubelet (e2e/kubenode),
+// Real kubelets (Options.Kubelets): every lab node runs Debian's containerd and kubelet (lab/kubenode),
 // and ofsdn runs as a user runs it: deploy/ applied through an overlay (the lab's image, API server
 // address and cluster network; the userspace datapath), the agent's DaemonSet and the controller's
 // Deployment started by the kubelets from the image `make image` builds, imported into every node's

@@ -25,8 +25,8 @@ import (
 
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
 	"github.com/ofsdn/ofsdn/e2e/cluster"
-	"github.com/ofsdn/ofsdn/e2e/kubelab"
 	"github.com/ofsdn/ofsdn/e2e/labimages"
+	"github.com/ofsdn/ofsdn/lab/kubelab"
 )
 
 // Suite is a set of upstream tests, chosen by a regular expression over their full names.

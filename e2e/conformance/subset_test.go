@@ -10,7 +10,7 @@ import (
 	"time"
 
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
-	"github.com/ofsdn/ofsdn/e2e/lab"
+	"github.com/ofsdn/ofsdn/lab"
 )
 
 // CISubset is the part of make conformance that make test runs (CI's budget): pod-to-pod and node-to-pod

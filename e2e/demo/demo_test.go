@@ -5,8 +5,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ofsdn/ofsdn/e2e/kubelab"
-	"github.com/ofsdn/ofsdn/e2e/lab"
+	"github.com/ofsdn/ofsdn/lab"
+	"github.com/ofsdn/ofsdn/lab/kubelab"
 )
 
 // TestDemo runs make demo's whole path: the 3-node cluster, two tenants and default, the matrix as

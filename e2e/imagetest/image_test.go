@@ -16,9 +16,9 @@ import (
 
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
 	"github.com/ofsdn/ofsdn/e2e/cluster"
-	"github.com/ofsdn/ofsdn/e2e/kubelab"
-	"github.com/ofsdn/ofsdn/e2e/lab"
 	"github.com/ofsdn/ofsdn/internal/image"
+	"github.com/ofsdn/ofsdn/lab"
+	"github.com/ofsdn/ofsdn/lab/kubelab"
 )
 
 // imageBinaries are what the lab runs from the image (the test pod's binary is the lab's own).

@@ -38,7 +38,7 @@ package pipeline
 // cluster converges node by node without a gap in either direction.
 //
 // Why not host routes through tun0 (flannel's host-gw literally: br0 hands the packet to the host, which
-// routes the peer's subnet to the peer's address)? Measured in the lab (e2e/lab
+// routes the peer's subnet to the peer's address)? Measured in the lab (lab
 // BenchmarkCrossNodePaths, userspace datapath, one TCP stream, ratios to NORMAL switching alone): the
 // uplink port 0.63, VXLAN 0.41, host routes through tun0 0.18 on one machine (NORMAL 46 MB/s); on a
 // faster one the uplink port 0.91, VXLAN 1.04, host routes 0.67 (NORMAL 94 MB/s), where one stream is

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ofsdn/ofsdn/e2e/lab"
 	"github.com/ofsdn/ofsdn/internal/proc"
+	"github.com/ofsdn/ofsdn/lab"
 )
 
 // TestOpenvSwitchOnANodeWithoutIt runs ofsdn-ovs as deploy/ovs does on the lab's userspace datapath, in

@@ -1,5 +1,5 @@
 // Package proc is the test harnesses' one way to handle processes and to wait (internal/ovstest,
-// e2e/kubelab, e2e/lab, e2e/cluster and the tests and benchmarks on them): whether a PID still runs, when
+// lab/kubelab, lab, e2e/cluster and the tests and benchmarks on them): whether a PID still runs, when
 // it started (so a recycled PID is not taken for its first owner), the PID a file or a name carries,
 // daemons run in process groups of their own, the tail of their logs, and polling a condition until it
 // holds.

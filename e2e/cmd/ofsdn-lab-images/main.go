@@ -12,8 +12,8 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/ofsdn/ofsdn/e2e/kubelab"
 	"github.com/ofsdn/ofsdn/e2e/labimages"
+	"github.com/ofsdn/ofsdn/lab/kubelab"
 )
 
 func main() {

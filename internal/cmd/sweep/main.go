@@ -5,10 +5,10 @@
 package main
 
 import (
-	"github.com/ofsdn/ofsdn/e2e/kubelab"
-	"github.com/ofsdn/ofsdn/e2e/kubenode"
-	"github.com/ofsdn/ofsdn/e2e/lab"
 	"github.com/ofsdn/ofsdn/internal/ovstest"
+	"github.com/ofsdn/ofsdn/lab"
+	"github.com/ofsdn/ofsdn/lab/kubelab"
+	"github.com/ofsdn/ofsdn/lab/kubenode"
 )
 
 func main() {

@@ -1,4 +1,4 @@
-// Package kubenode runs a real Kubernetes node on a lab node (e2e/lab): Debian's containerd (1.6.20,
+// Package kubenode runs a real Kubernetes node on a lab node (lab): Debian's containerd (1.6.20,
 // with runc 1.1.5) and kubelet (hack/build-k8s.sh builds it from the control plane's version), inside
 // the node's network namespace and in a mount namespace of the node's own, so that every node sees the
 // usual host paths (/etc/cni/net.d, /opt/cni/bin, /var/run/openvswitch, /var/lib/kubelet, ...) as a
@@ -48,8 +48,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/ofsdn/ofsdn/e2e/lab"
 	"github.com/ofsdn/ofsdn/internal/proc"
+	"github.com/ofsdn/ofsdn/lab"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
@@ -247,7 +247,7 @@ func (n *Node) writeFiles() error {
 // paths (the node's own, see HostPaths).
 func (n *Node) containerdConfig() string {
 	c := n.cfg
-	return fmt.Sprintf(`# ofsdn lab node %[1]s (e2e/kubenode)
+	return fmt.Sprintf(`# ofsdn lab node %[1]s (lab/kubenode)
 version = 2
 root = %[2]q
 state = %[3]q
@@ -285,7 +285,7 @@ func (n *Node) kubeletConfig() string {
 	if domain == "" {
 		domain = "cluster.local"
 	}
-	return fmt.Sprintf(`# ofsdn lab node %[1]s (e2e/kubenode)
+	return fmt.Sprintf(`# ofsdn lab node %[1]s (lab/kubenode)
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 containerRuntimeEndpoint: unix://%[2]s
@@ -478,7 +478,7 @@ func (n *Node) Stop() error {
 }
 
 // Sweep removes what nodes of killed runs left: for every cgroup root named prefix<pid>-... (the lab's
-// default prefix, DefaultPrefixBase of e2e/lab) whose owner no longer runs, it kills the processes in
+// default prefix, DefaultPrefixBase of lab) whose owner no longer runs, it kills the processes in
 // it and removes it. Run it before the lab's own sweep, which removes the namespaces and directories.
 func Sweep(prefix string) {
 	if prefix == "" {

@@ -12,10 +12,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ofsdn/ofsdn/e2e/kubelab"
-	"github.com/ofsdn/ofsdn/e2e/lab"
 	"github.com/ofsdn/ofsdn/e2e/labimages"
 	"github.com/ofsdn/ofsdn/internal/proc"
+	"github.com/ofsdn/ofsdn/lab"
+	"github.com/ofsdn/ofsdn/lab/kubelab"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
