@@ -184,6 +184,7 @@ func (r *Renderer) Render(s NodeState) (owners map[reconcile.Owner]reconcile.Own
 	r.renderNetworks(s, out)
 	r.renderServices(s, out, failed)
 	r.renderPolicies(s, out, failed)
+	sampleDrops(out)
 	return out, failed, nil
 }
 
