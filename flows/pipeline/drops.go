@@ -201,3 +201,22 @@ func isServiceReject(f Flow) bool {
 	ct, ok := f.Actions[0].(CT)
 	return ok && ct.NAT != nil && ct.NAT.PortMin == RejectPortMin
 }
+
+// IsolatingPolicies names the policies ("namespace/name") that isolate the local pod at ofport in a
+// direction (ingress or egress): those behind its default-deny flow, what a drop by its isolation
+// is owed to. Sorted as policies are.
+func IsolatingPolicies(policies []PolicyState, ofport uint32, ingress bool) []string {
+	var out []string
+	for _, p := range policies {
+		if (ingress && !p.Ingress) || (!ingress && !p.Egress) {
+			continue
+		}
+		for _, pod := range p.Pods {
+			if pod.OFPort == ofport {
+				out = append(out, p.Namespace+"/"+p.Name)
+				break
+			}
+		}
+	}
+	return out
+}
