@@ -128,6 +128,6 @@ func liveUISources(nf nodeFlags) (uiSources, error) {
 			return a, nil
 		},
 		world: func() (world, error) { return liveWorldOf(cfg, kube, nf), nil },
-		drops: noDrops{}, // the agents stream no drops yet (see ui_drops.go)
+		drops: agentDrops{clusterDropClient(cfg, kube, &nf)}, // drops.go
 	}, nil
 }
