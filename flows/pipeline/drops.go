@@ -220,3 +220,7 @@ func IsolatingPolicies(policies []PolicyState, ofport uint32, ingress bool) []st
 	}
 	return out
 }
+
+// SampleDropsForTest runs the sampling pass over owners (for tests that install a few flows of
+// their own the way Render would).
+func SampleDropsForTest(owners map[reconcile.Owner]reconcile.OwnerState) { sampleDrops(owners) }
