@@ -144,4 +144,3 @@ func sampleForTest(owners map[reconcile.Owner]reconcile.OwnerState) []openflow.F
 	}
 	return out
 }
-
