@@ -85,6 +85,10 @@ type Pod struct {
 	MAC       string     `json:"mac"`
 	OFPort    uint32     `json:"ofport"`
 	VNID      uint32     `json:"vnid"`
+	// IngressPolicies and EgressPolicies are the NetworkPolicies ("namespace/name") that isolate the
+	// pod in each direction (networkpolicy mode): what its default deny is owed to.
+	IngressPolicies []string `json:"ingressPolicies,omitempty"`
+	EgressPolicies  []string `json:"egressPolicies,omitempty"`
 }
 
 // RemoteNode is another node this one tunnels to.
