@@ -61,11 +61,18 @@ func TestSamplesFromOVS(t *testing.T) {
 		openflow.F(pipeline.TableClassifier, 10, openflow.M(), openflow.LoadReg(pipeline.RegSrcVNID, 12), openflow.LoadReg(pipeline.RegOutPort, 4),
 			openflow.Goto{Table: pipeline.TableIngressIsolation}),
 		openflow.F(pipeline.TableIngressIsolation, 500, openflow.M(openflow.IP...)), // a pod's default deny
+	}}, pipeline.PipelineOwner: {Flows: []openflow.Flow{
+		openflow.F(pipeline.TableClassifier, 20, openflow.M(openflow.ARP...), openflow.Goto{Table: pipeline.TablePodIngress}),
+		// A table's miss flow (priority 0, no match): OVS reports its controller action as OFPR_NO_MATCH.
+		openflow.F(pipeline.TablePodIngress, 0, openflow.M()),
 	}}}
 	rendered := sampleForTest(owners)
 	var msgs [][]byte
 	for _, f := range rendered {
 		f.Cookie = cookie
+		if f.Table == pipeline.TablePodIngress || f.Priority == 20 {
+			f.Cookie = uint64(reconcile.MakeCookie(1, pipeline.PipelineOwner))
+		}
 		m, err := openflow.EncodeFlowMod(f)
 		if err != nil {
 			t.Fatal(err)
@@ -101,6 +108,24 @@ func TestSamplesFromOVS(t *testing.T) {
 		t.Fatalf("decoded %+v", d)
 	}
 	t.Logf("sample: %s", d.Verdict)
+	// A table's miss flow: ARP for an address nobody has goes to table 20's default (anti-spoofing).
+	for len(pins) > 0 {
+		<-pins
+	}
+	_, _ = pod.Exec("ping", "-c", "1", "-W", "1", "10.128.0.99")
+	select {
+	case m := <-pins:
+		pin, err := openflow.ParsePacketIn(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pin.Table != pipeline.TablePodIngress || pin.InPort != 3 {
+			t.Fatalf("miss flow's packet-in: table %d in_port %d reason %d", pin.Table, pin.InPort, pin.Reason)
+		}
+		t.Logf("a miss flow's sample: table %d reason %d (OFPR_NO_MATCH is 0)", pin.Table, pin.Reason)
+	case <-time.After(10 * time.Second):
+		t.Fatal("no packet-in for a table-miss flow's sample (OFPR_NO_MATCH not asked for?)")
+	}
 	// A flood: the meter passes about its rate.
 	for len(pins) > 0 {
 		<-pins

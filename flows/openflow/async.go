@@ -15,6 +15,7 @@ const (
 	TypeSetAsync  uint8 = 28
 	TypeMeterMod  uint8 = 29
 	packetInFixed       = 24 // header, buffer_id, total_len, reason, table_id, cookie
+	reasonNoMatch       = 0  // OFPR_NO_MATCH: what OpenFlow 1.3 calls a controller action of a table-miss flow
 	reasonAction        = 1  // OFPR_ACTION: an output to the controller
 )
 
@@ -63,12 +64,13 @@ func IsMeterExists(err error) bool {
 // EncodeSetAsync lays out an OFPT_SET_ASYNC that asks for packet-ins of controller actions (in the
 // master or equal role, which a connection has unless it asked for another) and for no port-status or
 // flow-removed messages. Open vSwitch sends service connections (the bridge's management socket)
-// no asynchronous message until asked.
+// no asynchronous message until asked. Both reasons: OVS reports the controller action of a table's
+// miss flow (priority 0, no match: most tables' drops) as OFPR_NO_MATCH in OpenFlow 1.3.
 func EncodeSetAsync(xid uint32) []byte {
 	const n = HeaderLen + 24
 	b := make([]byte, n)
 	PutHeader(b, TypeSetAsync, n, xid)
-	binary.BigEndian.PutUint32(b[8:], 1<<reasonAction) // packet_in_mask[master/equal]
+	binary.BigEndian.PutUint32(b[8:], 1<<reasonAction|1<<reasonNoMatch) // packet_in_mask[master/equal]
 	return b
 }
 
