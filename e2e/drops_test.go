@@ -12,6 +12,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -83,7 +85,7 @@ func watchDrops(t *testing.T, ctx context.Context) *dropWatch {
 // wait returns the first drop after since that match accepts, and when flowctl printed it.
 func (w *dropWatch) wait(ctx context.Context, since time.Time, timeout time.Duration, match func(debugapi.Drop) bool) (debugapi.Drop, time.Time, bool) {
 	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) && ctx.Err() == nil {
+	for first := true; first || (time.Now().Before(deadline) && ctx.Err() == nil); first = false {
 		w.mu.Lock()
 		for _, s := range w.seen {
 			if !s.d.Time.Before(since) && match(s.d) {
@@ -113,11 +115,18 @@ func (w *dropWatch) dump(since time.Time) string {
 // the send to flowctl printing the record.
 func expectDrop(t *testing.T, ctx context.Context, w *dropWatch, what string, send func() error, want debugapi.Drop) {
 	t.Helper()
-	start := time.Now().Add(-50 * time.Millisecond) // the agent's clock is the test's, but stamps after the packet
-	sent := time.Now()
-	if err := send(); err != nil {
-		t.Logf("%s: sending: %v (expected for a dropped probe)", what, err)
-	}
+	// The agent stamps a record when it decodes the sample, after the packet left: a record older than
+	// the send is an earlier probe's. The send runs beside the wait (a dropped TCP probe blocks until
+	// its timeout), and the latency is the send's start to flowctl printing the record.
+	start := time.Now()
+	sent := start
+	errc := make(chan error, 1)
+	go func() { errc <- send() }()
+	defer func() {
+		if err := <-errc; err != nil {
+			t.Logf("%s: sending: %v (expected for a dropped probe)", what, err)
+		}
+	}()
 	d, at, ok := w.wait(ctx, start, 10*time.Second, func(d debugapi.Drop) bool {
 		return d.Cause == want.Cause && d.Src == want.Src && d.Dst == want.Dst && d.Object == want.Object && (want.Port == 0 || d.Port == want.Port)
 	})
@@ -132,7 +141,11 @@ func expectDrop(t *testing.T, ctx context.Context, w *dropWatch, what string, se
 	if latency > time.Second {
 		t.Errorf("%s: the drop took %v to show in flowctl drops (want within 1 s)", what, latency)
 	}
+	latencies.Store(what, latency)
 }
+
+// latencies are expectDrop's, for the summary.
+var latencies sync.Map
 
 func TestDrops(t *testing.T) {
 	ctx := ctxT(t, 15*time.Minute)
@@ -223,6 +236,15 @@ func TestDrops(t *testing.T) {
 		}
 	})
 
+	t.Cleanup(func() {
+		var parts []string
+		latencies.Range(func(k, v any) bool {
+			parts = append(parts, fmt.Sprintf("%s %v", k, v.(time.Duration).Round(time.Millisecond)))
+			return true
+		})
+		sort.Strings(parts)
+		t.Logf("send → flowctl drops: %s", strings.Join(parts, "; "))
+	})
 	t.Run("flood", func(t *testing.T) { dropFlood(t, ctx, w, a, a2, b) })
 
 	t.Run("NetworkPolicy", func(t *testing.T) {
@@ -272,6 +294,7 @@ func dropFlood(t *testing.T, ctx context.Context, w *dropWatch, a, a2, b *cluste
 	}
 	const rate, seconds = 10000, 10
 	before := scrape(t, ctx, n)
+	dropped0 := tenantDropPackets(t, ctx, n)
 	rss0, _ := vmRSS(pid)
 	cpu0 := cpuTicks(t, pid)
 	start := time.Now()
@@ -323,6 +346,7 @@ func dropFlood(t *testing.T, ctx context.Context, w *dropWatch, a, a2, b *cluste
 	cpu1 := cpuTicks(t, pid)
 	rss1, _ := vmRSS(pid)
 	after := scrape(t, ctx, n)
+	dropped := tenantDropPackets(t, ctx, n) - dropped0
 	samples := after.get("ofsdn_agent_drop_samples_total", "cause", "tenant-isolation") - before.get("ofsdn_agent_drop_samples_total", "cause", "tenant-isolation")
 	lost := 0.0
 	for k, v := range after {
@@ -334,9 +358,13 @@ func dropFlood(t *testing.T, ctx context.Context, w *dropWatch, a, a2, b *cluste
 	// The meter passes 100/s with a burst of 100: over the flood, at most rate×duration + burst.
 	want := 100*took.Seconds() + 100
 	t.Logf("flood: %d datagrams in %v (%.0f/s) from %s to %s; agent on %s: CPU %.1f%% of a core, RSS %.1f MB → %.1f MB (peak %.1f MB); "+
-		"tenant-isolation samples %.0f (meter: at most %.0f), lost %.0f; allowed datagrams %s → %s answered %d of %d",
+		"the tenant-isolation drop flow counted %d packets; tenant-isolation samples %.0f (meter: at most %.0f), lost %.0f; "+
+		"allowed datagrams %s → %s answered %d of %d",
 		sent, took.Round(time.Millisecond), float64(sent)/took.Seconds(), a.Key(), b.Key(), n.Name, 100*cpu, rss0/1024, rss1/1024, peakRSS/1024,
-		samples, want, lost, a.Key(), a2.Key(), answered, allowed)
+		dropped, samples, want, lost, a.Key(), a2.Key(), answered, allowed)
+	if dropped < int64(sent) {
+		t.Errorf("the tenant-isolation drop flow counted %d packets of the %d sent", dropped, sent)
+	}
 	if answered != allowed {
 		t.Errorf("allowed traffic lost %d of %d datagrams during the flood", allowed-answered, allowed)
 	}
@@ -362,4 +390,21 @@ func cpuTicks(t *testing.T, pid int) int64 {
 	u, _ := strconv.ParseInt(fields[11], 10, 64)
 	k, _ := strconv.ParseInt(fields[12], 10, 64)
 	return u + k
+}
+
+var nPacketsRE = regexp.MustCompile(`n_packets=(\d+)`)
+
+// tenantDropPackets is the packet counter of node n's tenant-isolation drop flow (table 80's miss flow),
+// which counts every packet where the samples count at most the meter's rate.
+func tenantDropPackets(t *testing.T, ctx context.Context, n *cluster.Node) int64 {
+	out, err := n.Ofctl(ctx, "dump-flows", "br0", "table=80,priority=0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := nPacketsRE.FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("no table 80 miss flow on %s:\n%s", n.Name, out)
+	}
+	v, _ := strconv.ParseInt(m[1], 10, 64)
+	return v
 }
