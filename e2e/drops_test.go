@@ -245,6 +245,57 @@ func TestDrops(t *testing.T) {
 		sort.Strings(parts)
 		t.Logf("send → flowctl drops: %s", strings.Join(parts, "; "))
 	})
+	t.Run("forged tunnel", func(t *testing.T) {
+		forged := netip.MustParseAddr("10.128.99.99")
+		inner := ether(podMAC(a.IP), podMAC(forged), 0x0800, ipv4UDP(forged, a.IP, 40000, cluster.TestPort, []byte("forged")))
+		vxlan := netip.AddrPortFrom(n1.IP, uint16(networkv1.DefaultVXLANPort))
+		// From a host that is no node (the lab's external host): table 10 knows no such tunnel source.
+		ext := lc.Lab.External
+		expectDrop(t, ctx, w, "tunnel from an unknown source", func() error { return sendUDP(ext.NetNS, vxlan, vxlanPayload(0, inner), 1, 0) },
+			debugapi.Drop{Cause: "tunnel-source", Src: forged.String(), Dst: a.Key(), Port: cluster.TestPort, Object: "tunnel from " + ext.IP.String()})
+		// From a node, with a VNI of the Networks' range that no Network has.
+		vni := networkv1.MaxNetworkVNI
+		expectDrop(t, ctx, w, "forged Network VNI", func() error { return sendUDP(n2.NetNS, vxlan, vxlanPayload(vni, inner), 1, 0) },
+			debugapi.Drop{Cause: "network-vni", Src: forged.String(), Dst: a.IP.String(), Port: cluster.TestPort,
+				Object: fmt.Sprintf("Network VNI %d from %s", vni, n2.IP)})
+	})
+
+	t.Run("Network isolation", func(t *testing.T) {
+		o := newNetObjects(t)
+		labelNamespace(t, ctx, nsA, map[string]string{"e2e-dropnet": "on"})
+		o.network(t, ctx, "e2e-dropnet", "10.210.0.0/16", 8, map[string]string{"e2e-dropnet": "on"})
+		waitNetwork(t, ctx, "e2e-dropnet", []*cluster.Node{n1, n2})
+		o.nadFor(t, ctx, nsA, "dropnet", ofsdnNAD("e2e-dropnet"))
+		pods, ifaces := o.netPods(t, ctx, nsA, "dnet", "dropnet", []*cluster.Node{n1})
+		if len(ifaces) != 1 {
+			t.Fatalf("want one Network interface, got %d", len(ifaces))
+		}
+		p, iface := pods[0], ifaces[0]
+		var mac net.HardwareAddr
+		if err := lab.InNetNS(p.NetNS, func() error {
+			ifc, err := net.InterfaceByName(iface.ifName)
+			if err == nil {
+				mac = ifc.HardwareAddr
+			}
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		frame := func(dst netip.Addr) []byte {
+			return ether(podMAC(dst), mac, 0x0800, ipv4UDP(iface.ip, dst, 40000, cluster.TestPort, []byte("off the network")))
+		}
+		// Control: within its own Network's CIDR the same frame is no Network isolation drop.
+		since := time.Now()
+		if err := sendFramesOn(p.NetNS, iface.ifName, [][]byte{frame(netip.MustParseAddr("10.210.200.1"))}, 1, 0); err != nil {
+			t.Fatal(err)
+		}
+		expectDrop(t, ctx, w, "Network isolation", func() error { return sendFramesOn(p.NetNS, iface.ifName, [][]byte{frame(a.IP)}, 1, 0) },
+			debugapi.Drop{Cause: "network-isolation", Src: iface.key(), Dst: a.IP.String(), Port: cluster.TestPort, Object: "Network e2e-dropnet"})
+		if _, _, ok := w.wait(ctx, since, 0, func(d debugapi.Drop) bool { return d.Cause == "network-isolation" && d.Dst == "10.210.200.1" }); ok {
+			t.Errorf("control: a frame within the Network's own CIDR was dropped by Network isolation")
+		}
+	})
+
 	t.Run("flood", func(t *testing.T) { dropFlood(t, ctx, w, a, a2, b) })
 
 	t.Run("NetworkPolicy", func(t *testing.T) {
