@@ -332,6 +332,26 @@ func TestDrops(t *testing.T) {
 		expectDrop(t, ctx, w, "NetworkPolicy egress isolation", probe(a, "tcp", toA2), debugapi.Drop{
 			Cause: "policy-egress", Src: a.Key(), Dst: a2.IP.String(), Port: cluster.TestPort, Object: "NetworkPolicy " + nsA + "/deny-egress"})
 	})
+
+	// flowctl drops without -f: the recent drops of every node, filtered, as text.
+	t.Run("flowctl drops --namespace", func(t *testing.T) {
+		out, err := runFlowctl(ctx, "drops", "--namespace", nsB, "--since", "10m")
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		t.Logf("flowctl drops --namespace %s --since 10m: %d lines, the first and the last:\n%s\n%s", nsB, len(lines), lines[0], lines[len(lines)-1])
+		for _, l := range lines {
+			if !strings.Contains(l, " "+nsB+"/") {
+				t.Errorf("a drop neither from nor to %s: %s", nsB, l)
+			}
+		}
+		for _, want := range []string{"[tenant isolation ", "[NetworkPolicy " + nsB + "/deny-all]"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("flowctl drops --namespace %s shows no %s drop", nsB, want)
+			}
+		}
+	})
 }
 
 // dropFlood sends 10,000 datagrams a second for 10 s from a to b (another tenant on the same node:
