@@ -146,6 +146,9 @@ func newDropClient(nf *nodeFlags) (*dropClient, error) {
 			if err != nil {
 				return nil, err
 			}
+			if err := nf.initTokens(cfg); err != nil { // before the nodes are asked side by side
+				return nil, err
+			}
 			return clusterDropClient(cfg, kube, nf), nil
 		}
 	}

@@ -110,6 +110,10 @@ func liveUISources(nf nodeFlags) (uiSources, error) {
 	if err != nil {
 		return uiSources{}, err
 	}
+	// One token source for the agents' pages and the drops (asked side by side).
+	if err := nf.initTokens(cfg); err != nil {
+		return uiSources{}, err
+	}
 	var mu sync.Mutex
 	agents := map[string]debugapi.Backend{}
 	return uiSources{
