@@ -410,9 +410,11 @@ func (a *Agent) openBridge(ctx context.Context) error {
 		return err
 	}
 	context.AfterFunc(ctx, func() { _ = a.sess.Close() })
-	// The drop flows' meters, before any flow names them (a flow naming a missing meter is not metered).
+	// The drop flows' meters, before any flow names them (a flow naming a missing meter is not
+	// metered). A datapath without meters still forwards: the samples then reach the agent unmetered,
+	// and the sampler's own limit (drops.MaxSampleRate) is all that bounds them.
 	if err := a.sess.SetMeters(ctx, pipeline.DropMeters()); err != nil {
-		return err
+		a.log.Error(err, "drop sampling runs unmetered: the bridge refused the drop flows' meters", "agentLimit", drops.MaxSampleRate)
 	}
 	go a.drops.Run(ctx)
 	a.recon = reconcile.New(meteredSwitch{ofswitch.FlowsSwitch(a.sess), a.metrics}, reconcile.Config{Round: round,
@@ -435,7 +437,7 @@ func (a *Agent) openBridge(ctx context.Context) error {
 			return err
 		}
 		if err := a.sess.SetMeters(ctx, pipeline.DropMeters()); err != nil {
-			return err
+			a.log.Error(err, "drop sampling runs unmetered: the bridge refused the drop flows' meters", "agentLimit", drops.MaxSampleRate)
 		}
 		a.neighbors.Kick() // a restarted ovs-vswitchd starts with an empty tunnel neighbour cache
 		a.uplink.Kick()    // tun0 came back with a MAC of its own

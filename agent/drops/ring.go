@@ -8,6 +8,7 @@ import (
 	"github.com/ofsdn/ofsdn/debugapi"
 	"github.com/ofsdn/ofsdn/flows/openflow"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
 )
 
 // RingSize is how many records a node keeps: about 3 MB of records. At the meters' worst case (every
@@ -117,11 +118,17 @@ func (r *Ring) Stream(ctx context.Context, q debugapi.DropQuery, now func() time
 // followQueue is how many records a follower may lag behind.
 const followQueue = 1024
 
+// MaxSampleRate bounds the packet-ins the agent takes, whatever reaches it: the meters pass at most
+// 100/s per cause (1,000/s over the ten causes), so this only acts where the meters are missing (a
+// datapath without meter support, where the agent logs that it runs unmetered).
+const MaxSampleRate = 2000
+
 // Sampler receives packet-ins, decodes them and keeps the ring; its metrics count samples per cause.
 type Sampler struct {
 	Ring     *Ring
 	snapshot func() *Snapshot
 	in       chan []byte
+	limit    *rate.Limiter
 	now      func() time.Time
 	samples  *prometheus.CounterVec
 	lost     *prometheus.CounterVec
@@ -134,12 +141,13 @@ func NewSampler(reg prometheus.Registerer, snapshot func() *Snapshot) *Sampler {
 		Ring:     NewRing(RingSize),
 		snapshot: snapshot,
 		in:       make(chan []byte, 4096),
+		limit:    rate.NewLimiter(MaxSampleRate, MaxSampleRate),
 		now:      time.Now,
 		samples: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ofsdn_agent_drop_samples_total",
 			Help: "Dropped (or rejected) packets sampled by br0's drop flows, by cause. Samples, not packets: each cause's meter passes at most 100/s (flowctl dump counts every packet)."},
 			[]string{"cause"}),
 		lost: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ofsdn_agent_drop_samples_lost_total",
-			Help: "Packet-ins the agent could not turn into drop records, by reason (queue full, undecodable, not a drop, not ready)."},
+			Help: "Packet-ins the agent did not turn into drop records, by reason (over-rate, queue-full, undecodable, not-a-drop, not-ready)."},
 			[]string{"reason"}),
 	}
 	if reg != nil {
@@ -150,6 +158,10 @@ func NewSampler(reg prometheus.Registerer, snapshot func() *Snapshot) *Sampler {
 
 // PacketIn takes a packet-in from the OpenFlow reader; it never blocks.
 func (s *Sampler) PacketIn(msg []byte) {
+	if !s.limit.Allow() {
+		s.lost.WithLabelValues("over-rate").Inc()
+		return
+	}
 	select {
 	case s.in <- msg:
 	default:
