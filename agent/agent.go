@@ -15,6 +15,7 @@ import (
 	nadinformers "github.com/k8snetworkplumbingwg/network-attachment-definition-client/pkg/client/informers/externalversions"
 	"github.com/ofsdn/ofsdn/agent/attach"
 	"github.com/ofsdn/ofsdn/agent/drops"
+	"github.com/ofsdn/ofsdn/agent/egress"
 	"github.com/ofsdn/ofsdn/agent/hostnet"
 	"github.com/ofsdn/ofsdn/agent/k8sobj"
 	"github.com/ofsdn/ofsdn/agent/networks"
@@ -65,6 +66,12 @@ type Config struct {
 	// UplinkLinger is how long br0's uplink port outlives a change from encapsulation none back to vxlan
 	// (hostnet.DefaultUplinkLinger), for peers that still send unencapsulated until they follow.
 	UplinkLinger time.Duration
+	// Egress IP membership (agent/egress): its UDP port on the node's address, the heartbeat interval,
+	// and how long a silent node stays alive; zero: the defaults.
+	EgressPort                      int
+	EgressInterval, EgressDeadAfter time.Duration
+	// EgressDNSServer (HOST:PORT) resolves EgressNetworkPolicy DNS names; "" the node's resolv.conf.
+	EgressDNSServer string
 	// MetricsAddress serves /metrics, /healthz and /readyz over TLS ("" = not served). DebugAddress
 	// serves the read-only debug API (debugapi/) over TLS, for flowctl through the API server's node
 	// proxy ("" = not served). Both answer only callers the API server authenticates and authorizes
@@ -171,6 +178,12 @@ type Agent struct {
 	health *health
 	// uplink keeps br0's uplink port for encapsulation none (hostnet/uplink.go); nil without OVSDB (unit tests).
 	uplink *hostnet.Uplink
+	// egressIPs holds and moves egress IPs with the other nodes; egressStatus records them (egress.go).
+	egressIPs    *egress.Job
+	egressStatus *egress.StatusWriter
+	egressDNS    *egress.Resolver
+	// egressResolved takes the DNS names' addresses into the view (the resolver's output).
+	egressResolved func(map[string][]netip.Addr)
 	// netReport writes NetworkSubnet status and pods' network-status (agent/networks); routes keeps
 	// running pods' cross-talk routes in step with their Networks (networks.go).
 	netReport *networks.Reporter
@@ -245,7 +258,7 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	a.pods = attach.New(attach.Config{Bridge: cfg.Bridge, HostNetNS: cfg.HostNetNS, Netdev: cfg.DatapathType == "netdev",
 		StateDir: filepath.Join(cfg.StateDir, "ipam"), NetworksDir: filepath.Join(cfg.StateDir, "networks"),
 		PendingDeletes: cni.PendingDeletesDirFor(cfg.CNISocket), AbsentGrace: cfg.AbsentPodGrace, Logger: log.WithName("cni")},
-		attach.Deps{Node: a.view, Flows: a.fs, DB: deps.DB, Readiness: a.health.Ready,
+		attach.Deps{Node: a.view, Flows: egressAwareFlows{a.fs, a.view.egress}, DB: deps.DB, Readiness: a.health.Ready,
 			BridgeUp: func() bool { return a.sess != nil && a.sess.Connected() },
 			// Restore asks the pod informer (then the API server) whether a restored attachment's pod exists.
 			Pods:     attach.APIPods{Cache: a.kubeInformers.Core().V1().Pods().Informer().GetStore(), Client: deps.Kube.CoreV1(), NodeName: cfg.NodeName},
@@ -265,6 +278,7 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 			hostnet.UplinkDeps{View: a.view, Host: hostnet.Node{NetNS: cfg.HostNetNS}, OVS: deps.DB, Changed: a.fs.trigger, Warn: a.nodeEvent})
 	}
 	w := &watchNetwork{view: a.view, sync: a.fs, log: log, newPeer: newPeer, uplink: a.uplink}
+	we := a.newEgress()
 	wn := &watchNetworks{view: a.view, sync: a.fs, log: log.WithName("networks"), changed: func() { a.routes.Kick(); a.netReport.Kick() }}
 	ws := &watchServices{view: a.view, sync: a.fs, log: log.WithName("services")}
 	policyPods, policyNamespaces, policies := (&watchPolicies{view: a.view, sync: a.fs}).handlers()
@@ -292,6 +306,11 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 		{pods, handlers((&watchRemotePods{view: a.view, sync: a.fs}).pod)},
 		{a.kubeInformers.Core().V1().Namespaces().Informer(), policyNamespaces},
 		{a.kubeInformers.Networking().V1().NetworkPolicies().Informer(), policies},
+		// Egress IPs and firewalls (egress.go).
+		{net.NetNamespaces().Informer(), handlers(we.netNamespace)},
+		{net.HostSubnets().Informer(), handlers(we.hostSubnet)},
+		{net.EgressNetworkPolicies().Informer(), handlers(we.policy)},
+		{net.ClusterNetworks().Informer(), handlers(we.clusterNetwork)},
 	} {
 		reg, err := h.informer.AddEventHandler(h.handlers)
 		if err != nil {
@@ -376,6 +395,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		{"wait for the node's subnet", a.waitForNode},
 		{"set up the node", a.setUpNode},
 		{"restore pods", a.pods.Restore},
+		{"restore egress IPs", a.egressIPs.Restore},
 		{"install this round", a.installRound},
 		{"serve CNI", a.serveCNI},
 	}
@@ -582,6 +602,9 @@ func (a *Agent) serveCNI(ctx context.Context) error {
 	go a.netReport.Run(ctx)
 	go a.routes.Run(ctx)
 	go a.health.watch(ctx)
+	go a.egressIPs.Run(ctx)
+	go a.egressStatus.Run(ctx)
+	go a.egressDNS.Run(ctx)
 	a.health.setStep("")
 	a.log.Info("agent running", "bridge", a.cfg.Bridge, "cniSocket", a.cfg.CNISocket)
 	return srv.Serve(ctx)

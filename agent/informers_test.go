@@ -39,7 +39,8 @@ const testNode = "n1"
 
 // The informers the agent runs, by resource: all of them must watch before a test changes anything
 // (the fake API drops events between an informer's list and its watch).
-var agentWatches = []string{"clusternetworks", "hostsubnets", "netnamespaces", "services", "endpointslices", "pods", "namespaces", "networkpolicies"}
+var agentWatches = []string{"clusternetworks", "hostsubnets", "netnamespaces", "services", "endpointslices", "pods", "namespaces", "networkpolicies",
+	"egressnetworkpolicies"}
 
 // waitTimeout bounds every wait for an informer event: a guard against a hang, not a speed target.
 const waitTimeout = time.Minute
@@ -118,7 +119,7 @@ func newTestAgent(t testing.TB, objects ...runtime.Object) (*Agent, *fakeAPI, ch
 	var kubeObjs, netObjs []runtime.Object
 	for _, o := range objects {
 		switch o.(type) {
-		case *networkv1.ClusterNetwork, *networkv1.HostSubnet, *networkv1.NetNamespace:
+		case *networkv1.ClusterNetwork, *networkv1.HostSubnet, *networkv1.NetNamespace, *networkv1.EgressNetworkPolicy:
 			netObjs = append(netObjs, o)
 		default:
 			kubeObjs = append(kubeObjs, o)

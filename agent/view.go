@@ -58,6 +58,8 @@ type nodeView struct {
 	// remotePods are the other nodes' pods (pod informer), whose addresses give the source VNID of
 	// traffic that arrives unencapsulated in multitenant mode.
 	remotePods map[string]remotePod
+	// egress are egress IPs' and firewalls' inputs and derived state (egress.go), under a lock of their own.
+	egress *egressInputs
 	// networks are the Networks, their node subnets and the namespaces' labels (agent/networks);
 	// netAttachments the pods' interfaces on them, by attach.NetAttachmentKey.
 	networks       *networks.Index
@@ -76,7 +78,8 @@ func newNodeView(nodeName string) *nodeView {
 	return &nodeView{nodeName: nodeName, mode: pipeline.ModeSubnet, remote: map[string]pipeline.RemoteNode{},
 		vnids: map[string]uint32{}, pods: map[string]attach.Pod{}, services: map[string]*corev1.Service{},
 		slices: map[string]*discoveryv1.EndpointSlice{}, hostPorts: map[string]hostPortPod{}, converted: services.Cache{},
-		encap: pipeline.EncapVXLAN, remotePods: map[string]remotePod{}, networks: networks.NewIndex(), netAttachments: map[string]attach.NetAttachment{}}
+		encap: pipeline.EncapVXLAN, remotePods: map[string]remotePod{}, networks: networks.NewIndex(), netAttachments: map[string]attach.NetAttachment{},
+		egress: newEgressInputs()}
 }
 
 // The view as attachments see it (attach.Node).
@@ -426,6 +429,7 @@ func (v *nodeView) snapshotLocked() viewSnapshot {
 		}
 	}
 	st.Services = services.States(v.services, v.slices, v.nodeName, v.vnids, v.converted)
+	v.egress.fill(&st)
 	st.NodePortAddresses = []netip.Addr{pipeline.ServiceNodePortIP}
 	var in policyInput
 	if v.mode == pipeline.ModeNetworkPolicy {

@@ -1,7 +1,9 @@
 // Package controller is ofsdn's control plane (one active replica, leader-elected): it keeps the
 // ClusterNetwork `default`, a HostSubnet per Node and a NetNamespace (VNID) per Namespace, and carries out
 // the change-network requests (join / isolate / global) written on NetNamespaces, as openshift-sdn's master
-// did; and for every Network its VNI, a NetworkSubnet per node, its finalizer and its status (networks.go). The client-go pattern throughout: informers (from factories the caller builds, sample-controller's
+// did; for every Network its VNI, a NetworkSubnet per node, its finalizer and its status (networks.go);
+// and it judges egress IPs and EgressNetworkPolicies and places egress IPs (egress.go). The client-go
+// pattern throughout: informers (from factories the caller builds, sample-controller's
 // shape) feed workqueues keyed by object name; each sync function is idempotent; allocators are plain
 // data rebuilt from the API objects on every start and told of every object found since, so a controller
 // killed at any point resumes without changing or repeating an allocation.
@@ -71,13 +73,17 @@ type Controller struct {
 	subnets    networklisters.HostSubnetLister
 	netns      networklisters.NetNamespaceLister
 	networks   networklisters.ClusterNetworkLister
-	synced     []cache.InformerSynced
-	factories  []interface{ Start(stopCh <-chan struct{}) }
+	// egressPolicies are the EgressNetworkPolicies (egress.go).
+	egressPolicies networklisters.EgressNetworkPolicyLister
+	synced         []cache.InformerSynced
+	factories      []interface{ Start(stopCh <-chan struct{}) }
 	// vnidRange is what the VNID allocator hands out (the API's MinVNID-MaxVNID; tests narrow it).
 	vnidRange [2]uint32
 
 	nodeQ, nsQ, changeQ, statusQ workqueue.TypedRateLimitingInterface[string]
 	nets                         networkState // Networks (networks.go); its maps under mu
+	// egressQ holds egressIPsKey and egressPoliciesKey (egress.go).
+	egressQ workqueue.TypedRateLimitingInterface[string]
 
 	mu         sync.Mutex // guards everything below
 	accepted   networkv1.ClusterNetworkSpec
@@ -111,7 +117,7 @@ func New(kube kubernetes.Interface, net networkclient.Interface, kubeInformers i
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: name})
 	}
 	c := &Controller{kube: kube, net: net, cfg: cfg, log: cfg.Logger.WithName("controller"), metrics: metrics, recorder: cfg.Events,
-		nodeQ: rl("nodes"), nsQ: rl("namespaces"), changeQ: rl("change-network"), statusQ: rl("status"),
+		nodeQ: rl("nodes"), nsQ: rl("namespaces"), changeQ: rl("change-network"), statusQ: rl("status"), egressQ: rl("egress"),
 		nodeSubnet: map[string]netip.Prefix{}, nsVNID: map[string]uint32{}, waiting: map[string]bool{}, refused: map[string]string{},
 		vnidRange: [2]uint32{networkv1.MinVNID, networkv1.MaxVNID},
 		nets: networkState{queue: rl("networks"), vniRange: [2]uint32{networkv1.MinNetworkVNI, networkv1.MaxNetworkVNI},
@@ -123,6 +129,8 @@ func New(kube kubernetes.Interface, net networkclient.Interface, kubeInformers i
 	hsInf, nnInf, cnInf := net1.HostSubnets(), net1.NetNamespaces(), net1.ClusterNetworks()
 	c.nodes, c.namespaces = nodeInf.Lister(), nsInf.Lister()
 	c.subnets, c.netns, c.networks = hsInf.Lister(), nnInf.Lister(), cnInf.Lister()
+	enpInf := net1.EgressNetworkPolicies()
+	c.egressPolicies = enpInf.Lister()
 	on := func(q workqueue.TypedRateLimitingInterface[string]) cache.ResourceEventHandlerFuncs {
 		return cache.ResourceEventHandlerFuncs{
 			AddFunc:    func(obj any) { q.Add(objectName(obj)) },
@@ -143,6 +151,12 @@ func New(kube kubernetes.Interface, net networkclient.Interface, kubeInformers i
 			DeleteFunc: func(obj any) { c.nsQ.Add(objectName(obj)) },
 		}},
 		{cnInf.Informer(), on(c.statusQ)},
+		// Egress IPs depend on NetNamespaces, HostSubnets, Nodes' readiness and the cluster network.
+		{nnInf.Informer(), onKey(c.egressQ, egressIPsKey)},
+		{hsInf.Informer(), onKey(c.egressQ, egressIPsKey)},
+		{nodeInf.Informer(), onKey(c.egressQ, egressIPsKey)},
+		{cnInf.Informer(), onKey(c.egressQ, egressIPsKey)},
+		{enpInf.Informer(), onKey(c.egressQ, egressPoliciesKey)},
 	} {
 		if _, err := h.informer.AddEventHandler(h.handler); err != nil {
 			return nil, fmt.Errorf("controller: %w", err)
@@ -153,6 +167,15 @@ func New(kube kubernetes.Interface, net networkclient.Interface, kubeInformers i
 		return nil, fmt.Errorf("controller: %w", err)
 	}
 	return c, nil
+}
+
+// onKey queues one fixed key on every event of an informer.
+func onKey(q workqueue.TypedRateLimitingInterface[string], key string) cache.ResourceEventHandlerFuncs {
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { q.Add(key) },
+		UpdateFunc: func(_, _ any) { q.Add(key) },
+		DeleteFunc: func(any) { q.Add(key) },
+	}
 }
 
 // objectName is the workqueue key of an informer's object: its name (every object here is
@@ -180,6 +203,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	defer c.nsQ.ShutDown()
 	defer c.changeQ.ShutDown()
 	defer c.statusQ.ShutDown()
+	defer c.egressQ.ShutDown()
 	defer c.nets.queue.ShutDown()
 	if c.recorder == nil {
 		broadcaster := record.NewBroadcaster(record.WithContext(ctx))
@@ -216,6 +240,7 @@ func (c *Controller) Run(ctx context.Context) error {
 		workers int
 	}{{c.nodeQ, "node", c.syncNode, c.cfg.Workers}, {c.nsQ, "namespace", c.syncNamespace, c.cfg.Workers},
 		{c.changeQ, "change-network", c.syncChangeNetwork, 1}, {c.statusQ, "status", c.syncStatus, 1},
+		{c.egressQ, "egress", c.syncEgress, 1},
 		{c.nets.queue, "network", c.syncNetwork, c.cfg.Workers}} {
 		for range w.workers {
 			wg.Add(1)
@@ -223,6 +248,8 @@ func (c *Controller) Run(ctx context.Context) error {
 		}
 	}
 	c.statusQ.Add(networkv1.ClusterNetworkName)
+	c.egressQ.Add(egressIPsKey)
+	c.egressQ.Add(egressPoliciesKey)
 	c.mu.Lock()
 	c.ready = true
 	c.mu.Unlock()
@@ -231,6 +258,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	c.nsQ.ShutDown()
 	c.changeQ.ShutDown()
 	c.statusQ.ShutDown()
+	c.egressQ.ShutDown()
 	c.nets.queue.ShutDown()
 	wg.Wait()
 	return nil

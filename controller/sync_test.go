@@ -121,7 +121,7 @@ func newFixture(t *testing.T, o fixtureOpts, objects ...runtime.Object) *fixture
 		c.vnidRange = o.vnids
 	}
 	t.Cleanup(func() {
-		for _, q := range []workqueue.TypedRateLimitingInterface[string]{c.nodeQ, c.nsQ, c.changeQ, c.statusQ, c.nets.queue} {
+		for _, q := range []workqueue.TypedRateLimitingInterface[string]{c.nodeQ, c.nsQ, c.changeQ, c.statusQ, c.nets.queue, c.egressQ} {
 			q.ShutDown()
 		}
 	})
@@ -170,6 +170,8 @@ func (f *fixture) resync() {
 	replace(net.NetNamespaces().Informer(), nns, err)
 	cns, err := f.net.NetworkV1().ClusterNetworks().List(f.ctx, lo)
 	replace(net.ClusterNetworks().Informer(), cns, err)
+	enps, err := f.net.NetworkV1().EgressNetworkPolicies("").List(f.ctx, lo)
+	replace(net.EgressNetworkPolicies().Informer(), enps, err)
 	nets, err := f.net.NetworkV1().Networks().List(f.ctx, lo)
 	replace(net.Networks().Informer(), nets, err)
 	nss2, err := f.net.NetworkV1().NetworkSubnets().List(f.ctx, lo)

@@ -14,6 +14,7 @@
 package debugapi
 
 import (
+	"fmt"
 	"net/netip"
 
 	"github.com/ofsdn/ofsdn/flows/trace"
@@ -62,6 +63,48 @@ type NodeInfo struct {
 	// on br0) and those that carry none, with the reason (an attached pod whose namespace the Network
 	// does not admit keeps its interface and address, and gets no flows).
 	Attachments []Attachment `json:"attachments,omitempty"`
+	// Egress is what the node renders of egress IPs and firewalls (nil: none in the cluster).
+	Egress *Egress `json:"egress,omitempty"`
+}
+
+// Egress is a node's egress IPs and firewalls (flows/pipeline/egress.go).
+type Egress struct {
+	// Held are the egress IPs this node holds now.
+	Held       []netip.Addr      `json:"held,omitempty"`
+	Namespaces []EgressNamespace `json:"namespaces,omitempty"`
+}
+
+// EgressNamespace is one namespace's egress IPs and firewall.
+type EgressNamespace struct {
+	Name       string       `json:"name"`
+	IPs        []netip.Addr `json:"ips,omitempty"`
+	NoUsableIP bool         `json:"noUsableIP,omitempty"`
+	// Policy names its EgressNetworkPolicy ("" none); DenyAll: it cannot be enforced as written.
+	Policy  string       `json:"policy,omitempty"`
+	DenyAll bool         `json:"denyAll,omitempty"`
+	Rules   []EgressRule `json:"rules,omitempty"`
+}
+
+// EgressRule is one firewall rule: a CIDR, or a DNS name and what it resolved to.
+type EgressRule struct {
+	Allow     bool           `json:"allow"`
+	DNSName   string         `json:"dnsName,omitempty"`
+	Addresses []netip.Prefix `json:"addresses"`
+}
+
+// String names the rule as the API writes it.
+func (r EgressRule) String() string {
+	verb := "Deny"
+	if r.Allow {
+		verb = "Allow"
+	}
+	if r.DNSName != "" {
+		return fmt.Sprintf("%s %s (resolved to %v)", verb, r.DNSName, r.Addresses)
+	}
+	if len(r.Addresses) == 1 {
+		return verb + " " + r.Addresses[0].String()
+	}
+	return fmt.Sprintf("%s %v", verb, r.Addresses)
 }
 
 // Port is one port of the bridge.

@@ -191,6 +191,10 @@ type Verdict struct {
 	Owner    string   `json:"owner,omitempty"`
 	Pod      string   `json:"pod,omitempty"`
 	Policies []string `json:"policies,omitempty"`
+	// EgressIP is the address the packet leaves the cluster from, when it is a namespace's egress IP;
+	// Firewall the EgressNetworkPolicy rule that drops it ("ns/name rule 2").
+	EgressIP string `json:"egressIP,omitempty"`
+	Firewall string `json:"firewall,omitempty"`
 }
 
 // endpointSpec is a resolved SRC or DST.
@@ -789,6 +793,9 @@ func exitTunnel(ctx context.Context, w world, x exitHop) (*nextHop, string, erro
 	}
 	x.hop.Leaves = fmt.Sprintf("leaves by %s to node %s (%s) with tun_id %#x", pipeline.PortNameVXLAN, peer, f.TunDst, f.TunID)
 	if peer == "" {
+		if next, from, ok, err := exitToEgressIP(ctx, w, x); ok || err != nil {
+			return next, from, err
+		}
 		x.res.Verdict = Verdict{Kind: VerdictDropped, Node: info.Name, Text: fmt.Sprintf("sent through the tunnel to %s, which is no node node %s knows", f.TunDst, info.Name)}
 		return nil, "", nil
 	}
@@ -859,6 +866,15 @@ func exitHost(ctx context.Context, w world, x exitHop) (*nextHop, string, error)
 		res.Verdict = Verdict{Kind: VerdictHost, Node: info.Name, Text: fmt.Sprintf("delivered to the host of node %s", info.Name)}
 	case inNets(f.IPDst, info.ClusterNetworks) || inNet(f.IPDst, info.ServiceNetwork):
 		res.Verdict = Verdict{Kind: VerdictHost, Node: info.Name, Text: fmt.Sprintf("handed to the host of node %s for %s, an address br0 does not route", info.Name, f.IPDst)}
+	case heldEgressIP(info, f.EthSrc).IsValid():
+		eip := heldEgressIP(info, f.EthSrc)
+		target := f.IPDst.String()
+		if name, ok, _ := w.nodeByIP(ctx, f.IPDst); ok {
+			target = "node " + name + " (" + f.IPDst.String() + ")"
+		}
+		res.Verdict = Verdict{Kind: VerdictLeftCluster, Node: info.Name, EgressIP: eip.String(),
+			Text: fmt.Sprintf("leaves the cluster from node %s to %s with egress IP %s%s: the host SNATs it from %s to %s", info.Name, target, eip,
+				egressNamespaceText(info, eip), f.IPSrc, eip)}
 	default:
 		target := f.IPDst.String()
 		if name, ok, _ := w.nodeByIP(ctx, f.IPDst); ok {
@@ -1053,6 +1069,24 @@ func dropVerdict(n *traceNode, path *trace.Path, proto string) Verdict {
 		v.Text = fmt.Sprintf("%s by the tunnel guard: no pod may send to the tunnel port %s of %s, which is not a pod (it would inject into the overlay)", where, l4(), f.IPDst)
 	case last.Table == pipeline.TableRouting:
 		v.Text = fmt.Sprintf("%s: no node hosts %s", where, f.IPDst)
+	case last.Table == pipeline.TableEgressFirewall && obj.Kind == pipeline.KindEgressNetworkPolicy:
+		v.Firewall = obj.Key()
+		rule := "it cannot be enforced as written (several policies in the namespace, or a rule that does not parse): everything leaving the cluster is dropped"
+		if i, ok := pipeline.EgressRuleOf(last.Priority); ok {
+			v.Firewall = fmt.Sprintf("%s rule %d", obj.Key(), i)
+			rule = fmt.Sprintf("rule %d", i)
+			if r, ok := egressRule(info, obj.Namespace, i); ok {
+				rule += " (" + r.String() + ")"
+			}
+			rule += ", the first rule matching " + f.IPDst.String()
+		}
+		v.Text = fmt.Sprintf("%s by EgressNetworkPolicy %s: %s", where, obj.Key(), rule)
+	case last.Table == pipeline.TableEgressIP && obj.Kind == pipeline.KindNetNamespace:
+		v.Text = fmt.Sprintf("%s: namespace %s has egress IPs but none can be used (see its NetNamespace status): its traffic leaving the cluster is dropped", where, obj.Name)
+	case last.Table == pipeline.TableEgressOut:
+		v.Text = fmt.Sprintf("%s: another node's egress traffic for %s, an egress IP node %s does not hold (never sent from the node's own address)", where, f.TunDst, info.Name)
+	case last.Table == pipeline.TableEgressReturn:
+		v.Text = fmt.Sprintf("%s: from %s outside the cluster, and no reply of a connection a pod here opened through an egress IP", where, f.IPSrc)
 	case last.Table == pipeline.TableServices && obj.Kind == pipeline.KindService:
 		v.Text = fmt.Sprintf("%s: service %s:%s has no endpoint on node %s for this traffic (traffic policy Local)", where, obj.Key(), obj.Port, info.Name)
 	default:
@@ -1124,4 +1158,88 @@ func (r *TraceResult) WriteText(w io.Writer) error {
 	}
 	fmt.Fprintf(w, "\nverdict: %s\n", r.Verdict.Text)
 	return nil
+}
+
+// exitToEgressIP follows VXLAN sent to an egress IP (flows/pipeline/egress.go) to the node that holds
+// it now; ok is false when the tunnel's destination is no egress IP this node knows.
+func exitToEgressIP(ctx context.Context, w world, x exitHop) (*nextHop, string, bool, error) {
+	info, f := x.n.info, x.out.Fields
+	if info.Egress == nil {
+		return nil, "", false, nil
+	}
+	known := false
+	for _, ns := range info.Egress.Namespaces {
+		known = known || slices.Contains(ns.IPs, f.TunDst)
+	}
+	if !known {
+		return nil, "", false, nil
+	}
+	names, err := w.nodeNames(ctx)
+	if err != nil {
+		return nil, "", true, err
+	}
+	for _, name := range names {
+		next, err := w.node(ctx, name)
+		if err != nil || next.info.Egress == nil || !slices.Contains(next.info.Egress.Held, f.TunDst) {
+			continue
+		}
+		x.hop.Leaves = fmt.Sprintf("leaves by %s to egress IP %s%s, held by node %s, with tun_id %#x", pipeline.PortNameVXLAN, f.TunDst,
+			egressNamespaceText(info, f.TunDst), name, f.TunID)
+		p := arriving(next, pipeline.RoleTunnel, f, x.res.Proto)
+		p.TunID, p.TunSrc, p.TunDst = f.TunID, info.NodeIP, f.TunDst
+		return &nextHop{node: next, packet: p}, fmt.Sprintf("in_port %d (%s, tun_id %#x from %s, node %s, for egress IP %s)", p.InPort,
+			pipeline.PortNameVXLAN, f.TunID, info.NodeIP, info.Name, f.TunDst), true, nil
+	}
+	x.hop.Leaves = fmt.Sprintf("leaves by %s to egress IP %s%s, held by no node", pipeline.PortNameVXLAN, f.TunDst, egressNamespaceText(info, f.TunDst))
+	x.res.Verdict = Verdict{Kind: VerdictDropped, Node: info.Name, EgressIP: f.TunDst.String(),
+		Text: fmt.Sprintf("sent to egress IP %s%s, which no node holds now: the namespace's connections through it are dropped until one does", f.TunDst,
+			egressNamespaceText(info, f.TunDst))}
+	return nil, "", true, nil
+}
+
+// heldEgressIP is the egress IP this node holds whose egress MAC (pipeline.EgressMAC) is mac, if any.
+func heldEgressIP(info *debugapi.NodeInfo, mac string) netip.Addr {
+	if info.Egress == nil {
+		return netip.Addr{}
+	}
+	m, err := parseMAC(mac)
+	if err != nil {
+		return netip.Addr{}
+	}
+	for _, ip := range info.Egress.Held {
+		if bytes.Equal(pipeline.EgressMAC(ip), m) {
+			return ip
+		}
+	}
+	return netip.Addr{}
+}
+
+// egressNamespaceText names the namespaces whose egress IP ip is: " (namespace x)", or "".
+func egressNamespaceText(info *debugapi.NodeInfo, ip netip.Addr) string {
+	if info.Egress == nil {
+		return ""
+	}
+	var names []string
+	for _, ns := range info.Egress.Namespaces {
+		if slices.Contains(ns.IPs, ip) {
+			names = append(names, ns.Name)
+		}
+	}
+	if len(names) == 0 {
+		return ""
+	}
+	return " (namespace " + strings.Join(names, ", ") + ")"
+}
+
+// egressRule is rule i of a namespace's firewall as the node renders it.
+func egressRule(info *debugapi.NodeInfo, namespace string, i int) (debugapi.EgressRule, bool) {
+	if info.Egress == nil {
+		return debugapi.EgressRule{}, false
+	}
+	for _, ns := range info.Egress.Namespaces {
+		if ns.Name == namespace && i < len(ns.Rules) {
+			return ns.Rules[i], true
+		}
+	}
+	return debugapi.EgressRule{}, false
 }

@@ -54,17 +54,39 @@ func vnidOf(p testPod, mode pipeline.Mode) uint32 {
 func writeNodeDump(t *testing.T, dir, name string, nodeIP netip.Addr, subnet netip.Prefix, peer debugapi.RemoteNode, mode pipeline.Mode,
 	encap pipeline.Encapsulation, pods, peerPods []testPod, services []pipeline.ServiceState, policies []pipeline.PolicyState, nets *testNetworks) string {
 	t.Helper()
+	return writeNodeDumpEgress(t, dir, name, nodeIP, subnet, peer, mode, encap, pods, peerPods, services, policies, nets, pipeline.EgressState{})
+}
+
+// writeNodeDumpEgress is writeNodeDump with egress IPs and firewalls.
+func writeNodeDumpEgress(t *testing.T, dir, name string, nodeIP netip.Addr, subnet netip.Prefix, peer debugapi.RemoteNode, mode pipeline.Mode,
+	encap pipeline.Encapsulation, pods, peerPods []testPod, services []pipeline.ServiceState, policies []pipeline.PolicyState, nets *testNetworks,
+	egress pipeline.EgressState) string {
+	t.Helper()
 	remote := pipeline.RemoteNode{Name: peer.Name, NodeIP: peer.NodeIP, Subnet: peer.Subnet, OnSegment: encap == pipeline.EncapNone}
 	for _, p := range peerPods {
 		remote.Pods = append(remote.Pods, pipeline.RemotePod{IP: p.ip, VNID: vnidOf(p, mode)})
 	}
 	st := pipeline.NodeState{Mode: mode, NodeName: name, NodeIP: nodeIP, LocalSubnet: subnet, ClusterNetworks: []netip.Prefix{clusterNet},
 		Encapsulation: encap, Uplink: encap == pipeline.EncapNone, RemoteNodes: []pipeline.RemoteNode{remote},
-		NodePortAddresses: []netip.Addr{pipeline.ServiceNodePortIP}, Services: services, Policies: policies}
+		NodePortAddresses: []netip.Addr{pipeline.ServiceNodePortIP}, Services: services, Policies: policies, Egress: egress}
 	info := &debugapi.NodeInfo{Name: name, Bridge: "br0", NodeIP: nodeIP, Subnet: subnet, Gateway: pipeline.Gateway(subnet), Mode: string(mode),
 		ClusterNetworks: []netip.Prefix{clusterNet}, ServiceNetwork: serviceNet, Round: testRound, PipelineVersion: pipeline.PipelineVersion,
 		RemoteNodes: []debugapi.RemoteNode{peer}, VNIDs: traceVNIDs, NodePortAddress: pipeline.ServiceNodePortIP,
 		Ports: []debugapi.Port{{Name: "tun0", Type: "internal", OFPort: 2, MAC: "0a:58:ff:00:00:02"}, {Name: "vxlan0", Type: "vxlan", OFPort: 1}}}
+	if len(egress.Namespaces) > 0 {
+		st.GatewayMAC = net.HardwareAddr{0x0a, 0x58, 0xff, 0, 0, 2} // tun0's (the holder hands egress traffic to it)
+		info.Egress = &debugapi.Egress{Held: egress.Held}
+		for _, ns := range egress.Namespaces {
+			en := debugapi.EgressNamespace{Name: ns.Name, IPs: ns.IPs, NoUsableIP: ns.NoUsableIP}
+			if fw := ns.Firewall; fw != nil {
+				en.Policy, en.DenyAll = fw.Policy, fw.DenyAll
+				for _, r := range fw.Rules {
+					en.Rules = append(en.Rules, debugapi.EgressRule{Allow: r.Allow, DNSName: r.DNSName, Addresses: r.Dsts})
+				}
+			}
+			info.Egress.Namespaces = append(info.Egress.Namespaces, en)
+		}
+	}
 	if encap == pipeline.EncapNone {
 		info.Ports = append(info.Ports, debugapi.Port{Name: pipeline.PortNameUplink, Type: "patch", OFPort: int(pipeline.PortUplink)})
 	}
@@ -348,5 +370,92 @@ func TestEveryPortRoleHasATraceOutcome(t *testing.T) {
 					res.Verdict.Kind, len(res.Hops), res.Hops[0].Leaves, tc.kind, tc.hops, tc.leaves, text.String())
 			}
 		})
+	}
+}
+
+// egressNodes writes dumps of n1 and n2 with egress: blue leaves from 198.51.100.40, held by n2; red has
+// an EgressNetworkPolicy (deny 192.0.2.66, allow 192.0.2.0/24, deny the rest); default has an egress
+// IP no node holds (198.51.100.41).
+func egressNodes(t *testing.T, mode pipeline.Mode, encap pipeline.Encapsulation) []string {
+	dir := t.TempDir()
+	a, b, g := netip.MustParseAddr("10.128.0.3"), netip.MustParseAddr("10.128.0.5"), netip.MustParseAddr("10.128.0.6")
+	c := netip.MustParseAddr("10.128.2.3")
+	pfx := netip.MustParsePrefix
+	egress := func(held ...netip.Addr) pipeline.EgressState {
+		return pipeline.EgressState{ServiceNetwork: serviceNet, Held: held, Namespaces: []pipeline.EgressNamespace{
+			{Name: "blue", IPs: []netip.Addr{netip.MustParseAddr("198.51.100.40")}},
+			{Name: "default", IPs: []netip.Addr{netip.MustParseAddr("198.51.100.41")}},
+			{Name: "red", Firewall: &pipeline.EgressFirewall{Policy: "fw", Rules: []pipeline.EgressRule{
+				{Dsts: []netip.Prefix{pfx("192.0.2.66/32")}}, {Allow: true, Dsts: []netip.Prefix{pfx("192.0.2.0/24")}}, {Dsts: []netip.Prefix{pfx("0.0.0.0/0")}}}}},
+		}}
+	}
+	n1Pods := []testPod{{"blue", "a", a, 3}, {"red", "b", b, 5}, {"default", "g", g, 6}}
+	n2Pods := []testPod{{"blue", "c", c, 3}}
+	return []string{
+		writeNodeDumpEgress(t, dir, "n1", n1IP, n1Net, debugapi.RemoteNode{Name: "n2", NodeIP: n2IP, Subnet: n2Net}, mode, encap,
+			n1Pods, n2Pods, nil, nil, nil, egress()),
+		writeNodeDumpEgress(t, dir, "n2", n2IP, n2Net, debugapi.RemoteNode{Name: "n1", NodeIP: n1IP, Subnet: n1Net}, mode, encap,
+			n2Pods, n1Pods, nil, nil, nil, egress(netip.MustParseAddr("198.51.100.40"))),
+	}
+}
+
+// TestTraceOfflineEgress: a trace to an outside address names the egress IP and the node it leaves
+// from, or the EgressNetworkPolicy rule that drops it, in both encapsulations.
+func TestTraceOfflineEgress(t *testing.T) {
+	ctx := context.Background()
+	for _, encap := range []pipeline.Encapsulation{pipeline.EncapVXLAN, pipeline.EncapNone} {
+		dumps := egressNodes(t, pipeline.ModeMultitenant, encap)
+		cases := []struct {
+			name     string
+			o        TraceOptions
+			kind     string
+			says     []string
+			hops     int
+			egressIP string
+			firewall string
+		}{
+			{"egress-ip", TraceOptions{Src: "blue/a", Dst: "192.0.2.7", Port: 443}, VerdictLeftCluster,
+				[]string{"from node n2", "with egress IP 198.51.100.40 (namespace blue)", "SNATs it from 10.128.0.3 to 198.51.100.40"}, 2, "198.51.100.40", ""},
+			{"egress-ip-held-here", TraceOptions{Src: "blue/c", Dst: "192.0.2.7", Port: 443}, VerdictLeftCluster,
+				[]string{"from node n2", "with egress IP 198.51.100.40", "from 10.128.2.3 to 198.51.100.40"}, 1, "198.51.100.40", ""},
+			{"egress-ip-unheld", TraceOptions{Src: "default/g", Dst: "192.0.2.7", Port: 443}, VerdictDropped,
+				[]string{"egress IP 198.51.100.41 (namespace default), which no node holds now"}, 1, "198.51.100.41", ""},
+			{"egress-ip-inside", TraceOptions{Src: "blue/a", Dst: "blue/c", Port: 8080}, VerdictDelivered, []string{"blue/c"}, 2, "", ""},
+			{"egress-firewall-first-rule", TraceOptions{Src: "red/b", Dst: "192.0.2.66", Port: 443}, VerdictDropped,
+				[]string{"table 55 egress-firewall by EgressNetworkPolicy red/fw: rule 0 (Deny 192.0.2.66/32)"}, 1, "", "red/fw rule 0"},
+			{"egress-firewall-allowed", TraceOptions{Src: "red/b", Dst: "192.0.2.7", Port: 443}, VerdictLeftCluster,
+				[]string{"SNATs it from 10.128.0.5 to 198.51.100.11"}, 1, "", ""},
+			{"egress-firewall-last-rule", TraceOptions{Src: "red/b", Dst: "198.18.0.1", Port: 443}, VerdictDropped,
+				[]string{"rule 2 (Deny 0.0.0.0/0)"}, 1, "", "red/fw rule 2"},
+		}
+		for _, tc := range cases {
+			t.Run(string(encap)+"/"+tc.name, func(t *testing.T) {
+				w, err := newOfflineWorld(dumps)
+				if err != nil {
+					t.Fatal(err)
+				}
+				tc.o.Proto, tc.o.SrcPort = "tcp", 40000
+				res, err := Trace(ctx, w, tc.o)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var text bytes.Buffer
+				if err := res.WriteText(&text); err != nil {
+					t.Fatal(err)
+				}
+				if res.Verdict.Kind != tc.kind || len(res.Hops) != tc.hops || res.Verdict.EgressIP != tc.egressIP || res.Verdict.Firewall != tc.firewall {
+					t.Errorf("verdict %s (egress IP %q, firewall %q) after %d hops, want %s (%q, %q) after %d:\n%s", res.Verdict.Kind, res.Verdict.EgressIP,
+						res.Verdict.Firewall, len(res.Hops), tc.kind, tc.egressIP, tc.firewall, tc.hops, text.String())
+				}
+				for _, s := range tc.says {
+					if !strings.Contains(res.Verdict.Text, s) {
+						t.Errorf("verdict %q does not say %q", res.Verdict.Text, s)
+					}
+				}
+				if encap == pipeline.EncapVXLAN && tc.name == "egress-ip" {
+					golden(t, "trace-egress-ip.golden", text.Bytes())
+				}
+			})
+		}
 	}
 }

@@ -37,6 +37,8 @@ type world interface {
 	// nodeAddr resolves a node's name to its address, or an address to a node's name.
 	nodeByName(ctx context.Context, name string) (netip.Addr, bool, error)
 	nodeByIP(ctx context.Context, ip netip.Addr) (string, bool, error)
+	// nodeNames lists the nodes (to find the holder of an egress IP).
+	nodeNames(ctx context.Context) ([]string, error)
 	live() bool
 }
 
@@ -294,6 +296,19 @@ func (w *liveWorld) nodeByName(ctx context.Context, name string) (netip.Addr, bo
 	return ip, ok, nil
 }
 
+func (w *liveWorld) nodeNames(ctx context.Context) ([]string, error) {
+	list, err := w.kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]string, 0, len(list.Items))
+	for _, n := range list.Items {
+		out = append(out, n.Name)
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
 func (w *liveWorld) nodeByIP(ctx context.Context, ip netip.Addr) (string, bool, error) {
 	list, err := w.kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 	if err != nil {
@@ -445,6 +460,15 @@ func (w *offlineWorld) allNodes() map[string]netip.Addr {
 func (w *offlineWorld) nodeByName(_ context.Context, name string) (netip.Addr, bool, error) {
 	ip, ok := w.allNodes()[name]
 	return ip, ok, nil
+}
+
+func (w *offlineWorld) nodeNames(_ context.Context) ([]string, error) {
+	out := make([]string, 0, len(w.nodes))
+	for name := range w.nodes {
+		out = append(out, name)
+	}
+	slices.Sort(out)
+	return out, nil
 }
 
 func (w *offlineWorld) nodeByIP(_ context.Context, ip netip.Addr) (string, bool, error) {

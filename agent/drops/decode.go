@@ -162,11 +162,39 @@ func Decode(pin openflow.PacketIn, snap *Snapshot, now time.Time) (debugapi.Drop
 		net := networkOf(st, pin.Regs[0])
 		d.Object = "Network " + net
 		d.Verdict = fmt.Sprintf("dropped by Network isolation: Network %s does not reach %s", net, pkt.Dst)
+	case pipeline.CauseEgressFirewall:
+		d.Object, d.Verdict = egressFirewall(st, owner, pkt.Dst)
 	default:
 		d.Object = info.Words
 		d.Verdict = "dropped by " + info.Words
 	}
 	return d, true
+}
+
+// egressFirewall names the EgressNetworkPolicy (from the flow's owner) and the rule that denied dst:
+// the first rule whose destinations hold it, as the firewall decides.
+func egressFirewall(st *pipeline.NodeState, owner reconcile.Owner, dst netip.Addr) (object, verdict string) {
+	obj, ok := pipeline.ObjectOf(owner)
+	if !ok || obj.Kind != pipeline.KindEgressNetworkPolicy {
+		return "egress firewall", fmt.Sprintf("dropped by the egress firewall: %s is denied", dst)
+	}
+	object = fmt.Sprintf("EgressNetworkPolicy %s/%s", obj.Namespace, obj.Name)
+	for _, ns := range st.Egress.Namespaces {
+		if ns.Name != obj.Namespace || ns.Firewall == nil {
+			continue
+		}
+		if ns.Firewall.DenyAll {
+			return object, fmt.Sprintf("dropped by the egress firewall of namespace %s: %s cannot be enforced as written, so it denies everything", ns.Name, object)
+		}
+		for i, r := range ns.Firewall.Rules {
+			for _, p := range r.Dsts {
+				if p.Contains(dst) {
+					return object, fmt.Sprintf("dropped by the egress firewall of namespace %s: %s rule %d (%s)", ns.Name, object, i, r)
+				}
+			}
+		}
+	}
+	return object, fmt.Sprintf("dropped by the egress firewall of namespace %s: %s denies %s", obj.Namespace, object, dst)
 }
 
 func isolatedBy(policies []string) string {

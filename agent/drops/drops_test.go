@@ -75,8 +75,12 @@ func testSnapshot() *Snapshot {
 		Attachments: []pipeline.AttachmentState{{Namespace: "blue", Name: "a", Interface: "net1", Network: "alpha", VNI: 16773121,
 			IP: netip.MustParseAddr("10.200.0.3"), OFPort: 7}},
 	}
+	st.Egress.Namespaces = []pipeline.EgressNamespace{{Name: "blue", Firewall: &pipeline.EgressFirewall{Policy: "fw", Rules: []pipeline.EgressRule{
+		{Allow: true, Dsts: []netip.Prefix{netip.MustParsePrefix("192.0.2.8/32")}},
+		{Dsts: []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}},
+	}}}}
 	owners := map[uint32]reconcile.Owner{}
-	for _, o := range []reconcile.Owner{pipeline.PipelineOwner, pipeline.PodOwner("red", "b"), pipeline.PodOwner("blue", "a"),
+	for _, o := range []reconcile.Owner{pipeline.EgressFirewallOwner("blue", "fw"), pipeline.PipelineOwner, pipeline.PodOwner("red", "b"), pipeline.PodOwner("blue", "a"),
 		pipeline.TunnelGuardOwner, {Category: reconcile.CategoryService, Name: "blue/empty:http"}} {
 		owners[o.Hash()] = o
 	}
@@ -115,6 +119,8 @@ func TestDecode(t *testing.T) {
 			"network-vni", "10.200.9.9", "10.200.0.3", "Network VNI 16773121 from 0.0.0.0", 9, nil, "VNI 16773121"},
 		{"network isolation", packetIn(130, cookieOf(pipeline.PipelineOwner), 7, 0, map[int]uint32{0: 16773121}, frame("10.200.0.3", "10.128.0.4", 6, 1, 80)),
 			"network-isolation", "blue/a@net1", "10.128.0.4", "Network alpha", 80, nil, "Network alpha does not reach 10.128.0.4"},
+		{"egress firewall", packetIn(55, cookieOf(pipeline.EgressFirewallOwner("blue", "fw")), 3, 0, nil, frame("10.128.0.3", "192.0.2.80", 6, 1, 443)),
+			"egress-firewall", "blue/a", "192.0.2.80", "EgressNetworkPolicy blue/fw", 443, nil, "rule 1 (Deny 192.0.2.0/24)"},
 		{"service without endpoints", packetIn(40, cookieOf(reconcile.Owner{Category: reconcile.CategoryService, Name: "blue/empty:http"}), 3, 0, nil, frame("10.128.0.3", "172.30.0.9", 6, 1, 80)),
 			"service-no-endpoints", "blue/a", "172.30.0.9", "Service blue/empty (port http)", 80, nil, "rejected"},
 	} {

@@ -25,12 +25,23 @@ import (
 // alone.
 
 // policyFingerprint is a hash of everything in st that decides NetworkPolicy verdicts: the policies
-// as resolved for this node and which pods are isolated.
+// as resolved for this node and which pods are isolated; and the egress firewalls' rules
+// (EgressNetworkPolicy verdicts stay as cached just the same).
 func policyFingerprint(st pipeline.NodeState) uint64 {
-	if st.Mode != pipeline.ModeNetworkPolicy {
-		return 0
-	}
 	h := fnv.New64a()
+	fw := false
+	for _, ns := range st.Egress.Namespaces {
+		if ns.Firewall != nil {
+			fmt.Fprintf(h, "|egress firewall %s %+v", ns.Name, *ns.Firewall)
+			fw = true
+		}
+	}
+	if st.Mode != pipeline.ModeNetworkPolicy {
+		if !fw {
+			return 0
+		}
+		return h.Sum64()
+	}
 	fmt.Fprintf(h, "%+v", st.Policies)
 	for _, p := range st.Pods {
 		fmt.Fprintf(h, "|%s/%s %d %s %v %v", p.Namespace, p.Name, p.OFPort, p.IP, p.IngressIsolated, p.EgressIsolated)

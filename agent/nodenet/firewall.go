@@ -341,42 +341,9 @@ func EnsureFirewall(cfg Config) error {
 	return ensureSNAT(ns, cfg)
 }
 
-// tableInstalled reports whether the table holds exactly the wanted chains and rules.
+// tableInstalled reports whether ofsdn's table holds exactly the wanted chains and rules.
 func tableInstalled(c *nftables.Conn, want []nftChain) (bool, error) {
-	t, err := c.ListTableOfFamily(NFTTable, nftables.TableFamilyIPv4)
-	if errors.Is(err, unix.ENOENT) {
-		return false, nil
-	}
-	if err != nil {
-		return false, nftError("read nf_tables table ip "+NFTTable, err)
-	}
-	all, err := c.ListChainsOfTableFamily(nftables.TableFamilyIPv4)
-	if err != nil {
-		return false, nftError("read nf_tables chains", err)
-	}
-	ours := map[string]*nftables.Chain{}
-	for _, ch := range all {
-		if ch.Table.Name == NFTTable {
-			ours[ch.Name] = ch
-		}
-	}
-	if len(ours) != len(want) {
-		return false, nil
-	}
-	for _, w := range want {
-		ch := ours[w.Name]
-		if ch == nil || ch.Type != w.Type || ch.Hooknum == nil || *ch.Hooknum != *w.Hook || ch.Priority == nil || *ch.Priority != *w.Priority {
-			return false, nil
-		}
-		rules, err := c.GetRules(t, ch)
-		if err != nil {
-			return false, nftError("read nf_tables rules", err)
-		}
-		if !sameRules(rules, w.Rules) {
-			return false, nil
-		}
-	}
-	return true, nil
+	return tableInstalledNamed(c, NFTTable, want)
 }
 
 // sameRules compares installed rules with wanted ones, expression by expression, ignoring counters'

@@ -316,7 +316,10 @@ func (c *Cluster) StartAgent(n *Node) error {
 		"--cni-plugin", filepath.Join(c.BinDir, "ofsdn"),
 		// The lab's agents follow an encapsulation change within a second; a short linger lets a test
 		// that switches back to vxlan wait for the uplink port to go, so later tests find br0 as before.
-		"--uplink-linger", UplinkLinger.String()}
+		"--uplink-linger", UplinkLinger.String(),
+		// EgressNetworkPolicy DNS names are resolved by a server of the lab's own (a test runs one on
+		// the external host), never by the machine's resolver.
+		"--egress-dns-server", netip.AddrPortFrom(c.Lab.External.IP, 53).String()}
 	args = append(append(args, manifest...), c.opts.AgentArgs...)
 	p, err := startProcess(filepath.Join(c.BinDir, "ofsdn-agent"), n.AgentLog, n.NetNS, args...)
 	if err != nil {

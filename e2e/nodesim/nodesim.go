@@ -179,6 +179,10 @@ func (s *Sim) heartbeat(ctx context.Context) {
 // runtime: the simulator leaves such a pod alone (it neither runs nor finishes it).
 const UnmanagedAnnotation = "lab.ofsdn.io/unmanaged"
 
+// HelloAnnotation makes a pod's process, instead of serving, send its first datagrams to the address
+// the annotation names (HOST:PORT) the moment it starts, and exit (ofsdn-testpod hello).
+const HelloAnnotation = "lab.ofsdn.io/hello"
+
 // NetworksPort is where a lab pod answers on each of its Network interfaces (net1...), with sockets
 // bound to the interface (testpod.ServeNetworks); eth0 serves the pod's container ports.
 const NetworksPort = 8081
@@ -263,6 +267,9 @@ func (s *Sim) startPod(ctx context.Context, pod *corev1.Pod, sp *simPod) error {
 	}
 	args := []string{"serve", "--name", pod.Namespace + "/" + pod.Name, "--tcp", strings.Join(tcp, ","), "--udp", strings.Join(udp, ","),
 		"--sctp", strings.Join(sctp, ","), "--networks", strconv.Itoa(NetworksPort)}
+	if dst, ok := pod.Annotations[HelloAnnotation]; ok {
+		args = []string{"hello", "--name", pod.Namespace + "/" + pod.Name, dst}
+	}
 	var cmd *exec.Cmd
 	if netnsPath != "" {
 		nsName := filepath.Base(netnsPath)

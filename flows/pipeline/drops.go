@@ -16,10 +16,11 @@ package pipeline
 //
 // The rate: DropSampleRate packets/s per cause per node, bursts of DropSampleBurst. A packet-in costs
 // ovs-vswitchd an upcall and the agent a decode and a ring insert, tens of microseconds together, so
-// 100/s per cause keeps a node's worst case (every cause flooded at once) near 1,000 packet-ins/s,
+// 100/s per cause keeps a node's worst case (every cause flooded at once) near 1,100 packet-ins/s,
 // a few percent of one core, while a person or a test looking at drops sees every one of an
 // ordinary trickle (a blocked connection retries a few times per second) and, in a flood, 100 named
-// samples a second of it: enough to say what is being dropped and by what. The per-cause counters
+// samples a second of it: enough to say what is being dropped and by what. (Eleven causes: about
+// 1,100/s in the worst case.) The per-cause counters
 // of the agent count samples; the drop flows' own packet counters (flowctl dump) count every packet.
 
 import (
@@ -41,6 +42,7 @@ const (
 	CauseNetworkVNI         DropCause = "network-vni"          // VXLAN with a Network's VNI from a node without that Network
 	CauseNetworkIsolation   DropCause = "network-isolation"    // a Network's pod towards what its Network does not reach
 	CauseServiceNoEndpoints DropCause = "service-no-endpoints" // a service port without a ready (or local) endpoint
+	CauseEgressFirewall     DropCause = "egress-firewall"      // a namespace's EgressNetworkPolicy denies the destination
 )
 
 // DropCauseInfo describes a cause: its meter and what the datapath does with the packet.
@@ -66,6 +68,7 @@ var DropCauses = []DropCauseInfo{
 	{Cause: CauseNetworkVNI, Meter: 8, Words: "Network VNI from a node without that Network"},
 	{Cause: CauseNetworkIsolation, Meter: 9, Words: "Network isolation"},
 	{Cause: CauseServiceNoEndpoints, Meter: 10, Rejected: true, Words: "service without endpoints"},
+	{Cause: CauseEgressFirewall, Meter: 11, Words: "egress firewall"},
 }
 
 // LookupDropCause returns a cause's description.
@@ -106,6 +109,8 @@ var DropRules = []DropRule{
 	{Table: TableIngressIsolation, Priority: int(isolationPriority), Cause: CausePolicyIngress},
 	{Table: TableIngressIsolation, Priority: 0, Cause: CauseTenantIsolation},
 	{Table: TableNetCrossTalk, Priority: 0, Cause: CauseNetworkIsolation},
+	// The egress firewall's Deny rules and an unenforceable policy's deny-all (egress.go).
+	{Table: TableEgressFirewall, Priority: AnyPriority, Cause: CauseEgressFirewall},
 }
 
 // DropSampleLen is how much of a dropped packet the agent gets: Ethernet, IPv4 with options and the

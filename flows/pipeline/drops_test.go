@@ -30,6 +30,8 @@ func TestDropRules(t *testing.T) {
 		{"service local without endpoint", F(TableServices, 100, M(IP...)), CauseServiceNoEndpoints},
 		{"service forward", F(TableServices, 100, M(IP...), LoadReg(RegServiceLB, 7), Goto{Table: TableServiceLB}), ""},
 		{"output default", F(TableOutput, 0, M()), ""},
+		{"egress firewall deny", F(TableEgressFirewall, 199, M(IP...)), CauseEgressFirewall},
+		{"egress firewall allow", F(TableEgressFirewall, 200, M(IP...), Goto{Table: TableEgressIP}), ""},
 		{"already sampled", F(TablePodIngress, 0, M(), Controller{MaxLen: DropSampleLen, MeterID: 4}), CauseAntiSpoofing},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

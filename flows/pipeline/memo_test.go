@@ -37,7 +37,8 @@ func isLeaf(t reflect.Type) bool {
 	return false
 }
 
-// walk calls visit for every leaf of v, and for every slice (its length is a leaf too), with its path.
+// walk calls visit for every leaf of v, for every slice (its length is a leaf too) and every pointer
+// (whether it is nil), with its path.
 // Slices of structs recurse into their elements: "Pods[0].IP", "RemoteNodes[].Subnet" when exclude
 // patterns use [] for any element.
 func walk(v reflect.Value, path string, visit func(path string, leaf reflect.Value)) {
@@ -57,6 +58,11 @@ func walk(v reflect.Value, path string, visit func(path string, leaf reflect.Val
 		visit(path+"#len", v)
 		for i := range v.Len() {
 			walk(v.Index(i), fmt.Sprintf("%s[%d]", path, i), visit)
+		}
+	case t.Kind() == reflect.Pointer:
+		visit(path+"#nil", v) // whether it is nil is a leaf too
+		if !v.IsNil() {
+			walk(v.Elem(), path, visit)
 		}
 	default:
 		panic(fmt.Sprintf("memo test: %s has a field kind it does not know (%s): teach walk", path, t))
@@ -94,12 +100,24 @@ func fill(v reflect.Value, n int) {
 		s := reflect.MakeSlice(t, 1, 1)
 		fill(s.Index(0), n+1)
 		v.Set(s)
+	case reflect.Pointer:
+		p := reflect.New(t.Elem())
+		fill(p.Elem(), n+1)
+		v.Set(p)
 	}
 }
 
-// mutate changes a leaf, or a slice's length, to another value.
+// mutate changes a leaf, or a slice's length, or whether a pointer is nil, to another value.
 func mutate(v reflect.Value, path string) {
 	t := v.Type()
+	if strings.HasSuffix(path, "#nil") {
+		if v.IsNil() {
+			fill(v, 77)
+		} else {
+			v.SetZero()
+		}
+		return
+	}
 	if strings.HasSuffix(path, "#len") {
 		e := reflect.New(t.Elem()).Elem()
 		fill(e, 77)
@@ -165,7 +183,7 @@ func variants[T any](fresh func() T) (paths []string, out []T) {
 // excluded says whether a path is one of patterns: "Pods" covers "Pods#len" and "Pods[3].IP"; "[]"
 // stands for any index.
 func excluded(path string, patterns []string) bool {
-	norm := strings.TrimSuffix(anyIndex.ReplaceAllString(path, "[]"), "#len")
+	norm := strings.TrimSuffix(strings.TrimSuffix(anyIndex.ReplaceAllString(path, "[]"), "#len"), "#nil")
 	for _, p := range patterns {
 		if norm == p || strings.HasPrefix(norm, p+".") || strings.HasPrefix(norm, p+"[]") {
 			return true
@@ -233,9 +251,10 @@ func TestMemoKeysReadEveryField(t *testing.T) {
 }
 
 // nodeKeyLeavesOut are the node state's per-owner collections, which have keys of their own; of the
-// remote nodes the node key reads the subnets (the tunnel guard matches every gateway).
+// remote nodes the node key reads the subnets (the tunnel guard matches every gateway). Egress owners
+// are rendered afresh every time (egress.go), from Egress, which no node-wide owner reads.
 var nodeKeyLeavesOut = []string{"Pods", "Services", "Policies", "RemoteNodes[].Name", "RemoteNodes[].NodeIP",
-	"RemoteNodes[].OnSegment", "RemoteNodes[].Pods", "Networks", "Attachments"}
+	"RemoteNodes[].OnSegment", "RemoteNodes[].Pods", "Networks", "Attachments", "Egress"}
 
 // TestRenderDependsOnlyOnKeys: a memoised render is a function of its key. Each field of a real node
 // state is changed in turn; whenever an owner's key stays the same, its render must too: a render that

@@ -40,6 +40,10 @@ const (
 	KindService       ObjectKind = "Service"
 	KindNetworkPolicy ObjectKind = "NetworkPolicy"
 	KindNetwork       ObjectKind = "Network"
+	// KindNetNamespace owns a namespace's egress classification and egress IPs (egress.go), and
+	// KindEgressNetworkPolicy its egress firewall.
+	KindNetNamespace        ObjectKind = "NetNamespace"
+	KindEgressNetworkPolicy ObjectKind = "EgressNetworkPolicy"
 )
 
 // objectKinds is the registry: each kind's owner category, API version, and whether it is namespaced.
@@ -54,6 +58,8 @@ var objectKinds = []struct {
 	{KindService, reconcile.CategoryService, "v1", true},
 	{KindNetworkPolicy, reconcile.CategoryNetPol, "networking.k8s.io/v1", true},
 	{KindNetwork, reconcile.CategoryNetwork, "network.ofsdn.io/v1", false},
+	{KindNetNamespace, reconcile.CategoryEgress, "network.ofsdn.io/v1", false},
+	{KindEgressNetworkPolicy, reconcile.CategoryEgressFirewall, "network.ofsdn.io/v1", true},
 }
 
 // APIVersion is the kind's API group and version, as an ObjectReference names it.

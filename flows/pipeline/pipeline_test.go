@@ -35,12 +35,17 @@ func TestPipelineGolden(t *testing.T) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "version %d\n", PipelineVersion)
 	for _, variant := range []struct {
-		mode  Mode
-		encap Encapsulation
-	}{{ModeMultitenant, EncapVXLAN}, {ModeSubnet, EncapVXLAN}, {ModeNetworkPolicy, EncapVXLAN},
-		{ModeMultitenant, EncapNone}, {ModeSubnet, EncapNone}, {ModeNetworkPolicy, EncapNone}} {
+		mode   Mode
+		encap  Encapsulation
+		egress bool
+	}{{ModeMultitenant, EncapVXLAN, false}, {ModeSubnet, EncapVXLAN, false}, {ModeNetworkPolicy, EncapVXLAN, false},
+		{ModeMultitenant, EncapNone, false}, {ModeSubnet, EncapNone, false}, {ModeNetworkPolicy, EncapNone, false},
+		{ModeMultitenant, EncapVXLAN, true}, {ModeNetworkPolicy, EncapNone, true}} {
 		mode := variant.mode
 		st := sampleNodeState()
+		if variant.egress {
+			st.Egress = sampleEgressState()
+		}
 		st.Mode = mode
 		if mode == ModeNetworkPolicy {
 			st.Pods[0].IngressIsolated = true
@@ -56,9 +61,12 @@ func TestPipelineGolden(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if variant.encap == EncapNone {
+		switch {
+		case variant.egress:
+			fmt.Fprintf(&b, "\n# mode %s, encapsulation %s, egress IPs and firewalls\n", mode, variant.encap)
+		case variant.encap == EncapNone:
 			fmt.Fprintf(&b, "\n# mode %s, encapsulation none\n", mode)
-		} else {
+		default:
 			fmt.Fprintf(&b, "\n# mode %s\n", mode)
 		}
 		for _, o := range reconcile.SortedOwnerKeys(owners) {

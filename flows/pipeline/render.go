@@ -53,6 +53,8 @@ type NodeState struct {
 	// interfaces on them that carry traffic (their namespace admitted): networks.go.
 	Networks    []NetworkState
 	Attachments []AttachmentState
+	// Egress: egress IPs and firewalls (egress.go).
+	Egress EgressState
 }
 
 // PodState is one local pod's network identity.
@@ -184,6 +186,7 @@ func (r *Renderer) Render(s NodeState) (owners map[reconcile.Owner]reconcile.Own
 	r.renderNetworks(s, out)
 	r.renderServices(s, out, failed)
 	r.renderPolicies(s, out, failed)
+	renderEgress(s, out)
 	sampleDrops(out)
 	return out, failed, nil
 }

@@ -9,9 +9,10 @@
 // overlay), uplink.go (encapsulation none: the uplink port, and why it is that rather than host
 // routes), services.go (services, their groups and learned affinity), services_affinity.go
 // (sessionAffinity's choice), networks.go (Networks: pods' interfaces besides eth0, each network a
-// segment of its own, and cross-talk between networks), owners.go (who owns what: each owner names its API object), ports.go
-// (br0's own ports and their roles: tunnel, host, uplink; the rest are pods'), drops.go (drop
-// attribution: the registry of drop flows and their causes, whose flows send a metered sample to the agent).
+// segment of its own, and cross-talk between networks), egress.go (egress IPs and the egress
+// firewall), owners.go (who owns what: each owner names its API object), ports.go (br0's own ports and
+// their roles: tunnel, host, uplink; the rest are pods'), drops.go (drop attribution: the registry of
+// drop flows and their causes, whose flows send a metered sample to the agent).
 //
 // The pipeline (table numbers are fixed so dumps stay comparable across versions):
 //
@@ -23,6 +24,9 @@
 //	 15 uplink-ingress    unencapsulated from a known node's uplink MAC (uplink.go): a source address of
 //	                      its pods → reg0 = that pod's VNID (its gateway and own address: 0), eth_dst = the
 //	                      pod MAC of the destination; else drop
+//	 16 egress-return     from 10/15, what their guard refused from a known node: a reply (or related
+//	                      ICMP) of an egress connection committed here, with a source outside the cluster,
+//	                      sent back by the egress IP's holder (egress.go); else drop
 //	 20 pod-ingress       anti-spoofing: in_port + MAC + IP (and ARP sha/spa) must be the pod's; reg0 = pod VNID
 //	 25 host-ingress      from tun0 (host, hostNetwork pods): reg0 = 0 (global)
 //	 30 conntrack         ct(nat) in ofsdn's zones so replies are un-NATed before routing: replies to the
@@ -50,7 +54,14 @@
 //	                      in the masquerade zone, after the endpoint was chosen
 //	 50 egress-policy     NetworkPolicy egress (networkpolicy mode, netpol.go): replies/related pass; a
 //	                      policy's rules are conjunctions (pods × ports × peers) at its own priority; an
-//	                      egress-isolated pod's default deny; everything else continues to 60
+//	                      egress-isolated pod's default deny; everything else continues to 54
+//	 54 egress-classify   traffic leaving the cluster (egress.go): a local pod of a namespace with an
+//	                      egress IP or EgressNetworkPolicy loads its egress ID (metadata) → 55; another
+//	                      node's egress traffic → 57; replies, services, the cluster's own addresses → 60
+//	 55 egress-firewall   EgressNetworkPolicy: the first matching rule allows (→ 56) or drops
+//	 56 egress-ip         commit; tun_dst = the namespace's egress IP → 57 (none usable: drop)
+//	 57 egress-out        an egress IP held here: eth_src EgressMAC(IP) → tun0, the host SNATs to it;
+//	                      else VXLAN to the egress IP itself, wherever it is held
 //	 60 routing           the tunnel guard first (guard.go): UDP to the tunnel port of any gateway or of
 //	                      anything not a pod is dropped, replies excepted, so no pod injects into the
 //	                      overlay; local pod → reg1 = its VNID, reg2 = its port; remote subnet → 90
@@ -90,7 +101,8 @@
 // agent through its cause's meter: controller(max_len=128,meter_id=M) first in its actions. Registers: reg0 = source VNID (a tenant's, or a Network's VNI), reg1 = destination VNID, reg2 = output port (openshift-sdn's
 // convention), reg3 = flags, reg4/reg5/reg6 = the chosen endpoint's IP and port and the service's
 // load-balancer ID, reg7 = sessionAffinity's hash (IP packets) or the proxy ARP responder's scratch
-// (ARP packets: never both in one packet); see the Reg* names below.
+// (ARP packets: never both in one packet); see the Reg* names below. metadata = the egress ID and pick
+// between 54 and 57 (egress.go).
 package pipeline
 
 import (
@@ -106,6 +118,7 @@ const (
 	TableClassifier       TableID = 0
 	TableTunnelIngress    TableID = 10
 	TableUplinkIngress    TableID = 15
+	TableEgressReturn     TableID = 16
 	TablePodIngress       TableID = 20
 	TableHostIngress      TableID = 25
 	TableConntrack        TableID = 30
@@ -115,6 +128,10 @@ const (
 	TableServiceHash      TableID = 43
 	TableServiceL2        TableID = 45
 	TableEgressPolicy     TableID = 50
+	TableEgressClassify   TableID = 54
+	TableEgressFirewall   TableID = 55
+	TableEgressIP         TableID = 56
+	TableEgressOut        TableID = 57
 	TableRouting          TableID = 60
 	TableARP              TableID = 70
 	TableIngressIsolation TableID = 80
@@ -164,6 +181,7 @@ var Tables = []Table{
 	{TableClassifier, "classifier", "dispatch by ingress port: tunnel, host (tun0), else a pod", TablePodIngress},
 	{TableTunnelIngress, "tunnel-ingress", "accept VXLAN only from known nodes, from their subnet or own address; tun_id becomes the source VNID", NoTable},
 	{TableUplinkIngress, "uplink-ingress", "accept unencapsulated traffic only from known nodes' uplink MACs and their pods' addresses; the address gives the source VNID", NoTable},
+	{TableEgressReturn, "egress-return", "replies from outside the cluster to local pods' egress connections, sent back by the egress IP's holder: replies of connections committed here only", NoTable},
 	{TablePodIngress, "pod-ingress", "anti-spoofing: a pod sends only from its own port, MAC and IP; load its VNID", NoTable},
 	{TableHostIngress, "host-ingress", "traffic from the host through tun0 is global (VNID 0)", TableConntrack},
 	{TableConntrack, "conntrack", "send IP through conntrack so replies of NATed connections are un-NATed", TableServices},
@@ -172,7 +190,11 @@ var Tables = []Table{
 	{TableServiceLB, "service-lb", "select an endpoint (select group, or with affinity a hash of the client's address) and DNAT to it in conntrack", NoTable},
 	{TableServiceHash, "service-hash", "sessionAffinity: the slot of the client address's hash → its endpoint; an empty slot hashes again", NoTable},
 	{TableServiceL2, "service-l2", "after DNAT: address the endpoint pod's MAC", TableEgressPolicy},
-	{TableEgressPolicy, "egress-policy", "NetworkPolicy egress: the source pod's policies allow the connection, or its isolation drops it", TableRouting},
+	{TableEgressPolicy, "egress-policy", "NetworkPolicy egress: the source pod's policies allow the connection, or its isolation drops it", TableEgressClassify},
+	{TableEgressClassify, "egress-classify", "traffic leaving the cluster: a pod of a namespace with an egress IP or firewall loads its egress ID; another node's egress traffic to 57", TableRouting},
+	{TableEgressFirewall, "egress-firewall", "EgressNetworkPolicy: the first rule matching the destination allows or drops", TableEgressIP},
+	{TableEgressIP, "egress-ip", "commit the connection and pick the namespace's egress IP into tun_dst", TableRouting},
+	{TableEgressOut, "egress-out", "an egress IP held here: to the host, which SNATs to it; else tunnel to the egress IP", NoTable},
 	{TableRouting, "routing", "drop UDP to a tunnel port outside the pod network (tunnel guard); find the destination: local pod, remote node subnet, or the host", NoTable},
 	{TableARP, "arp", "answer and deliver ARP for pods, the gateway and remote subnets", NoTable},
 	{TableIngressIsolation, "ingress-isolation", "tenant isolation (reg0 vs reg1) or NetworkPolicy ingress (the destination pod's policies); commits allowed connections", NoTable},
@@ -194,6 +216,10 @@ var tableByID = func() map[TableID]Table {
 	}
 	return m
 }()
+
+// Next returns where a table's default flow sends a packet (NoTable: it drops), for flows that continue
+// as the default would.
+func Next(id TableID) TableID { return tableByID[id].Next }
 
 // LookupTable returns the registry entry of a table number.
 func LookupTable(id TableID) (Table, bool) {

@@ -57,6 +57,11 @@ const (
 	// CategoryNetwork is one Network's own flows (flows/pipeline/networks.go); its pods' attachments
 	// are CategoryPod ("pod/ns/name@net1").
 	CategoryNetwork Category = 11
+	// CategoryEgress is one namespace's egress classification and egress IPs; CategoryEgressFirewall
+	// one EgressNetworkPolicy (flows/pipeline/egress.go). 20 and 21 leave 10-19 to other features
+	// (11 is Networks').
+	CategoryEgress         Category = 20
+	CategoryEgressFirewall Category = 21
 )
 
 // categories is the registry of categories, by number: the name owner keys, dumps and metrics use.
@@ -68,6 +73,7 @@ var categories = []struct {
 	{CategoryNone, "none"}, {CategoryPipeline, "pipeline"}, {CategoryPod, "pod"}, {CategoryNode, "node"},
 	{CategoryTenant, "vnid"}, {CategoryService, "svc"}, {CategoryNetPol, "netpol"},
 	{CategoryTest, "test"}, {CategoryLearned, "learned"}, {CategoryNetwork, "net"},
+	{CategoryEgress, "egress"}, {CategoryEgressFirewall, "egressfw"},
 }
 
 // Categories lists every category in use, by number.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/ofsdn/ofsdn/agent"
 	"github.com/ofsdn/ofsdn/agent/attach"
+	"github.com/ofsdn/ofsdn/agent/egress"
 	"github.com/ofsdn/ofsdn/agent/hostnet"
 	"github.com/ofsdn/ofsdn/internal/kubeconfig"
 	"github.com/ofsdn/ofsdn/internal/version"
@@ -41,6 +42,13 @@ func Agent(args []string) int {
 		"how long after its ADD an attached pod may be missing from the API before its attachment is released (static pods get their mirror late)")
 	fs.DurationVar(&cfg.UplinkLinger, "uplink-linger", hostnet.DefaultUplinkLinger,
 		"encapsulation none: how long the uplink port stays after a change back to vxlan, for peers that have not followed yet")
+	fs.IntVar(&cfg.EgressPort, "egress-port", egress.DefaultPort,
+		"UDP port on every node's address of the egress IP membership (heartbeats between the nodes that may hold egress IPs); pods cannot send to it")
+	fs.DurationVar(&cfg.EgressInterval, "egress-heartbeat-interval", egress.DefaultInterval, "how often a node that may hold egress IPs tells the others it lives")
+	fs.StringVar(&cfg.EgressDNSServer, "egress-dns-server", "",
+		"DNS server (HOST:PORT) the agent resolves EgressNetworkPolicy DNS names with (empty: the first nameserver of the node's /etc/resolv.conf)")
+	fs.DurationVar(&cfg.EgressDeadAfter, "egress-dead-after", egress.DefaultDeadAfter,
+		"how long a silent node counts as alive: its egress IPs move to another node after this")
 	fs.StringVar(&cfg.MetricsAddress, "metrics-address", ":9101", "address of /metrics, /healthz and /readyz, over TLS; /metrics needs a token allowed get on the non-resource URL /metrics (empty: not served)")
 	fs.StringVar(&cfg.DebugAddress, "debug-address", "", "address of the read-only debug API flowctl reaches through the API server's node proxy, over TLS, for tokens allowed nodes/debug of network.ofsdn.io, e.g. $(HOST_IP):9103 (empty: not served)")
 	fs.StringVar(&cfg.DebugSocket, "debug-socket", "", "unix socket of the debug API for flowctl on the node, root only (default <ovs-rundir>/<bridge>.ofsdn.sock; - : not served)")

@@ -15,7 +15,7 @@ var SchemeGroupVersion = schema.GroupVersion{Group: GroupName, Version: "v1"}
 var (
 	// SchemeBuilder registers this package's types; the generated clientset calls AddToScheme.
 	SchemeBuilder = runtime.NewSchemeBuilder(addKnownTypes)
-	// AddToScheme adds ClusterNetwork, HostSubnet, NetNamespace, Network and NetworkSubnet (and their lists) to a scheme.
+	// AddToScheme adds ClusterNetwork, HostSubnet, NetNamespace, Network, NetworkSubnet and EgressNetworkPolicy (and their lists) to a scheme.
 	AddToScheme = SchemeBuilder.AddToScheme
 )
 
@@ -29,6 +29,7 @@ func addKnownTypes(scheme *runtime.Scheme) error {
 		&ClusterNetwork{}, &ClusterNetworkList{},
 		&HostSubnet{}, &HostSubnetList{},
 		&NetNamespace{}, &NetNamespaceList{},
+		&EgressNetworkPolicy{}, &EgressNetworkPolicyList{},
 		&Network{}, &NetworkList{},
 		&NetworkSubnet{}, &NetworkSubnetList{},
 	)

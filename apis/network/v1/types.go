@@ -202,6 +202,20 @@ type HostSubnet struct {
 	// releases it.
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="subnet is immutable"
 	Subnet CIDR `json:"subnet"`
+
+	// EgressIPs are egress IPs this node may hold (manual placement, egress.go). An egress IP listed on
+	// several HostSubnets fails over among those nodes.
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=64
+	// +optional
+	EgressIPs []EgressIP `json:"egressIPs,omitempty"`
+
+	// EgressCIDRs are ranges of the node's network from which it may hold any egress IP (automatic
+	// placement, egress.go).
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=16
+	// +optional
+	EgressCIDRs []CIDR `json:"egressCIDRs,omitempty"`
 }
 
 // +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
@@ -222,7 +236,9 @@ type HostSubnetList struct {
 // +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
 // +kubebuilder:object:root=true
 // +kubebuilder:resource:scope=Cluster
+// +kubebuilder:subresource:status
 // +kubebuilder:printcolumn:name="NetID",type=integer,JSONPath=`.netid`
+// +kubebuilder:printcolumn:name="Egress IPs",type=string,JSONPath=`.egressIPs`
 // +kubebuilder:validation:XValidation:rule="self.netname == self.metadata.name",message="netname must equal the NetNamespace's name"
 type NetNamespace struct {
 	metav1.TypeMeta   `json:",inline"`
@@ -238,6 +254,18 @@ type NetNamespace struct {
 	// +kubebuilder:validation:Maximum=16773119
 	// +kubebuilder:validation:XValidation:rule="self == 0 || self >= 10",message="netid must be 0 (global) or at least 10"
 	NetID uint32 `json:"netid"`
+
+	// EgressIPs are the namespace's source addresses for traffic leaving the cluster (egress.go): its
+	// pods' traffic to destinations outside the cluster and service networks leaves from the node that
+	// holds one of them, with that address.
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=16
+	// +optional
+	EgressIPs []EgressIP `json:"egressIPs,omitempty"`
+
+	// Status says whether the egress IPs are valid and where each one is held.
+	// +optional
+	Status NetNamespaceStatus `json:"status,omitempty"`
 }
 
 // +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object

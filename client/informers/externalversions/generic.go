@@ -39,6 +39,8 @@ func (f *sharedInformerFactory) ForResource(resource schema.GroupVersionResource
 	// Group=network.ofsdn.io, Version=v1
 	case v1.SchemeGroupVersion.WithResource("clusternetworks"):
 		return &genericInformer{resource: resource.GroupResource(), informer: f.Network().V1().ClusterNetworks().Informer()}, nil
+	case v1.SchemeGroupVersion.WithResource("egressnetworkpolicies"):
+		return &genericInformer{resource: resource.GroupResource(), informer: f.Network().V1().EgressNetworkPolicies().Informer()}, nil
 	case v1.SchemeGroupVersion.WithResource("hostsubnets"):
 		return &genericInformer{resource: resource.GroupResource(), informer: f.Network().V1().HostSubnets().Informer()}, nil
 	case v1.SchemeGroupVersion.WithResource("netnamespaces"):

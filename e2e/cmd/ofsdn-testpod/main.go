@@ -10,6 +10,7 @@
 //	ofsdn-testpod spread tcp|udp HOST:PORT [--count 600] [--parallel 8] [--timeout 2s]   (JSON counts per endpoint)
 //	ofsdn-testpod session tcp|udp HOST:PORT [--interval 100ms] [--timeout 1s] [--duration 10s]  (one connection, a line per question)
 //	ofsdn-testpod udp-session HOST:PORT [--interval 200ms] [--duration 10s]          (one socket, a line per question)
+//	ofsdn-testpod hello --name ns/pod HOST:PORT                   (at once: UDP "<name> <i>" at 0, 5 and 10 ms, then exit)
 //	ofsdn-testpod clients tcp|udp HOST:PORT[,HOST:PORT…] --sources A,B,… [--count 50] [--parallel 16] [--timeout 2s]
 //	                                                                  (JSON per source: endpoints and seen addresses)
 package main
@@ -215,6 +216,18 @@ func run(args []string) error {
 		ctx, cancel := context.WithTimeout(ctx, *duration)
 		defer cancel()
 		return testpod.UDPSession(ctx, args[1], *interval, os.Stdout)
+	case "hello":
+		// A pod's first packets, sent the moment its process starts (the node simulator runs it
+		// right after CNI ADD returned): three datagrams within 10 ms, then the process exits.
+		fs := flag.NewFlagSet("hello", flag.ContinueOnError)
+		name := fs.String("name", "", "who this pod is")
+		if err := fs.Parse(args[1:]); err != nil {
+			return err
+		}
+		if fs.NArg() != 1 {
+			return fmt.Errorf("usage: hello --name ns/pod HOST:PORT")
+		}
+		return testpod.Hello(*name, fs.Arg(0), 3, 5*time.Millisecond)
 	}
 	return fmt.Errorf("unknown command %q", args[0])
 }

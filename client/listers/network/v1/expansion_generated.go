@@ -6,6 +6,14 @@ package v1
 // ClusterNetworkLister.
 type ClusterNetworkListerExpansion interface{}
 
+// EgressNetworkPolicyListerExpansion allows custom methods to be added to
+// EgressNetworkPolicyLister.
+type EgressNetworkPolicyListerExpansion interface{}
+
+// EgressNetworkPolicyNamespaceListerExpansion allows custom methods to be added to
+// EgressNetworkPolicyNamespaceLister.
+type EgressNetworkPolicyNamespaceListerExpansion interface{}
+
 // HostSubnetListerExpansion allows custom methods to be added to
 // HostSubnetLister.
 type HostSubnetListerExpansion interface{}

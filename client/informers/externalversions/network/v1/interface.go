@@ -10,6 +10,8 @@ import (
 type Interface interface {
 	// ClusterNetworks returns a ClusterNetworkInformer.
 	ClusterNetworks() ClusterNetworkInformer
+	// EgressNetworkPolicies returns a EgressNetworkPolicyInformer.
+	EgressNetworkPolicies() EgressNetworkPolicyInformer
 	// HostSubnets returns a HostSubnetInformer.
 	HostSubnets() HostSubnetInformer
 	// NetNamespaces returns a NetNamespaceInformer.
@@ -34,6 +36,11 @@ func New(f internalinterfaces.SharedInformerFactory, namespace string, tweakList
 // ClusterNetworks returns a ClusterNetworkInformer.
 func (v *version) ClusterNetworks() ClusterNetworkInformer {
 	return &clusterNetworkInformer{factory: v.factory, tweakListOptions: v.tweakListOptions}
+}
+
+// EgressNetworkPolicies returns a EgressNetworkPolicyInformer.
+func (v *version) EgressNetworkPolicies() EgressNetworkPolicyInformer {
+	return &egressNetworkPolicyInformer{factory: v.factory, namespace: v.namespace, tweakListOptions: v.tweakListOptions}
 }
 
 // HostSubnets returns a HostSubnetInformer.

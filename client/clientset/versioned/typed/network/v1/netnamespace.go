@@ -23,6 +23,8 @@ type NetNamespacesGetter interface {
 type NetNamespaceInterface interface {
 	Create(ctx context.Context, netNamespace *networkv1.NetNamespace, opts metav1.CreateOptions) (*networkv1.NetNamespace, error)
 	Update(ctx context.Context, netNamespace *networkv1.NetNamespace, opts metav1.UpdateOptions) (*networkv1.NetNamespace, error)
+	// Add a +genclient:noStatus comment above the type to avoid generating UpdateStatus().
+	UpdateStatus(ctx context.Context, netNamespace *networkv1.NetNamespace, opts metav1.UpdateOptions) (*networkv1.NetNamespace, error)
 	Delete(ctx context.Context, name string, opts metav1.DeleteOptions) error
 	DeleteCollection(ctx context.Context, opts metav1.DeleteOptions, listOpts metav1.ListOptions) error
 	Get(ctx context.Context, name string, opts metav1.GetOptions) (*networkv1.NetNamespace, error)

@@ -13,6 +13,7 @@ import (
 type NetworkV1Interface interface {
 	RESTClient() rest.Interface
 	ClusterNetworksGetter
+	EgressNetworkPoliciesGetter
 	HostSubnetsGetter
 	NetNamespacesGetter
 	NetworksGetter
@@ -26,6 +27,10 @@ type NetworkV1Client struct {
 
 func (c *NetworkV1Client) ClusterNetworks() ClusterNetworkInterface {
 	return newClusterNetworks(c)
+}
+
+func (c *NetworkV1Client) EgressNetworkPolicies(namespace string) EgressNetworkPolicyInterface {
+	return newEgressNetworkPolicies(c, namespace)
 }
 
 func (c *NetworkV1Client) HostSubnets() HostSubnetInterface {

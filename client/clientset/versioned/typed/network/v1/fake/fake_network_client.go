@@ -16,6 +16,10 @@ func (c *FakeNetworkV1) ClusterNetworks() v1.ClusterNetworkInterface {
 	return newFakeClusterNetworks(c)
 }
 
+func (c *FakeNetworkV1) EgressNetworkPolicies(namespace string) v1.EgressNetworkPolicyInterface {
+	return newFakeEgressNetworkPolicies(c, namespace)
+}
+
 func (c *FakeNetworkV1) HostSubnets() v1.HostSubnetInterface {
 	return newFakeHostSubnets(c)
 }
