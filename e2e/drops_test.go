@@ -296,6 +296,44 @@ func TestDrops(t *testing.T) {
 		}
 	})
 
+	t.Run("egress firewall", func(t *testing.T) {
+		ext := lc.Lab.External
+		const port = 9091
+		srv := exec.Command("ip", "netns", "exec", ext.NetNS, filepath.Join(lc.BinDir, "ofsdn-testpod"), "serve", "--name", "external", "--tcp", fmt.Sprint(port))
+		if err := srv.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = srv.Process.Kill(); _ = srv.Wait() })
+		to := netip.AddrPortFrom(ext.IP, port)
+		if err := proc.Until(ctx, 0, func() bool { return probe(a, "tcp", to)() == nil }); err != nil {
+			t.Fatalf("control: %s never reached the external host %s: %v", a.Key(), to, err)
+		}
+		policies := lc.Net.NetworkV1().EgressNetworkPolicies(nsA)
+		rule := func(typ networkv1.EgressNetworkPolicyRuleType, cidr string) networkv1.EgressNetworkPolicyRule {
+			return networkv1.EgressNetworkPolicyRule{Type: typ, To: networkv1.EgressNetworkPolicyPeer{CIDRSelector: cidr}}
+		}
+		denied := netip.PrefixFrom(ext.IP, 32).String()
+		if _, err := policies.Create(ctx, &networkv1.EgressNetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: "deny-ext"},
+			Spec: networkv1.EgressNetworkPolicySpec{Egress: []networkv1.EgressNetworkPolicyRule{
+				rule(networkv1.EgressNetworkPolicyRuleAllow, "198.51.100.254/32"), rule(networkv1.EgressNetworkPolicyRuleDeny, denied)}}},
+			metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = policies.Delete(context.Background(), "deny-ext", metav1.DeleteOptions{}) })
+		if err := proc.Until(ctx, 0, func() bool { return probe(a, "tcp", to)() != nil }); err != nil {
+			t.Fatalf("EgressNetworkPolicy %s/deny-ext never denied %s", nsA, to)
+		}
+		start := time.Now()
+		expectDrop(t, ctx, w, "egress firewall", probe(a, "tcp", to), debugapi.Drop{
+			Cause: "egress-firewall", Src: a.Key(), Dst: ext.IP.String(), Port: port, Object: "EgressNetworkPolicy " + nsA + "/deny-ext"})
+		// The rule that matched, as the API lists it: the second.
+		if _, _, ok := w.wait(ctx, start, 0, func(d debugapi.Drop) bool {
+			return d.Cause == "egress-firewall" && strings.Contains(d.Verdict, "rule 1 (Deny "+denied+")")
+		}); !ok {
+			t.Errorf("no egress-firewall drop names rule 1 (Deny %s):\n%s", denied, w.dump(start))
+		}
+	})
+
 	t.Run("flood", func(t *testing.T) { dropFlood(t, ctx, w, a, a2, b) })
 
 	t.Run("NetworkPolicy", func(t *testing.T) {
