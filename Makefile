@@ -12,7 +12,7 @@ export OFSDN_REPO := $(CURDIR)
 # make deps installs Chromium: a browser test that cannot find it fails instead of skipping.
 export OFSDN_REQUIRE_BROWSER := 1
 
-.PHONY: all build image test unit integration e2e bench demo demo-down lint clean deps k8s-bins sweep ui-test
+.PHONY: all build image test unit integration e2e bench demo demo-down lint clean deps k8s-bins sweep conformance-cnp ui-test
 
 all: build
 
@@ -44,6 +44,7 @@ test: deps k8s-bins unit integration e2e
 ## real parts skip under -short).
 unit:
 	$(GOTEST) -short $(PKGS)
+	cd conformance/cnp && $(GOTEST) -short ./...
 
 ## integration: everything against real ovs-vswitchd / kube-apiserver (needs root).
 integration: deps k8s-bins sweep
@@ -52,6 +53,14 @@ integration: deps k8s-bins sweep
 ## e2e: the multi-node lab (tests in e2e/ with build tag e2e; the lab's own packages test in integration).
 e2e: deps k8s-bins build sweep
 	$(GOTEST) -tags e2e -timeout 40m ./e2e/
+
+## conformance-cnp: SIG Network's ClusterNetworkPolicy conformance suite (network-policy-api v0.3.0, its
+## own module in conformance/cnp) on the 3-node lab in networkpolicy mode; writes its ConformanceReport to
+## conformance/cnp/report.yaml. About 10 minutes.
+conformance-cnp: deps k8s-bins build sweep
+	$(BIN)/ofsdn-lab --bin-dir $(CURDIR)/$(BIN) --mode networkpolicy -- bash -c 'cd conformance/cnp && \
+		OFSDN_VERSION=$$(git describe --always --dirty) $(GO) test -count=1 -timeout 60m -v \
+		-run TestClusterNetworkPolicyConformance . -args -report-output=report.yaml'
 
 ## ui-test: the web console's browser tests alone (headless Chromium): the accessibility checker, the
 ## console on fakes, then on the 3-node lab; screenshots in $(OUT)/ui-screenshots/.

@@ -22,6 +22,7 @@ import (
 	"github.com/ofsdn/ofsdn/agent/nodenet"
 	"github.com/ofsdn/ofsdn/agent/policy"
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
+	cnp "github.com/ofsdn/ofsdn/apis/policy/v1beta1"
 	networkclient "github.com/ofsdn/ofsdn/client/clientset/versioned"
 	networkinformers "github.com/ofsdn/ofsdn/client/informers/externalversions"
 	"github.com/ofsdn/ofsdn/cni"
@@ -34,6 +35,8 @@ import (
 	"github.com/ofsdn/ofsdn/ovsdb"
 	"github.com/ofsdn/ofsdn/unixctl"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
 	kubeinformers "k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
@@ -144,6 +147,8 @@ type Deps struct {
 	NAD nadclient.Interface
 	// Events records Warning Events on API objects; nil: Agent.Run records through Kube.
 	Events record.EventRecorder
+	// Dynamic reads ClusterNetworkPolicies (adminpolicy_watch.go); nil: they are not watched.
+	Dynamic dynamic.Interface
 	// Metrics; nil: a fresh registry.
 	Metrics *Metrics
 	// Reviews makes the TokenReviews and SubjectAccessReviews that guard the node API; nil: Kube. Run
@@ -196,6 +201,10 @@ type Agent struct {
 	kubeInformers kubeinformers.SharedInformerFactory
 	// handlersSynced report whether each handler has seen every object its informer listed at start.
 	handlersSynced []cache.InformerSynced
+	// adminInformers watch ClusterNetworkPolicies (nil without Deps.Dynamic); started only when the API
+	// server serves them (adminpolicy_watch.go); adminSynced like handlersSynced.
+	adminInformers dynamicinformer.DynamicSharedInformerFactory
+	adminSynced    []cache.InformerSynced
 
 	// Where the metrics and debug servers listen (serveObservability), "" when not served.
 	metricsAddr, debugAddr string
@@ -238,7 +247,7 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	a.hostFwd = newHostSync(log, a.applyHost, heldStale)
 	// The flow sync's reconciler comes with the bridge (openBridge); everything that feeds it exists now.
 	a.fs = newFlowSync(a.view, nil, flowSyncHooks{metrics: deps.Metrics, host: a.hostFwd, onFailure: a.ownerFailed,
-		onIndexChanged: a.saveOwnerIndex}, log)
+		onIndexChanged: a.saveOwnerIndex, onAdmin: (&adminReporter{node: cfg.NodeName, recorder: a.events, log: log.WithName("cnp"), clock: time.Now}).report}, log)
 	a.health = newHealth(a.view.Ready, a.fs.loop)
 	a.drops = drops.NewSampler(deps.Metrics.Registry, a.dropSnapshot)
 	if err := deps.Metrics.Registry.Register(newStateCollector(a.counts)); err != nil {
@@ -282,6 +291,7 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	wn := &watchNetworks{view: a.view, sync: a.fs, log: log.WithName("networks"), changed: func() { a.routes.Kick(); a.netReport.Kick() }}
 	ws := &watchServices{view: a.view, sync: a.fs, log: log.WithName("services")}
 	policyPods, policyNamespaces, policies := (&watchPolicies{view: a.view, sync: a.fs}).handlers()
+	adminPods, adminNamespaces, adminNodes, adminPolicies := (&watchAdmin{view: a.view, sync: a.fs, log: log.WithName("cnp")}).handlers()
 	net := a.netInformers.Network().V1()
 	pods := a.kubeInformers.Core().V1().Pods().Informer()
 	for _, h := range []struct {
@@ -311,12 +321,24 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 		{net.HostSubnets().Informer(), handlers(we.hostSubnet)},
 		{net.EgressNetworkPolicies().Informer(), handlers(we.policy)},
 		{net.ClusterNetworks().Informer(), handlers(we.clusterNetwork)},
+		// ClusterNetworkPolicies' pods, namespaces and nodes (the policies: below).
+		{pods, adminPods},
+		{a.kubeInformers.Core().V1().Namespaces().Informer(), adminNamespaces},
+		{a.kubeInformers.Core().V1().Nodes().Informer(), adminNodes},
 	} {
 		reg, err := h.informer.AddEventHandler(h.handlers)
 		if err != nil {
 			return nil, fmt.Errorf("agent: %w", err)
 		}
 		a.handlersSynced = append(a.handlersSynced, reg.HasSynced)
+	}
+	if deps.Dynamic != nil {
+		a.adminInformers = dynamicinformer.NewDynamicSharedInformerFactory(deps.Dynamic, 0)
+		reg, err := a.adminInformers.ForResource(cnp.Resource).Informer().AddEventHandler(adminPolicies)
+		if err != nil {
+			return nil, fmt.Errorf("agent: %w", err)
+		}
+		a.adminSynced = append(a.adminSynced, reg.HasSynced)
 	}
 	return a, nil
 }
@@ -349,6 +371,10 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}
+	dyn, err := dynamic.NewForConfig(cfg.RestConfig)
+	if err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
 	db, err := ovsdb.Connect(ctx, cfg.OVSDBEndpoint, cfg.Logger)
 	if err != nil {
 		return fmt.Errorf("agent: %w", err)
@@ -365,7 +391,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("agent: %w", err)
 	}
 	var a *Agent
-	a, err = New(cfg, Deps{Kube: kube, Net: net, NAD: nad, DB: db, Reviews: reviews, DialSwitch: func(ctx context.Context) (*ofswitch.Session, error) {
+	a, err = New(cfg, Deps{Kube: kube, Net: net, NAD: nad, Dynamic: dyn, DB: db, Reviews: reviews, DialSwitch: func(ctx context.Context) (*ofswitch.Session, error) {
 		return ofswitch.Dial(ctx, ofswitch.Config{Socket: filepath.Join(cfg.OVSRunDir, cfg.Bridge+".mgmt"), Bridge: cfg.Bridge, Logger: cfg.Logger,
 			OnPacketIn: a.packetIn})
 	}})
@@ -488,6 +514,34 @@ func (a *Agent) syncInformers(ctx context.Context) error {
 	}
 	if !cache.WaitForCacheSync(ctx.Done(), a.handlersSynced...) {
 		return errors.New("informer handlers did not sync")
+	}
+	return a.syncAdminInformers(ctx)
+}
+
+// syncAdminInformers starts the ClusterNetworkPolicy informer when the API server serves the resource
+// and waits for its handler, like syncInformers: a first sync without the policies would delete the
+// Deny flows a restarted agent's bridge still holds. Without the CRD nothing is enforced, and a log
+// line says so (installing it later needs an agent restart).
+func (a *Agent) syncAdminInformers(ctx context.Context) error {
+	if a.adminInformers == nil {
+		return nil
+	}
+	served, err := adminServed(ctx, a.deps.Kube.Discovery())
+	if err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	if !served {
+		a.log.Info("ClusterNetworkPolicy is not served by the API server (its CRD is not installed): not enforced")
+		return nil
+	}
+	a.adminInformers.Start(ctx.Done())
+	for typ, ok := range a.adminInformers.WaitForCacheSync(ctx.Done()) {
+		if !ok {
+			return fmt.Errorf("informer for %v did not sync", typ)
+		}
+	}
+	if !cache.WaitForCacheSync(ctx.Done(), a.adminSynced...) {
+		return errors.New("ClusterNetworkPolicy handler did not sync")
 	}
 	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/ofsdn/ofsdn/agent/adminpolicy"
 	"github.com/ofsdn/ofsdn/agent/policy"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
 	"github.com/ofsdn/ofsdn/flows/reconcile"
@@ -30,6 +31,10 @@ type flowSync struct {
 	renderer pipeline.Renderer // remembers each service's render: one endpoint change renders one service
 	// policies resolves NetworkPolicy from what the informers saw, here, outside the view's lock.
 	policies *policy.Index
+	// admin resolves ClusterNetworkPolicy likewise (adminpolicy_watch.go); onAdmin, when set, is told
+	// each sync's ClusterNetworkPolicy problems on this node.
+	admin   *adminpolicy.Index
+	onAdmin func(adminReport)
 	// last is the last state synced and the policy problems found with it (the debug API reads it).
 	last atomic.Pointer[syncedState]
 	log  klog.Logger
@@ -91,13 +96,15 @@ type flowSyncHooks struct {
 	// onIndexChanged is called after a sync that changed the set of owners (the agent saves the owner
 	// index flowctl reads).
 	onIndexChanged func(*reconcile.OwnerIndex)
+	// onAdmin is told each sync's ClusterNetworkPolicy problems on this node.
+	onAdmin func(adminReport)
 }
 
 // newFlowSync makes the flow sync of view. r is the bridge's reconciler; an agent gets it only once
 // it opened the bridge and hands it over with useBridge (nil until then: no sync runs).
 func newFlowSync(view *nodeView, r *reconcile.Reconciler, hooks flowSyncHooks, log klog.Logger) *flowSync {
 	f := &flowSync{view: view, r: r, log: log.WithName("flowsync"), policies: policy.NewIndex(view.nodeName),
-		metrics: hooks.metrics, host: hooks.host, onFailure: hooks.onFailure, onIndexChanged: hooks.onIndexChanged,
+		admin: adminpolicy.NewIndex(view.nodeName), onAdmin: hooks.onAdmin, metrics: hooks.metrics, host: hooks.host, onFailure: hooks.onFailure, onIndexChanged: hooks.onIndexChanged,
 		applied: map[reconcile.Owner]reconcile.OwnerState{}, failing: map[reconcile.Owner]*ownerFailure{}, clock: time.Now}
 	f.loop = loop.New(loop.Config{Name: "flowsync", Log: f.log, Quiet: func(err error) bool { return errors.Is(err, errNotReady) }}, f.pass)
 	return f
@@ -157,6 +164,7 @@ func (f *flowSync) syncLocked(ctx context.Context) (reconcile.SyncStats, error) 
 	snap := f.view.takeSnapshot()
 	st, gen := snap.state, snap.generation
 	problems := f.resolvePolicies(&st, snap.policies)
+	f.resolveAdmin(&st, snap.policies)
 	owners, renderFailed, err := f.renderer.Render(st)
 	if err != nil {
 		return reconcile.SyncStats{}, err
@@ -219,6 +227,7 @@ func (f *flowSync) syncLocked(ctx context.Context) (reconcile.SyncStats, error) 
 		f.metrics.FailingOwners.Set(float64(len(f.failing)))
 	}
 	f.last.Store(&syncedState{state: st, problems: problems})
+	f.reportAdmin(renderFailed)
 	if f.host != nil {
 		f.host.post(st, problems)
 	}

@@ -37,25 +37,36 @@ func (w *watchPolicies) record(f func(c *policy.Changes)) {
 
 // handlers are the informer handlers: updates that change nothing resolution reads are dropped here.
 func (w *watchPolicies) handlers() (pods, namespaces, policies cache.ResourceEventHandlerFuncs) {
-	pods = handlers(w.pod)
-	pods.UpdateFunc = func(old, obj any) {
+	return policyPodHandlers(w.pod), namespaceLabelHandlers(w.namespace), handlers(w.networkPolicy)
+}
+
+// policyPodHandlers call f for pods, but not for an update that changes nothing policy resolution
+// reads of the pod (a status heartbeat): NetworkPolicy's and ClusterNetworkPolicy's watchers.
+func policyPodHandlers(f func(obj any, deleted bool)) cache.ResourceEventHandlerFuncs {
+	h := handlers(f)
+	h.UpdateFunc = func(old, obj any) {
 		o, ok1 := old.(*k8sobj.Pod)
 		n, ok2 := obj.(*k8sobj.Pod)
 		if ok1 && ok2 && policy.PodOf(o).Equal(policy.PodOf(n)) {
 			return
 		}
-		w.pod(obj, false)
+		f(obj, false)
 	}
-	namespaces = handlers(w.namespace)
-	namespaces.UpdateFunc = func(old, obj any) {
+	return h
+}
+
+// namespaceLabelHandlers call f for namespaces, but not for an update that keeps their labels.
+func namespaceLabelHandlers(f func(obj any, deleted bool)) cache.ResourceEventHandlerFuncs {
+	h := handlers(f)
+	h.UpdateFunc = func(old, obj any) {
 		o, ok1 := old.(*corev1.Namespace)
 		n, ok2 := obj.(*corev1.Namespace)
 		if ok1 && ok2 && maps.Equal(o.Labels, n.Labels) {
 			return
 		}
-		w.namespace(obj, false)
+		f(obj, false)
 	}
-	return pods, namespaces, handlers(w.networkPolicy)
+	return h
 }
 
 func (w *watchPolicies) pod(obj any, deleted bool) {

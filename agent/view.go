@@ -11,6 +11,7 @@ import (
 	"sync"
 
 	nadv1 "github.com/k8snetworkplumbingwg/network-attachment-definition-client/pkg/apis/k8s.cni.cncf.io/v1"
+	"github.com/ofsdn/ofsdn/agent/adminpolicy"
 	"github.com/ofsdn/ofsdn/agent/attach"
 	"github.com/ofsdn/ofsdn/agent/k8sobj"
 	"github.com/ofsdn/ofsdn/agent/networks"
@@ -46,6 +47,8 @@ type nodeView struct {
 	// snapshot, which hands them to the flow loop's policy index (agent/policy): resolution happens
 	// there, not under this lock.
 	policyChanges policy.Changes
+	// adminChanges are the same for ClusterNetworkPolicy (agent/adminpolicy), nodes included.
+	adminChanges adminpolicy.Changes
 	// Encapsulation (uplink.go): the ClusterNetwork's; the uplink bridge br0 is patched into ("" none);
 	// the peers (by node name) on its segment; tun0's MAC.
 	encap  pipeline.Encapsulation
@@ -354,8 +357,9 @@ type viewSnapshot struct {
 // snapshot, the attached pods and every node's addresses (its hostNetwork pods' addresses as peers).
 type policyInput struct {
 	changes   policy.Changes
-	local     map[string]policy.Attachment
+	local     map[string]policy.Attachment // every mode: ClusterNetworkPolicy is enforced in all
 	nodeAddrs map[string][]netip.Addr
+	admin     adminpolicy.Changes
 }
 
 // recordPolicyChange files an informer's change for the next snapshot (latest per object wins).
@@ -383,6 +387,7 @@ func (v *nodeView) takeSnapshot() viewSnapshot {
 	defer v.mu.Unlock()
 	s := v.snapshotLocked()
 	s.policies.changes, v.policyChanges = v.policyChanges, policy.Changes{}
+	s.policies.admin, v.adminChanges = v.adminChanges, adminpolicy.Changes{}
 	return s
 }
 
@@ -431,14 +436,13 @@ func (v *nodeView) snapshotLocked() viewSnapshot {
 	st.Services = services.States(v.services, v.slices, v.nodeName, v.vnids, v.converted)
 	v.egress.fill(&st)
 	st.NodePortAddresses = []netip.Addr{pipeline.ServiceNodePortIP}
-	var in policyInput
-	if v.mode == pipeline.ModeNetworkPolicy {
-		in.local = make(map[string]policy.Attachment, len(v.pods))
-		for key, p := range v.pods {
-			if p.OFPort != 0 {
-				in.local[key] = policy.Attachment{OFPort: p.OFPort, IP: p.IP}
-			}
+	in := policyInput{local: make(map[string]policy.Attachment, len(v.pods))}
+	for key, p := range v.pods {
+		if p.OFPort != 0 {
+			in.local[key] = policy.Attachment{OFPort: p.OFPort, IP: p.IP}
 		}
+	}
+	if v.mode == pipeline.ModeNetworkPolicy {
 		in.nodeAddrs = v.nodeAddresses()
 	}
 	// Networks, and the pods' interfaces on them that carry traffic (their namespace admitted).

@@ -33,6 +33,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
@@ -57,6 +58,8 @@ type Config struct {
 	Logger  klog.Logger
 	// Events records the controller's Events; nil: Run records them through the API server.
 	Events record.EventRecorder
+	// Dynamic reads and writes ClusterNetworkPolicies' status (adminstatus.go); nil: not written.
+	Dynamic dynamic.Interface
 }
 
 // Controller allocates node subnets and namespace VNIDs.
@@ -81,7 +84,9 @@ type Controller struct {
 	vnidRange [2]uint32
 
 	nodeQ, nsQ, changeQ, statusQ workqueue.TypedRateLimitingInterface[string]
-	nets                         networkState // Networks (networks.go); its maps under mu
+	// admin writes ClusterNetworkPolicies' status (nil without Config.Dynamic).
+	admin *AdminStatus
+	nets  networkState // Networks (networks.go); its maps under mu
 	// egressQ holds egressIPsKey and egressPoliciesKey (egress.go).
 	egressQ workqueue.TypedRateLimitingInterface[string]
 
@@ -128,6 +133,12 @@ func New(kube kubernetes.Interface, net networkclient.Interface, kubeInformers i
 	net1 := netInformers.Network().V1()
 	hsInf, nnInf, cnInf := net1.HostSubnets(), net1.NetNamespaces(), net1.ClusterNetworks()
 	c.nodes, c.namespaces = nodeInf.Lister(), nsInf.Lister()
+	if cfg.Dynamic != nil {
+		var err error
+		if c.admin, err = NewAdminStatus(kube, cfg.Dynamic, kubeInformers, c.log); err != nil {
+			return nil, err
+		}
+	}
 	c.subnets, c.netns, c.networks = hsInf.Lister(), nnInf.Lister(), cnInf.Lister()
 	enpInf := net1.EgressNetworkPolicies()
 	c.egressPolicies = enpInf.Lister()
@@ -250,6 +261,15 @@ func (c *Controller) Run(ctx context.Context) error {
 	c.statusQ.Add(networkv1.ClusterNetworkName)
 	c.egressQ.Add(egressIPsKey)
 	c.egressQ.Add(egressPoliciesKey)
+	if c.admin != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := c.admin.Run(ctx); err != nil {
+				c.log.Error(err, "ClusterNetworkPolicy status stopped")
+			}
+		}()
+	}
 	c.mu.Lock()
 	c.ready = true
 	c.mu.Unlock()

@@ -372,6 +372,15 @@ func (f *npFixture) expected(ctx context.Context) (*npMatrix, error) {
 	if err != nil {
 		return nil, err
 	}
+	return f.matrixOf(pods, func(src, dst netpolmodel.Endpoint, port int32, proto corev1.Protocol) (bool, string, error) {
+		v, err := world.Allowed(src, dst, port, proto)
+		return v.Allowed, v.String(), err
+	})
+}
+
+// matrixOf is a model's matrix: allowed judges one connection (and says why).
+func (f *npFixture) matrixOf(pods map[string]*netpolmodel.Pod,
+	allowed func(src, dst netpolmodel.Endpoint, port int32, proto corev1.Protocol) (bool, string, error)) (*npMatrix, error) {
 	dsts := f.dsts()
 	m := newNPMatrix(f.probes, len(f.keys), len(dsts))
 	for _, p := range f.probes {
@@ -381,11 +390,11 @@ func (f *npFixture) expected(ctx context.Context) (*npMatrix, error) {
 				if dst != "ext" {
 					to = netpolmodel.PodEndpoint(pods[dst])
 				}
-				v, err := world.Allowed(netpolmodel.PodEndpoint(pods[src]), to, p.port, p.protocol())
+				ok, why, err := allowed(netpolmodel.PodEndpoint(pods[src]), to, p.port, p.protocol())
 				if err != nil {
 					return nil, err
 				}
-				m.ok[p][i][j], m.detail[p][i][j] = v.Allowed, v.String()
+				m.ok[p][i][j], m.detail[p][i][j] = ok, why
 			}
 		}
 	}
@@ -527,7 +536,13 @@ func firstLines(lines []string, n int) string {
 // or npConverge passes; it records and logs how long convergence took.
 func (f *npFixture) check(t *testing.T, ctx context.Context, step string) {
 	t.Helper()
-	want, err := f.expected(ctx)
+	f.checkWith(t, ctx, step, f.expected)
+}
+
+// checkWith is check against another model's matrix (ClusterNetworkPolicy's, cnp_test.go).
+func (f *npFixture) checkWith(t *testing.T, ctx context.Context, step string, expected func(context.Context) (*npMatrix, error)) {
+	t.Helper()
+	want, err := expected(ctx)
 	if err != nil {
 		t.Fatalf("%s: the model: %v", step, err)
 	}

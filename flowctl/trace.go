@@ -195,6 +195,8 @@ type Verdict struct {
 	// Firewall the EgressNetworkPolicy rule that drops it ("ns/name rule 2").
 	EgressIP string `json:"egressIP,omitempty"`
 	Firewall string `json:"firewall,omitempty"`
+	// AdminRules are the ClusterNetworkPolicy rules that decided (tier, policy, direction, rule, action).
+	AdminRules []string `json:"adminRules,omitempty"`
 }
 
 // endpointSpec is a resolved SRC or DST.
@@ -914,7 +916,11 @@ func exitPod(_ context.Context, _ world, x exitHop) (*nextHop, string, error) {
 	if len(policies) > 0 {
 		text += fmt.Sprintf(" (allowed by NetworkPolicy %s)", strings.Join(policies, ", "))
 	}
-	x.res.Verdict = Verdict{Kind: VerdictDelivered, Node: info.Name, Pod: pod, Text: text, Policies: policies}
+	admin := adminDecisions(x.res, x.path)
+	if len(admin) > 0 {
+		text += " (decided by " + strings.Join(admin, "; ") + ")"
+	}
+	x.res.Verdict = Verdict{Kind: VerdictDelivered, Node: info.Name, Pod: pod, Text: text, Policies: policies, AdminRules: admin}
 	return nil, "", nil
 }
 
@@ -1019,6 +1025,7 @@ func dropVerdict(n *traceNode, path *trace.Path, proto string) Verdict {
 		}
 		return fmt.Sprintf("%s/%d", proto, f.DstPort)
 	}
+	ref, byAdmin := pipeline.AdminRuleOfActions(last.Actions)
 	if text, ok := networkDropVerdict(n, path, where); ok && !last.Miss {
 		v.Text = text
 		if a, ok := n.attachmentOnPort(f.InPort); ok && last.Table == pipeline.TablePodIngress {
@@ -1029,6 +1036,9 @@ func dropVerdict(n *traceNode, path *trace.Path, proto string) Verdict {
 	switch {
 	case last.Miss:
 		v.Text = where + ": no flow matched"
+	case byAdmin:
+		v.AdminRules = []string{ref.String()}
+		v.Text = fmt.Sprintf("%s by %s", where, ref)
 	case last.Table == pipeline.TableIngressIsolation && info.Mode == string(pipeline.ModeMultitenant) && last.Priority == 0:
 		v.Text = fmt.Sprintf("%s: tenant %s may not reach %s", where, tenantName(info, f.Regs[0]), tenantName(info, f.Regs[1]))
 	case (last.Table == pipeline.TableIngressIsolation || last.Table == pipeline.TableEgressPolicy) && obj.Kind == pipeline.KindPod:
@@ -1151,6 +1161,9 @@ func (r *TraceResult) WriteText(w io.Writer) error {
 				acts += fmt.Sprintf(" (bucket %d)", *s.Bucket)
 			}
 			fmt.Fprintf(w, "  %s      owner %s: %s\n", indent, s.Owner, acts)
+			if ref, ok := pipeline.AdminRuleOfActions(s.Actions); ok {
+				fmt.Fprintf(w, "  %s      decided by %s\n", indent, ref)
+			}
 		}
 		if h.Leaves != "" {
 			fmt.Fprintf(w, "  => %s\n", h.Leaves)

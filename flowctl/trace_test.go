@@ -52,15 +52,16 @@ func vnidOf(p testPod, mode pipeline.Mode) uint32 {
 // writeNodeDump renders one node and writes its dump file. With encapsulation none the node has an
 // uplink port and its peer is on the segment (peerPods are the peer's pods, as uplink-ingress needs).
 func writeNodeDump(t *testing.T, dir, name string, nodeIP netip.Addr, subnet netip.Prefix, peer debugapi.RemoteNode, mode pipeline.Mode,
-	encap pipeline.Encapsulation, pods, peerPods []testPod, services []pipeline.ServiceState, policies []pipeline.PolicyState, nets *testNetworks) string {
+	encap pipeline.Encapsulation, pods, peerPods []testPod, services []pipeline.ServiceState, policies []pipeline.PolicyState, nets *testNetworks,
+	admin ...pipeline.AdminPolicyState) string {
 	t.Helper()
-	return writeNodeDumpEgress(t, dir, name, nodeIP, subnet, peer, mode, encap, pods, peerPods, services, policies, nets, pipeline.EgressState{})
+	return writeNodeDumpEgress(t, dir, name, nodeIP, subnet, peer, mode, encap, pods, peerPods, services, policies, nets, pipeline.EgressState{}, admin...)
 }
 
 // writeNodeDumpEgress is writeNodeDump with egress IPs and firewalls.
 func writeNodeDumpEgress(t *testing.T, dir, name string, nodeIP netip.Addr, subnet netip.Prefix, peer debugapi.RemoteNode, mode pipeline.Mode,
 	encap pipeline.Encapsulation, pods, peerPods []testPod, services []pipeline.ServiceState, policies []pipeline.PolicyState, nets *testNetworks,
-	egress pipeline.EgressState) string {
+	egress pipeline.EgressState, admin ...pipeline.AdminPolicyState) string {
 	t.Helper()
 	remote := pipeline.RemoteNode{Name: peer.Name, NodeIP: peer.NodeIP, Subnet: peer.Subnet, OnSegment: encap == pipeline.EncapNone}
 	for _, p := range peerPods {
@@ -68,7 +69,7 @@ func writeNodeDumpEgress(t *testing.T, dir, name string, nodeIP netip.Addr, subn
 	}
 	st := pipeline.NodeState{Mode: mode, NodeName: name, NodeIP: nodeIP, LocalSubnet: subnet, ClusterNetworks: []netip.Prefix{clusterNet},
 		Encapsulation: encap, Uplink: encap == pipeline.EncapNone, RemoteNodes: []pipeline.RemoteNode{remote},
-		NodePortAddresses: []netip.Addr{pipeline.ServiceNodePortIP}, Services: services, Policies: policies, Egress: egress}
+		NodePortAddresses: []netip.Addr{pipeline.ServiceNodePortIP}, Services: services, Policies: policies, Egress: egress, AdminPolicies: admin}
 	info := &debugapi.NodeInfo{Name: name, Bridge: "br0", NodeIP: nodeIP, Subnet: subnet, Gateway: pipeline.Gateway(subnet), Mode: string(mode),
 		ClusterNetworks: []netip.Prefix{clusterNet}, ServiceNetwork: serviceNet, Round: testRound, PipelineVersion: pipeline.PipelineVersion,
 		RemoteNodes: []debugapi.RemoteNode{peer}, VNIDs: traceVNIDs, NodePortAddress: pipeline.ServiceNodePortIP,

@@ -2,7 +2,6 @@ package flowctl
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"slices"
@@ -11,6 +10,7 @@ import (
 	"time"
 
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
+	policyv1beta1 "github.com/ofsdn/ofsdn/apis/policy/v1beta1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -650,76 +650,13 @@ func netpolPorts(ports []networkingv1.NetworkPolicyPort) []string {
 // ---- ClusterNetworkPolicy (sigs.k8s.io/network-policy-api) ----
 
 // The console reads ClusterNetworkPolicies through the dynamic client, in the version the cluster
-// serves, into the few fields it shows: the module's own types would move ofsdn's k8s.io modules to a
-// newer minor than its control plane (see the adminpolicy branch's apis/policy/v1beta1, which the
-// console should read through once it lands).
+// serves (v1beta1 and v1alpha2 share one schema), into ofsdn's own reading of the API
+// (apis/policy/v1beta1): the module's types would move ofsdn's k8s.io modules to a newer minor than its
+// control plane.
 
-const cnpGroup = "policy.networking.k8s.io"
+const cnpGroup = policyv1beta1.Group
 
 var cnpVersions = []string{"v1beta1", "v1alpha2"}
-
-type cnpObject struct {
-	Metadata metav1.ObjectMeta `json:"metadata"`
-	Spec     struct {
-		Tier     string     `json:"tier"`
-		Priority int32      `json:"priority"`
-		Subject  cnpSubject `json:"subject"`
-		Ingress  []struct {
-			Name      string        `json:"name"`
-			Action    string        `json:"action"`
-			From      []cnpPeer     `json:"from"`
-			Protocols []cnpProtocol `json:"protocols"`
-		} `json:"ingress"`
-		Egress []struct {
-			Name      string        `json:"name"`
-			Action    string        `json:"action"`
-			To        []cnpPeer     `json:"to"`
-			Protocols []cnpProtocol `json:"protocols"`
-		} `json:"egress"`
-	} `json:"spec"`
-	Status struct {
-		Conditions []metav1.Condition `json:"conditions"`
-	} `json:"status"`
-}
-
-type cnpSubject struct {
-	Namespaces *metav1.LabelSelector `json:"namespaces"`
-	Pods       *cnpPods              `json:"pods"`
-}
-
-type cnpPods struct {
-	NamespaceSelector metav1.LabelSelector `json:"namespaceSelector"`
-	PodSelector       metav1.LabelSelector `json:"podSelector"`
-}
-
-type cnpPeer struct {
-	Namespaces  *metav1.LabelSelector `json:"namespaces"`
-	Pods        *cnpPods              `json:"pods"`
-	Nodes       *metav1.LabelSelector `json:"nodes"`
-	Networks    []string              `json:"networks"`
-	DomainNames []string              `json:"domainNames"`
-}
-
-type cnpPort struct {
-	Number int32 `json:"number"`
-	Range  *struct {
-		Start int32 `json:"start"`
-		End   int32 `json:"end"`
-	} `json:"range"`
-}
-
-type cnpProtocol struct {
-	TCP *struct {
-		DestinationPort *cnpPort `json:"destinationPort"`
-	} `json:"tcp"`
-	UDP *struct {
-		DestinationPort *cnpPort `json:"destinationPort"`
-	} `json:"udp"`
-	SCTP *struct {
-		DestinationPort *cnpPort `json:"destinationPort"`
-	} `json:"sctp"`
-	DestinationNamedPort string `json:"destinationNamedPort"`
-}
 
 type uiClusterPolicy struct {
 	Name       string
@@ -772,33 +709,33 @@ func (s *uiServer) clusterPolicies(ctx context.Context, o *clusterObjects, p *ui
 	var out []uiClusterPolicy
 	for _, item := range l.Items {
 		v := uiClusterPolicy{Name: item.GetName()}
-		raw, err := json.Marshal(item.Object)
-		var obj cnpObject
-		if err == nil {
-			err = json.Unmarshal(raw, &obj)
-		}
+		obj, err := policyv1beta1.FromUnstructured(&item)
 		if err != nil {
 			v.Err = "cannot read this object: " + err.Error()
 			out = append(out, v)
 			continue
 		}
-		v.Tier, v.Priority = obj.Spec.Tier, obj.Spec.Priority
+		v.Tier, v.Priority = string(obj.Spec.Tier), obj.Spec.Priority
 		v.Conditions = conditionViews(obj.Status.Conditions)
 		v.Subject = cnpSubjectView(o, obj.Spec.Subject)
 		for _, r := range obj.Spec.Ingress {
-			v.Ingress = append(v.Ingress, uiRule{Name: r.Name, Action: r.Action, Peers: cnpPeers(o, r.From), Ports: cnpPorts(r.Protocols)})
+			from := make([]policyv1beta1.EgressPeer, len(r.From))
+			for i, p := range r.From {
+				from[i] = policyv1beta1.EgressPeer{Namespaces: p.Namespaces, Pods: p.Pods}
+			}
+			v.Ingress = append(v.Ingress, uiRule{Name: r.Name, Action: string(r.Action), Peers: cnpPeers(o, from), Ports: cnpPorts(r.Protocols)})
 		}
 		for _, r := range obj.Spec.Egress {
-			v.Egress = append(v.Egress, uiRule{Name: r.Name, Action: r.Action, Peers: cnpPeers(o, r.To), Ports: cnpPorts(r.Protocols)})
+			v.Egress = append(v.Egress, uiRule{Name: r.Name, Action: string(r.Action), Peers: cnpPeers(o, r.To), Ports: cnpPorts(r.Protocols)})
 		}
 		out = append(out, v)
 	}
 	// Evaluation order: the Admin tier, then Baseline; lower priority numbers first.
 	tierRank := func(t string) int {
 		switch t {
-		case "Admin":
+		case string(policyv1beta1.AdminTier):
 			return 0
-		case "Baseline":
+		case string(policyv1beta1.BaselineTier):
 			return 1
 		}
 		return 2
@@ -816,7 +753,7 @@ func (s *uiServer) clusterPolicies(ctx context.Context, o *clusterObjects, p *ui
 	return gvr.GroupVersion().String(), out
 }
 
-func cnpPodsView(o *clusterObjects, pods *cnpPods) uiSelection {
+func cnpPodsView(o *clusterObjects, pods *policyv1beta1.NamespacedPod) uiSelection {
 	text := "pods " + selectorText(&pods.PodSelector, "(all)") + " in namespaces " + selectorText(&pods.NamespaceSelector, "(all)")
 	match, err := namespaceMatcher(o, &pods.NamespaceSelector)
 	if err != nil {
@@ -825,7 +762,7 @@ func cnpPodsView(o *clusterObjects, pods *cnpPods) uiSelection {
 	return selectPods(o, text, &pods.PodSelector, match)
 }
 
-func cnpSubjectView(o *clusterObjects, s cnpSubject) uiSelection {
+func cnpSubjectView(o *clusterObjects, s policyv1beta1.Subject) uiSelection {
 	switch {
 	case s.Namespaces != nil:
 		u := selectNamespaces(o, s.Namespaces)
@@ -837,7 +774,7 @@ func cnpSubjectView(o *clusterObjects, s cnpSubject) uiSelection {
 	return uiSelection{Text: "no subject the console understands (selects nothing it can show)"}
 }
 
-func cnpPeers(o *clusterObjects, peers []cnpPeer) []uiSelection {
+func cnpPeers(o *clusterObjects, peers []policyv1beta1.EgressPeer) []uiSelection {
 	var out []uiSelection
 	for _, p := range peers {
 		switch {
@@ -861,11 +798,11 @@ func cnpPeers(o *clusterObjects, peers []cnpPeer) []uiSelection {
 	return out
 }
 
-func cnpPorts(protos []cnpProtocol) []string {
+func cnpPorts(protos []policyv1beta1.Protocol) []string {
 	if len(protos) == 0 {
 		return []string{"every port"}
 	}
-	port := func(proto string, p *cnpPort) string {
+	port := func(proto string, p *policyv1beta1.Port) string {
 		switch {
 		case p == nil:
 			return proto + " (every port)"

@@ -34,11 +34,12 @@ gen() { # gen DIR: generate into the checkout (or a copy of it) at DIR
     --output-dir "$ofsdn_root/client" --output-pkg "$MODULE/client" \
     --boilerplate "$boilerplate" "$ofsdn_root/apis"
   rm -f "$boilerplate"
-  # controller-gen runs outside the module so its own dependencies never enter go.mod.
+  # controller-gen runs outside the module so its own dependencies never enter go.mod. Only ofsdn's own
+  # API: apis/policy is ofsdn's reading of ClusterNetworkPolicy, whose CRD is network-policy-api's own.
   mkdir -p "$ofsdn_root/deploy/crds"
   find "$ofsdn_root/deploy/crds" -name 'network.ofsdn.io_*.yaml' -delete
   go run "sigs.k8s.io/controller-tools/cmd/controller-gen@$CONTROLLER_TOOLS_VERSION" \
-    crd:crdVersions=v1 paths=./apis/... output:crd:dir=./deploy/crds
+    crd:crdVersions=v1 paths=./apis/network/... output:crd:dir=./deploy/crds
 }
 
 if ! $verify; then

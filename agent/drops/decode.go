@@ -162,6 +162,19 @@ func Decode(pin openflow.PacketIn, snap *Snapshot, now time.Time) (debugapi.Drop
 		net := networkOf(st, pin.Regs[0])
 		d.Object = "Network " + net
 		d.Verdict = fmt.Sprintf("dropped by Network isolation: Network %s does not reach %s", net, pkt.Dst)
+	case pipeline.CauseAdminPolicy:
+		tier, dir := "Admin", "ingress"
+		if pin.Table == pipeline.TableBaselineEgress || pin.Table == pipeline.TableBaselineIngress {
+			tier = "Baseline"
+		}
+		if pin.Table == pipeline.TableAdminEgress || pin.Table == pipeline.TableBaselineEgress {
+			dir = "egress"
+		}
+		d.Object = "ClusterNetworkPolicy"
+		if obj, ok := pipeline.ObjectOf(owner); ok && obj.Kind == pipeline.KindClusterNetworkPolicy {
+			d.Object = "ClusterNetworkPolicy " + obj.Name
+		}
+		d.Verdict = fmt.Sprintf("dropped by a Deny rule of %s (%s tier, %s)", d.Object, tier, dir)
 	case pipeline.CauseEgressFirewall:
 		d.Object, d.Verdict = egressFirewall(st, owner, pkt.Dst)
 	default:

@@ -80,7 +80,7 @@ func testSnapshot() *Snapshot {
 		{Dsts: []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}},
 	}}}}
 	owners := map[uint32]reconcile.Owner{}
-	for _, o := range []reconcile.Owner{pipeline.EgressFirewallOwner("blue", "fw"), pipeline.PipelineOwner, pipeline.PodOwner("red", "b"), pipeline.PodOwner("blue", "a"),
+	for _, o := range []reconcile.Owner{pipeline.AdminPolicyOwner("no-egress"), pipeline.EgressFirewallOwner("blue", "fw"), pipeline.PipelineOwner, pipeline.PodOwner("red", "b"), pipeline.PodOwner("blue", "a"),
 		pipeline.TunnelGuardOwner, {Category: reconcile.CategoryService, Name: "blue/empty:http"}} {
 		owners[o.Hash()] = o
 	}
@@ -121,6 +121,8 @@ func TestDecode(t *testing.T) {
 			"network-isolation", "blue/a@net1", "10.128.0.4", "Network alpha", 80, nil, "Network alpha does not reach 10.128.0.4"},
 		{"egress firewall", packetIn(55, cookieOf(pipeline.EgressFirewallOwner("blue", "fw")), 3, 0, nil, frame("10.128.0.3", "192.0.2.80", 6, 1, 443)),
 			"egress-firewall", "blue/a", "192.0.2.80", "EgressNetworkPolicy blue/fw", 443, nil, "rule 1 (Deny 192.0.2.0/24)"},
+		{"cluster network policy", packetIn(52, cookieOf(pipeline.AdminPolicyOwner("no-egress")), 3, 0, nil, frame("10.128.0.3", "10.128.0.4", 6, 1, 80)),
+			"cluster-network-policy", "blue/a", "red/b", "ClusterNetworkPolicy no-egress", 80, nil, "(Baseline tier, egress)"},
 		{"service without endpoints", packetIn(40, cookieOf(reconcile.Owner{Category: reconcile.CategoryService, Name: "blue/empty:http"}), 3, 0, nil, frame("10.128.0.3", "172.30.0.9", 6, 1, 80)),
 			"service-no-endpoints", "blue/a", "172.30.0.9", "Service blue/empty (port http)", 80, nil, "rejected"},
 	} {

@@ -12,7 +12,7 @@ import (
 )
 
 // RingSize is how many records a node keeps: about 3 MB of records. At the meters' worst case (every
-// cause flooded at once, 11 × 100 samples/s) that is the last 9 seconds; one flooded cause, the last
+// cause flooded at once, 12 × 100 samples/s) that is the last 8 seconds; one flooded cause, the last
 // 100 seconds; an ordinary trickle of blocked connections, hours. Enough for `flowctl drops` to show
 // what is going on now, bounded whatever the traffic.
 const RingSize = 10000
@@ -119,7 +119,7 @@ func (r *Ring) Stream(ctx context.Context, q debugapi.DropQuery, now func() time
 const followQueue = 1024
 
 // MaxSampleRate bounds the packet-ins the agent takes, whatever reaches it: the meters pass at most
-// 100/s per cause (1,100/s over the eleven causes), so this only acts where the meters are missing (a
+// 100/s per cause (1,200/s over the twelve causes), so this only acts where the meters are missing (a
 // datapath without meter support, where the agent logs that it runs unmetered).
 const MaxSampleRate = 2000
 

@@ -516,8 +516,8 @@ func (x *Index) resolveRule(e *policyEntry, r *parsedRule, selected []pipeline.P
 	if out.Peers == nil && !out.AllPeers {
 		out.Peers = []pipeline.PolicyPeer{}
 	}
-	slices.SortFunc(out.Peers, comparePeers)
-	out.Peers = slices.CompactFunc(out.Peers, func(a, b pipeline.PolicyPeer) bool { return comparePeers(a, b) == 0 })
+	slices.SortFunc(out.Peers, ComparePeers)
+	out.Peers = slices.CompactFunc(out.Peers, func(a, b pipeline.PolicyPeer) bool { return ComparePeers(a, b) == 0 })
 	for _, k := range r.named {
 		if r.egress {
 			if !slices.ContainsFunc(out.Peers, func(p pipeline.PolicyPeer) bool { return hasNamedPort(p.NamedPorts, k) }) {
@@ -574,9 +574,9 @@ func onlyNamed(ports []pipeline.NamedPort, used []namedPortKey) []pipeline.Named
 	return out
 }
 
-// comparePeers orders peers by address, length, excepts, named ports. It stops at the first difference
+// ComparePeers orders peers by address, length, excepts, named ports. It stops at the first difference
 // (cmp.Or would evaluate every argument, walking both slices for every pair a sort compares).
-func comparePeers(a, b pipeline.PolicyPeer) int {
+func ComparePeers(a, b pipeline.PolicyPeer) int {
 	if c := a.Net.Addr().Compare(b.Net.Addr()); c != 0 {
 		return c
 	}

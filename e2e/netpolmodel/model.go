@@ -131,22 +131,43 @@ func (c *Cluster) Allowed(src, dst Endpoint, port int32, proto corev1.Protocol) 
 	if src.Node != "" && dst.Pod != nil && dst.Pod.Node == src.Node {
 		return Verdict{Allowed: true, Egress: "host network", Ingress: "the local node always reaches its pods"}, nil
 	}
-	egressOK, egressWhy, err := c.direction(true, src.policyPod(), src, dst, port, proto)
+	egressOK, _, egressWhy, err := c.direction(true, src.policyPod(), src, dst, port, proto)
 	if err != nil {
 		return Verdict{}, err
 	}
-	ingressOK, ingressWhy, err := c.direction(false, dst.policyPod(), dst, src, port, proto)
+	ingressOK, _, ingressWhy, err := c.direction(false, dst.policyPod(), dst, src, port, proto)
 	if err != nil {
 		return Verdict{}, err
 	}
 	return Verdict{Allowed: egressOK && ingressOK, Egress: egressWhy, Ingress: ingressWhy}, nil
 }
 
+// Decision is NetworkPolicy's answer for one direction of a connection, as a layer between others
+// (ClusterNetworkPolicy's tiers, e2e/cnpmodel): decided when a policy isolates self in that direction
+// (allowed then says whether a rule allows the peer), or when self is a pod and the peer its own node's
+// host (which always reaches it); undecided otherwise.
+func (c *Cluster) Decision(egress bool, self, peer Endpoint, port int32, proto corev1.Protocol) (decided, allowed bool, why string, err error) {
+	if peer.Pod != nil && peer.Pod.HostNetwork {
+		peer = NodeEndpoint(peer.Pod.Node, peer.IP)
+	}
+	if !egress && peer.Node != "" && self.Pod != nil && self.Pod.Node == peer.Node {
+		return true, true, "the local node always reaches its pods", nil
+	}
+	allowed, decided, why, err = c.direction(egress, self.policyPod(), self, peer, port, proto)
+	return decided, allowed, why, err
+}
+
+// Matches says whether a label selector (nil: nothing) matches labels.
+func Matches(sel *metav1.LabelSelector, labels map[string]string) (bool, error) {
+	return matches(sel, labels)
+}
+
 // direction judges one side: subject is the pod whose policies apply (nil: nothing isolates it), peer
-// the other end, portPod the pod whose named ports the connection's port is looked up in.
-func (c *Cluster) direction(egress bool, subject *Pod, self, peer Endpoint, port int32, proto corev1.Protocol) (bool, string, error) {
+// the other end, portPod the pod whose named ports the connection's port is looked up in. decided is
+// false when no policy isolates the subject in this direction.
+func (c *Cluster) direction(egress bool, subject *Pod, self, peer Endpoint, port int32, proto corev1.Protocol) (allowed, decided bool, why string, err error) {
 	if subject == nil {
-		return true, "not a pod any policy can select", nil
+		return true, false, "not a pod any policy can select", nil
 	}
 	// Named ports are the destination's: the peer for egress, the subject itself for ingress.
 	portPod := self.policyPod()
@@ -165,7 +186,7 @@ func (c *Cluster) direction(egress bool, subject *Pod, self, peer Endpoint, port
 		}
 		sel, err := matches(&np.Spec.PodSelector, subject.Labels)
 		if err != nil {
-			return false, "", fmt.Errorf("policy %s/%s podSelector: %w", np.Namespace, np.Name, err)
+			return false, false, "", fmt.Errorf("policy %s/%s podSelector: %w", np.Namespace, np.Name, err)
 		}
 		if !sel {
 			continue
@@ -187,28 +208,28 @@ func (c *Cluster) direction(egress bool, subject *Pod, self, peer Endpoint, port
 			}
 			okPeer, err := c.peersMatch(np.Namespace, peers, peer)
 			if err != nil {
-				return false, "", fmt.Errorf("policy %s/%s: %w", np.Namespace, np.Name, err)
+				return false, false, "", fmt.Errorf("policy %s/%s: %w", np.Namespace, np.Name, err)
 			}
 			if !okPeer {
 				continue
 			}
 			okPort, err := portsMatch(ports, port, proto, portPod)
 			if err != nil {
-				return false, "", fmt.Errorf("policy %s/%s: %w", np.Namespace, np.Name, err)
+				return false, false, "", fmt.Errorf("policy %s/%s: %w", np.Namespace, np.Name, err)
 			}
 			if okPort {
 				kind := "ingress"
 				if egress {
 					kind = "egress"
 				}
-				return true, fmt.Sprintf("%s rule %d of %s/%s", kind, r, np.Namespace, np.Name), nil
+				return true, true, fmt.Sprintf("%s rule %d of %s/%s", kind, r, np.Namespace, np.Name), nil
 			}
 		}
 	}
 	if len(selecting) == 0 {
-		return true, "not isolated", nil
+		return true, false, "not isolated", nil
 	}
-	return false, "isolated by " + strings.Join(selecting, ",") + ", no rule matches", nil
+	return false, true, "isolated by " + strings.Join(selecting, ",") + ", no rule matches", nil
 }
 
 // PolicyTypes says which directions a policy isolates, defaulting as the API does when policyTypes is unset.

@@ -2,8 +2,10 @@
 // and there are no container images here): it registers the Node with its underlay address and keeps it
 // Ready, watches the pods bound to it, creates each pod's network namespace, calls the CNI plugin through
 // libcni with the installed conflist exactly as container runtimes do, runs the pod's process (the
-// ofsdn-testpod server on its container ports, TCP, UDP and SCTP) inside the namespace, reports status.podIP and
-// Running/Ready, and on deletion calls CNI DEL, removes the namespace and finishes the deletion.
+// ofsdn-testpod server on its container ports, TCP, UDP and SCTP, and on the ports agnhost commands serve)
+// inside the namespace, reports status.podIP and Running/Ready, serves the kubelet API's exec for
+// `agnhost connect` (exec.go), and on deletion calls CNI DEL, removes the namespace and finishes the
+// deletion.
 package nodesim
 
 import (
@@ -15,6 +17,8 @@ import (
 	"net/netip"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -88,6 +92,11 @@ func Start(ctx context.Context, cfg Config) (*Sim, error) {
 	if err := s.register(ctx); err != nil {
 		return nil, err
 	}
+	if cfg.NodeNetNS != "" {
+		if err := s.serveExec(ctx); err != nil { // exec.go
+			return nil, err
+		}
+	}
 	go s.heartbeat(ctx)
 	factory := informers.NewSharedInformerFactoryWithOptions(cfg.Client, 0,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
@@ -114,7 +123,9 @@ func Start(ctx context.Context, cfg Config) (*Sim, error) {
 }
 
 func (s *Sim) register(ctx context.Context) error {
-	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: s.cfg.NodeName, Labels: map[string]string{"kubernetes.io/hostname": s.cfg.NodeName}}}
+	// The well-known labels kubelet sets on its Node (ClusterNetworkPolicy nodes peers select by them).
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: s.cfg.NodeName, Labels: map[string]string{"kubernetes.io/hostname": s.cfg.NodeName,
+		corev1.LabelOSStable: "linux", corev1.LabelArchStable: runtime.GOARCH}}}
 	if _, err := s.cfg.Client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("nodesim: register node %s: %w", s.cfg.NodeName, err)
 	}
@@ -136,6 +147,7 @@ func (s *Sim) updateStatus(ctx context.Context) error {
 			Message: "ofsdn lab node simulator", LastHeartbeatTime: now, LastTransitionTime: now}}
 		node.Status.Capacity = corev1.ResourceList{corev1.ResourcePods: mustQuantity("250"), corev1.ResourceCPU: mustQuantity("8"), corev1.ResourceMemory: mustQuantity("16Gi")}
 		node.Status.Allocatable = node.Status.Capacity
+		node.Status.DaemonEndpoints.KubeletEndpoint.Port = KubeletPort
 		_, err = s.cfg.Client.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{})
 		return err
 	})
@@ -230,6 +242,8 @@ func (s *Sim) reconcile(ctx context.Context, pod *corev1.Pod) {
 func (s *Sim) startPod(ctx context.Context, pod *corev1.Pod, sp *simPod) error {
 	var tcp, udp, sctp []string
 	for _, c := range pod.Spec.Containers {
+		t, u, sc := agnhostPorts(c)
+		tcp, udp, sctp = append(tcp, t...), append(udp, u...), append(sctp, sc...)
 		for _, p := range c.Ports {
 			port := strconv.Itoa(int(p.ContainerPort))
 			switch p.Protocol {
@@ -242,6 +256,8 @@ func (s *Sim) startPod(ctx context.Context, pod *corev1.Pod, sp *simPod) error {
 			}
 		}
 	}
+	// A port both declared and served by an agnhost command is served once.
+	tcp, udp, sctp = uniq(tcp), uniq(udp), uniq(sctp)
 	var netnsPath string
 	if pod.Spec.HostNetwork {
 		sp.ip = s.cfg.NodeIP.String()
@@ -285,6 +301,43 @@ func (s *Sim) startPod(ctx context.Context, pod *corev1.Pod, sp *simPod) error {
 	go func() { _ = cmd.Wait(); close(sp.done) }()
 	s.setStatus(ctx, pod, sp.ip, nil)
 	return nil
+}
+
+func uniq(ports []string) []string {
+	slices.Sort(ports)
+	return slices.Compact(ports)
+}
+
+// agnhostPorts are the ports an agnhost container of the upstream suites serves besides those it
+// declares: `serve-hostname --tcp|--udp --port N`, and porter's SERVE_PORT_N / SERVE_SCTP_PORT_N.
+func agnhostPorts(c corev1.Container) (tcp, udp, sctp []string) {
+	words := strings.Fields(strings.Join(append(slices.Clone(c.Command), c.Args...), " "))
+	if slices.Contains(words, "serve-hostname") {
+		for i, w := range words {
+			port, ok := strings.CutPrefix(w, "--port=")
+			if !ok && w == "--port" && i+1 < len(words) {
+				port, ok = words[i+1], true
+			}
+			if _, err := strconv.Atoi(port); !ok || err != nil {
+				continue
+			}
+			if slices.Contains(words, "--udp") {
+				udp = append(udp, port)
+			} else {
+				tcp = append(tcp, port)
+			}
+		}
+	}
+	if slices.Contains(words, "porter") {
+		for _, e := range c.Env {
+			if p, ok := strings.CutPrefix(e.Name, "SERVE_SCTP_PORT_"); ok {
+				sctp = append(sctp, p)
+			} else if p, ok := strings.CutPrefix(e.Name, "SERVE_PORT_"); ok {
+				tcp = append(tcp, p)
+			}
+		}
+	}
+	return tcp, udp, sctp
 }
 
 func (s *Sim) cniList() (*libcni.NetworkConfigList, *libcni.CNIConfig, error) {

@@ -16,11 +16,11 @@ package pipeline
 //
 // The rate: DropSampleRate packets/s per cause per node, bursts of DropSampleBurst. A packet-in costs
 // ovs-vswitchd an upcall and the agent a decode and a ring insert, tens of microseconds together, so
-// 100/s per cause keeps a node's worst case (every cause flooded at once) near 1,100 packet-ins/s,
+// 100/s per cause keeps a node's worst case (every cause flooded at once) near 1,200 packet-ins/s,
 // a few percent of one core, while a person or a test looking at drops sees every one of an
 // ordinary trickle (a blocked connection retries a few times per second) and, in a flood, 100 named
-// samples a second of it: enough to say what is being dropped and by what. (Eleven causes: about
-// 1,100/s in the worst case.) The per-cause counters
+// samples a second of it: enough to say what is being dropped and by what. (Twelve causes: about
+// 1,200/s in the worst case.) The per-cause counters
 // of the agent count samples; the drop flows' own packet counters (flowctl dump) count every packet.
 
 import (
@@ -32,17 +32,18 @@ import (
 type DropCause string
 
 const (
-	CauseTenantIsolation    DropCause = "tenant-isolation"     // multitenant: the VNIDs differ and neither is global
-	CausePolicyIngress      DropCause = "policy-ingress"       // NetworkPolicy: the destination pod is isolated for ingress
-	CausePolicyEgress       DropCause = "policy-egress"        // NetworkPolicy: the source pod is isolated for egress
-	CauseAntiSpoofing       DropCause = "anti-spoofing"        // a pod's port sent what is not its MAC/IP (or an interface that carries no traffic)
-	CauseTunnelGuard        DropCause = "tunnel-guard"         // a pod's UDP to a tunnel port outside the pod network
-	CauseTunnelSource       DropCause = "tunnel-source"        // VXLAN from an unknown node, or an inner source outside the sender's subnet
-	CauseUplinkSource       DropCause = "uplink-source"        // encapsulation none: an unknown sender on the uplink
-	CauseNetworkVNI         DropCause = "network-vni"          // VXLAN with a Network's VNI from a node without that Network
-	CauseNetworkIsolation   DropCause = "network-isolation"    // a Network's pod towards what its Network does not reach
-	CauseServiceNoEndpoints DropCause = "service-no-endpoints" // a service port without a ready (or local) endpoint
-	CauseEgressFirewall     DropCause = "egress-firewall"      // a namespace's EgressNetworkPolicy denies the destination
+	CauseTenantIsolation    DropCause = "tenant-isolation"       // multitenant: the VNIDs differ and neither is global
+	CausePolicyIngress      DropCause = "policy-ingress"         // NetworkPolicy: the destination pod is isolated for ingress
+	CausePolicyEgress       DropCause = "policy-egress"          // NetworkPolicy: the source pod is isolated for egress
+	CauseAntiSpoofing       DropCause = "anti-spoofing"          // a pod's port sent what is not its MAC/IP (or an interface that carries no traffic)
+	CauseTunnelGuard        DropCause = "tunnel-guard"           // a pod's UDP to a tunnel port outside the pod network
+	CauseTunnelSource       DropCause = "tunnel-source"          // VXLAN from an unknown node, or an inner source outside the sender's subnet
+	CauseUplinkSource       DropCause = "uplink-source"          // encapsulation none: an unknown sender on the uplink
+	CauseNetworkVNI         DropCause = "network-vni"            // VXLAN with a Network's VNI from a node without that Network
+	CauseNetworkIsolation   DropCause = "network-isolation"      // a Network's pod towards what its Network does not reach
+	CauseServiceNoEndpoints DropCause = "service-no-endpoints"   // a service port without a ready (or local) endpoint
+	CauseEgressFirewall     DropCause = "egress-firewall"        // a namespace's EgressNetworkPolicy denies the destination
+	CauseAdminPolicy        DropCause = "cluster-network-policy" // a ClusterNetworkPolicy's Deny rule (Admin or Baseline tier)
 )
 
 // DropCauseInfo describes a cause: its meter and what the datapath does with the packet.
@@ -69,6 +70,7 @@ var DropCauses = []DropCauseInfo{
 	{Cause: CauseNetworkIsolation, Meter: 9, Words: "Network isolation"},
 	{Cause: CauseServiceNoEndpoints, Meter: 10, Rejected: true, Words: "service without endpoints"},
 	{Cause: CauseEgressFirewall, Meter: 11, Words: "egress firewall"},
+	{Cause: CauseAdminPolicy, Meter: 12, Words: "ClusterNetworkPolicy Deny rule"},
 }
 
 // LookupDropCause returns a cause's description.
@@ -111,6 +113,12 @@ var DropRules = []DropRule{
 	{Table: TableNetCrossTalk, Priority: 0, Cause: CauseNetworkIsolation},
 	// The egress firewall's Deny rules and an unenforceable policy's deny-all (egress.go).
 	{Table: TableEgressFirewall, Priority: AnyPriority, Cause: CauseEgressFirewall},
+	// ClusterNetworkPolicy Deny rules, Admin and Baseline tiers (adminpolicy.go): a decision flow
+	// whose only action is its rule's note.
+	{Table: TableAdminEgress, Priority: AnyPriority, Cause: CauseAdminPolicy, Also: isAdminDeny},
+	{Table: TableBaselineEgress, Priority: AnyPriority, Cause: CauseAdminPolicy, Also: isAdminDeny},
+	{Table: TableAdminIngress, Priority: AnyPriority, Cause: CauseAdminPolicy, Also: isAdminDeny},
+	{Table: TableBaselineIngress, Priority: AnyPriority, Cause: CauseAdminPolicy, Also: isAdminDeny},
 }
 
 // DropSampleLen is how much of a dropped packet the agent gets: Ethernet, IPv4 with options and the
@@ -195,6 +203,20 @@ func sampleDrops(owners map[reconcile.Owner]reconcile.OwnerState) {
 			f.Actions = append(append(acts, Controller{MaxLen: DropSampleLen, MeterID: info.Meter}), f.Actions...)
 		}
 	}
+}
+
+// isAdminDeny: a ClusterNetworkPolicy rule's decision flow that denies (its note says so, and it does
+// nothing else).
+func isAdminDeny(f Flow) bool {
+	if len(f.Actions) != 1 {
+		return false
+	}
+	n, ok := f.Actions[0].(Note)
+	if !ok {
+		return false
+	}
+	r, ok := ParseAdminRuleNote(string(n.Data))
+	return ok && r.Action == AdminDeny.String()
 }
 
 // isServiceReject: a service port's flow that refuses (DNAT to the host's reject ports) or drops (a

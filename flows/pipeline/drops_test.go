@@ -31,6 +31,12 @@ func TestDropRules(t *testing.T) {
 		{"service forward", F(TableServices, 100, M(IP...), LoadReg(RegServiceLB, 7), Goto{Table: TableServiceLB}), ""},
 		{"output default", F(TableOutput, 0, M()), ""},
 		{"egress firewall deny", F(TableEgressFirewall, 199, M(IP...)), CauseEgressFirewall},
+		{"cluster network policy deny", F(TableAdminIngress, 900, M(IP...), Note{Data: []byte(AdminRuleNote("p", AdminTierAdmin, true, 0, AdminDeny, "r"))}),
+			CauseAdminPolicy},
+		{"cluster network policy accept", F(TableAdminIngress, 900, M(IP...), Note{Data: []byte(AdminRuleNote("p", AdminTierAdmin, true, 0, AdminAccept, "r"))},
+			Goto{Table: TableOutput}), ""},
+		{"baseline deny", F(TableBaselineEgress, 900, M(IP...), Note{Data: []byte(AdminRuleNote("p", AdminTierBaseline, false, 1, AdminDeny, ""))}),
+			CauseAdminPolicy},
 		{"egress firewall allow", F(TableEgressFirewall, 200, M(IP...), Goto{Table: TableEgressIP}), ""},
 		{"already sampled", F(TablePodIngress, 0, M(), Controller{MaxLen: DropSampleLen, MeterID: 4}), CauseAntiSpoofing},
 	} {

@@ -391,3 +391,73 @@ func TestEgressRendersNothingWithoutEgress(t *testing.T) {
 		}
 	}
 }
+
+// TestEgressAfterPolicyLayers: whichever policy layer lets a connection out of the cluster — a
+// NetworkPolicy rule, the Admin tier's Accept, the Baseline tier's Accept, or none deciding — it still
+// meets the namespace's egress firewall and egress IP (tables 54-57); only a Deny of a tier or a
+// NetworkPolicy's isolation drops it before them. Pod web (namespace a, port 3) sends to 198.51.100.66,
+// which a's firewall denies, and to 198.51.100.7, which it allows and sends out from a's egress IP.
+func TestEgressAfterPolicyLayers(t *testing.T) {
+	outside := netip.MustParsePrefix("198.51.100.0/24")
+	rule := PolicyRule{Peers: []PolicyPeer{{Net: outside}}}
+	web := []PolicyPod{{OFPort: 3}}
+	admin := func(tier AdminTier, a AdminAction) []AdminPolicyState {
+		return []AdminPolicyState{{Name: "cnp", Tier: tier, Priority: 1, Pods: web, Egress: []AdminRule{{Name: "out", Action: a, PolicyRule: rule}}}}
+	}
+	allowOut := []PolicyState{{Namespace: "a", Name: "out", Egress: true, Pods: web, EgressRules: []PolicyRule{rule}}}
+	isolate := []PolicyState{{Namespace: "a", Name: "deny", Egress: true, Pods: web}}
+	gwMAC := trace.MAC(net.HardwareAddr{0x0a, 0x58, 10, 128, 0, 1})
+	for _, tc := range []struct {
+		name     string
+		policies []PolicyState
+		admin    []AdminPolicyState
+		// dropIn is the table a policy layer drops in (0: the layers let it out, egress decides).
+		dropIn TableID
+	}{
+		{name: "no policy"},
+		{name: "NetworkPolicy allows", policies: allowOut},
+		{name: "NetworkPolicy isolates", policies: isolate, dropIn: TableEgressPolicy},
+		{name: "Admin Accept", admin: admin(AdminTierAdmin, AdminAccept)},
+		{name: "Admin Accept over isolation", admin: admin(AdminTierAdmin, AdminAccept), policies: isolate},
+		{name: "Admin Deny", admin: admin(AdminTierAdmin, AdminDeny), policies: allowOut, dropIn: TableAdminEgress},
+		{name: "Admin Pass, NetworkPolicy allows", admin: admin(AdminTierAdmin, AdminPass), policies: allowOut},
+		{name: "Baseline Accept", admin: admin(AdminTierBaseline, AdminAccept)},
+		{name: "Baseline Deny", admin: admin(AdminTierBaseline, AdminDeny), dropIn: TableBaselineEgress},
+		{name: "Baseline Deny under a NetworkPolicy's allow", admin: admin(AdminTierBaseline, AdminDeny), policies: allowOut},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := sampleNodeState()
+			s.Mode, s.Policies, s.AdminPolicies = ModeNetworkPolicy, tc.policies, tc.admin
+			s.Pods[0].EgressIsolated = len(tc.policies) > 0 // the agent derives it from the policies that select web
+			s.Egress = sampleEgressState()
+			b := offline(t, s)
+			for _, dst := range []struct {
+				addr    string
+				denied  bool // by a's egress firewall
+				viaEgIP bool
+			}{{"198.51.100.66", true, false}, {"198.51.100.7", false, true}} {
+				p := trace.Packet{InPort: 3, EthSrc: trace.MAC(s.Pods[0].MAC), EthDst: gwMAC, Proto: "tcp", IPSrc: s.Pods[0].IP,
+					IPDst: netip.MustParseAddr(dst.addr), SrcPort: 40000, DstPort: 443}
+				path, err := b.Evaluate(p, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				last, _ := path.Last()
+				switch {
+				case tc.dropIn != 0:
+					if !path.Dropped() || last.Table != tc.dropIn {
+						t.Errorf("to %s: want a drop in %d, got outputs %v, last table %d", dst.addr, tc.dropIn, path.Outputs, last.Table)
+					}
+				case dst.denied:
+					if !path.Dropped() || last.Table != TableEgressFirewall {
+						t.Errorf("to %s: want the egress firewall's drop (55), got outputs %v, last table %d", dst.addr, path.Outputs, last.Table)
+					}
+				case dst.viaEgIP:
+					if len(path.Outputs) != 1 || path.Outputs[0].Port != PortVXLAN || path.Outputs[0].Fields.TunDst != netip.MustParseAddr("192.0.2.40") {
+						t.Errorf("to %s: want VXLAN to a's egress IP 192.0.2.40, got %v", dst.addr, outputsOf(path))
+					}
+				}
+			}
+		})
+	}
+}

@@ -196,25 +196,49 @@ func (p *PolicyState) writeKey(w *keyWriter) {
 	}
 	for _, rules := range [][]PolicyRule{p.IngressRules, p.EgressRules} {
 		w.u64(uint64(len(rules)))
-		for _, r := range rules {
-			w.boolean(r.AllPeers)
-			w.u64(uint64(len(r.Peers)))
-			for _, peer := range r.Peers {
-				w.prefix(peer.Net)
-				w.u64(uint64(len(peer.Except)))
-				for _, ex := range peer.Except {
-					w.prefix(ex)
-				}
-				writeNamedPorts(w, peer.NamedPorts)
-			}
-			w.u64(uint64(len(r.Ports)))
-			for _, pp := range r.Ports {
-				w.u64(uint64(pp.Protocol))
-				w.u64(uint64(pp.Port))
-				w.u64(uint64(pp.EndPort))
-				w.str(pp.Name)
-			}
+		for i := range rules {
+			writePolicyRule(w, &rules[i])
 		}
+	}
+}
+
+// writeKey of a ClusterNetworkPolicy: its rules' priorities are written next to it by the renderer.
+func (p *AdminPolicyState) writeKey(w *keyWriter) {
+	w.str(p.Name)
+	w.u64(uint64(p.Tier))
+	w.u64(uint64(uint32(p.Priority)))
+	w.u64(uint64(len(p.Pods)))
+	for _, pod := range p.Pods {
+		w.u64(uint64(pod.OFPort))
+		writeNamedPorts(w, pod.NamedPorts)
+	}
+	for _, rules := range [][]AdminRule{p.Ingress, p.Egress} {
+		w.u64(uint64(len(rules)))
+		for i := range rules {
+			w.str(rules[i].Name)
+			w.u64(uint64(rules[i].Action))
+			writePolicyRule(w, &rules[i].PolicyRule)
+		}
+	}
+}
+
+func writePolicyRule(w *keyWriter, r *PolicyRule) {
+	w.boolean(r.AllPeers)
+	w.u64(uint64(len(r.Peers)))
+	for _, peer := range r.Peers {
+		w.prefix(peer.Net)
+		w.u64(uint64(len(peer.Except)))
+		for _, ex := range peer.Except {
+			w.prefix(ex)
+		}
+		writeNamedPorts(w, peer.NamedPorts)
+	}
+	w.u64(uint64(len(r.Ports)))
+	for _, pp := range r.Ports {
+		w.u64(uint64(pp.Protocol))
+		w.u64(uint64(pp.Port))
+		w.u64(uint64(pp.EndPort))
+		w.str(pp.Name)
 	}
 }
 

@@ -234,6 +234,11 @@ func TestMemoKeysReadEveryField(t *testing.T) {
 		base := filled[PolicyState]()
 		check(t, "PolicyState", len(vs), func(i int) digest { return keyOf(vs[i].writeKey) }, keyOf(base.writeKey), paths, nil)
 	})
+	t.Run("AdminPolicyState", func(t *testing.T) {
+		paths, vs := variants(filled[AdminPolicyState])
+		base := filled[AdminPolicyState]()
+		check(t, "AdminPolicyState", len(vs), func(i int) digest { return keyOf(vs[i].writeKey) }, keyOf(base.writeKey), paths, nil)
+	})
 	t.Run("NetworkState", func(t *testing.T) {
 		paths, vs := variants(filled[NetworkState])
 		base := filled[NetworkState]()
@@ -253,7 +258,7 @@ func TestMemoKeysReadEveryField(t *testing.T) {
 // nodeKeyLeavesOut are the node state's per-owner collections, which have keys of their own; of the
 // remote nodes the node key reads the subnets (the tunnel guard matches every gateway). Egress owners
 // are rendered afresh every time (egress.go), from Egress, which no node-wide owner reads.
-var nodeKeyLeavesOut = []string{"Pods", "Services", "Policies", "RemoteNodes[].Name", "RemoteNodes[].NodeIP",
+var nodeKeyLeavesOut = []string{"Pods", "Services", "Policies", "AdminPolicies", "RemoteNodes[].Name", "RemoteNodes[].NodeIP",
 	"RemoteNodes[].OnSegment", "RemoteNodes[].Pods", "Networks", "Attachments", "Egress"}
 
 // TestRenderDependsOnlyOnKeys: a memoised render is a function of its key. Each field of a real node

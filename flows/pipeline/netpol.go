@@ -144,7 +144,7 @@ var (
 	egressDir = policyDirection{name: "egress", table: TableEgressPolicy,
 		pod:   InPort,
 		peer:  IPDstNet,
-		allow: []Action{Goto{Table: Next(TableEgressPolicy)}}, // what the table's default does
+		allow: []Action{Goto{Table: TableEgressClassify}}, // decided: past the Baseline tier (52), on to egress.go's tables
 		rules: func(p *PolicyState) []PolicyRule { return p.EgressRules },
 		on:    func(p *PolicyState) bool { return p.Egress }}
 )

@@ -39,7 +39,9 @@ const (
 	KindNode          ObjectKind = "Node"
 	KindService       ObjectKind = "Service"
 	KindNetworkPolicy ObjectKind = "NetworkPolicy"
-	KindNetwork       ObjectKind = "Network"
+	// KindClusterNetworkPolicy owns one ClusterNetworkPolicy's rules (adminpolicy.go).
+	KindClusterNetworkPolicy ObjectKind = "ClusterNetworkPolicy"
+	KindNetwork              ObjectKind = "Network"
 	// KindNetNamespace owns a namespace's egress classification and egress IPs (egress.go), and
 	// KindEgressNetworkPolicy its egress firewall.
 	KindNetNamespace        ObjectKind = "NetNamespace"
@@ -57,6 +59,7 @@ var objectKinds = []struct {
 	{KindNode, reconcile.CategoryNode, "v1", false},
 	{KindService, reconcile.CategoryService, "v1", true},
 	{KindNetworkPolicy, reconcile.CategoryNetPol, "networking.k8s.io/v1", true},
+	{KindClusterNetworkPolicy, reconcile.CategoryAdminPolicy, "policy.networking.k8s.io/v1beta1", false},
 	{KindNetwork, reconcile.CategoryNetwork, "network.ofsdn.io/v1", false},
 	{KindNetNamespace, reconcile.CategoryEgress, "network.ofsdn.io/v1", false},
 	{KindEgressNetworkPolicy, reconcile.CategoryEgressFirewall, "network.ofsdn.io/v1", true},

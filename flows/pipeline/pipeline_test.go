@@ -57,6 +57,7 @@ func TestPipelineGolden(t *testing.T) {
 			st.RemoteNodes[0].OnSegment = true
 			st.RemoteNodes[0].Pods = []RemotePod{{IP: netip.MustParseAddr("10.128.2.7"), VNID: 11}, {IP: netip.MustParseAddr("10.128.2.9"), VNID: 0}}
 		}
+		st.AdminPolicies = sampleAdminPolicies()
 		owners, err := Render(st)
 		if err != nil {
 			t.Fatal(err)
@@ -165,6 +166,32 @@ func TestEveryTableHasOneDefault(t *testing.T) {
 
 // sampleNodeState is a node with pods in two tenants and the global VNID, two remote nodes, and a
 // service of every shape the renderer knows.
+// sampleAdminPolicies are ClusterNetworkPolicies of both tiers for sampleNodeState's pods: every
+// action, named ports, networks, two policies at one priority.
+func sampleAdminPolicies() []AdminPolicyState {
+	pfx := netip.MustParsePrefix
+	return []AdminPolicyState{
+		{Name: "tenants-open-dns", Tier: AdminTierAdmin, Priority: 10,
+			Pods: []PolicyPod{{OFPort: 5, NamedPorts: []NamedPort{{Name: "dns", Protocol: IPProtoUDP, Port: 5353}}}},
+			Ingress: []AdminRule{
+				{Name: "dns-from-all", Action: AdminAccept, PolicyRule: PolicyRule{
+					Peers: []PolicyPeer{{Net: pfx("10.128.0.2/32")}, {Net: pfx("10.128.0.3/32")}},
+					Ports: []PolicyPort{{Protocol: IPProtoUDP, Name: "dns"}, {Protocol: IPProtoTCP, Name: "dns"}}}},
+				{Name: "rest-to-netpol", Action: AdminPass, PolicyRule: PolicyRule{AllPeers: true}},
+			}},
+		{Name: "no-metadata", Tier: AdminTierAdmin, Priority: 10, Pods: []PolicyPod{{OFPort: 3}, {OFPort: 4}},
+			Egress: []AdminRule{{Name: "deny-link-local", Action: AdminDeny, PolicyRule: PolicyRule{
+				Peers: []PolicyPeer{{Net: pfx("169.254.0.0/16")}}}}}},
+		{Name: "default-deny-b", Tier: AdminTierBaseline, Priority: 0, Pods: []PolicyPod{{OFPort: 4}},
+			Ingress: []AdminRule{
+				{Name: "from-a-web", Action: AdminAccept, PolicyRule: PolicyRule{
+					Peers: []PolicyPeer{{Net: pfx("10.128.0.2/32")}},
+					Ports: []PolicyPort{{Protocol: IPProtoTCP, Port: 5432}, {Protocol: IPProtoTCP, Port: 6000, EndPort: 6003}}}},
+				{Name: "", Action: AdminDeny, PolicyRule: PolicyRule{AllPeers: true}},
+			}},
+	}
+}
+
 func sampleNodeState() NodeState {
 	mac := func(last byte) net.HardwareAddr { return net.HardwareAddr{0x0a, 0x58, 10, 128, 0, last} }
 	ep := func(ip string, port uint16, local bool) Endpoint {

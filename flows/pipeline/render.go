@@ -38,6 +38,9 @@ type NodeState struct {
 	NodePortAddresses []netip.Addr
 	// Policies are the NetworkPolicies this node enforces (networkpolicy mode; see netpol.go).
 	Policies []PolicyState
+	// AdminPolicies are the ClusterNetworkPolicies that select a pod of this node (every mode; see
+	// adminpolicy.go).
+	AdminPolicies []AdminPolicyState
 	// Encapsulation between nodes; Uplink: br0 has its patch port into the uplink bridge (PortUplink),
 	// so it can send and receive unencapsulated pod traffic (uplink.go).
 	Encapsulation Encapsulation
@@ -119,6 +122,7 @@ type Renderer struct {
 	policies    map[reconcile.Owner]policyMemo
 	// policyScratch is the policy renders' working space, reused from one policy to the next.
 	policyScratch policyScratch
+	admin         adminRenderer
 }
 
 // writeRemoteNodeContext writes what of the node's own state a remote node's flows depend on (besides
@@ -187,6 +191,7 @@ func (r *Renderer) Render(s NodeState) (owners map[reconcile.Owner]reconcile.Own
 	r.renderServices(s, out, failed)
 	r.renderPolicies(s, out, failed)
 	renderEgress(s, out)
+	r.admin.render(s, out, failed)
 	sampleDrops(out)
 	return out, failed, nil
 }
@@ -197,28 +202,29 @@ func renderPipeline(s NodeState) []Flow {
 	out = append(out, renderNetworksBase()...)
 	switch s.Mode {
 	case ModeNetworkPolicy:
-		// Flat, with policy: what no isolation dropped is delivered, its connection committed so that
-		// replies pass the policy tables (netpol.go).
+		// Flat, with policy: what no policy allowed and no isolation dropped is undecided and goes on
+		// to the baseline tier (netpol.go, adminpolicy.go). (Only IP reaches table 80: ARP is answered
+		// and delivered in table 70.)
 		out = append(out, renderPolicyBase(Gateway(s.LocalSubnet))...)
-		// (Only IP reaches table 80: ARP is answered and delivered in table 70.)
-		out = append(out, F(TableIngressIsolation, 50, M(IP...), ingressDir.allow...))
+		out = append(out, F(TableIngressIsolation, 50, M(IP...), Goto{Table: TableBaselineIngress}))
 	case ModeSubnet:
-		// Flat: no tenant isolation; every packet that got this far is delivered.
-		out = append(out, F(TableIngressIsolation, 50, M(), Goto{Table: TableOutput}))
+		// Flat: no tenant isolation; everything is undecided by the namespace's layer.
+		out = append(out, F(TableIngressIsolation, 50, M(), Goto{Table: TableBaselineIngress}))
 	default:
-		// VNID 0 is global: it reaches every tenant and every tenant reaches it.
+		// VNID 0 is global: it reaches every tenant and every tenant reaches it. What isolation does
+		// not deny is undecided: the baseline tier may still decide it.
 		out = append(out,
-			F(TableIngressIsolation, 200, M(Reg(RegSrcVNID, GlobalVNID)), Goto{Table: TableOutput}),
-			F(TableIngressIsolation, 200, M(Reg(RegDstVNID, GlobalVNID)), Goto{Table: TableOutput}))
+			F(TableIngressIsolation, 200, M(Reg(RegSrcVNID, GlobalVNID)), Goto{Table: TableBaselineIngress}),
+			F(TableIngressIsolation, 200, M(Reg(RegDstVNID, GlobalVNID)), Goto{Table: TableBaselineIngress}))
 	}
-	return out
+	return append(out, renderAdminBase()...)
 }
 
 // renderLocal renders what the node's own subnet needs: the gateway (tun0) for ARP and IP, the way
 // out of the cluster through the host, and drops for cluster addresses nobody hosts.
 func renderLocal(s NodeState) []Flow {
 	gw := Gateway(s.LocalSubnet)
-	toGateway := []Action{LoadReg(RegDstVNID, GlobalVNID), LoadReg(RegOutPort, PortTun0), Goto{Table: TableIngressIsolation}}
+	toGateway := []Action{LoadReg(RegDstVNID, GlobalVNID), LoadReg(RegOutPort, PortTun0), Goto{Table: TableAdminIngress}}
 	if len(s.GatewayMAC) == 6 {
 		// A peer sending unencapsulated addressed the gateway by the MAC proxy ARP gave it (uplink.go).
 		toGateway = append([]Action{SetField{Field: FieldEthDst, Value: MACValue(s.GatewayMAC)}}, toGateway...)
@@ -249,14 +255,14 @@ func RenderPod(p PodState) []Flow {
 		F(TablePodIngress, 100, M(append(ARP, InPort(p.OFPort), EthSrc(p.MAC), ARPSPA(p.IP), ARPSHA(p.MAC))...),
 			LoadReg(RegSrcVNID, p.VNID), Goto{Table: TableARP}),
 		F(TableRouting, 200, M(append(IP, IPDst(p.IP))...),
-			LoadReg(RegDstVNID, p.VNID), LoadReg(RegOutPort, p.OFPort), Goto{Table: TableIngressIsolation}),
+			LoadReg(RegDstVNID, p.VNID), LoadReg(RegOutPort, p.OFPort), Goto{Table: TableAdminIngress}),
 		F(TableARP, 200, M(append(ARP, ARPTPA(p.IP))...), Output{Port: p.OFPort}),
 	}
 }
 
 // RenderTenant lets one VNID's pods reach each other (multitenant mode).
 func RenderTenant(vnid uint32) []Flow {
-	return []Flow{F(TableIngressIsolation, 100, M(Reg(RegSrcVNID, vnid), Reg(RegDstVNID, vnid)), Goto{Table: TableOutput})}
+	return []Flow{F(TableIngressIsolation, 100, M(Reg(RegSrcVNID, vnid), Reg(RegDstVNID, vnid)), Goto{Table: TableBaselineIngress})}
 }
 
 // RenderRemoteNode renders another node: accept its tunnel traffic (tun_id carries the source VNID)
@@ -264,13 +270,12 @@ func RenderTenant(vnid uint32) []Flow {
 // that got past the tunnel guard of guard.go cannot claim another node's pods) and, with an uplink
 // port, its unencapsulated traffic (the source address gives the VNID); send IP and
 // ARP for its subnet through the tunnel to it, or IP through the uplink port when it is direct
-// (uplink.go). In networkpolicy mode a connection routed there is committed to conntrack first: its
-// egress was allowed by then, and its replies must pass the policy tables.
+// (uplink.go). A connection routed there is committed to conntrack first: its egress was allowed by
+// then, and its replies must pass the policy tables.
 func RenderRemoteNode(s NodeState, n RemoteNode) []Flow {
-	route := []Action{Goto{Table: TableTunnelEgress}}
-	if s.Mode == ModeNetworkPolicy {
-		route = []Action{commitService, Goto{Table: TableTunnelEgress}}
-	}
+	// Committed in every mode: replies must be recognised at both ends, for the policy tiers
+	// (adminpolicy.go) as for NetworkPolicy.
+	route := []Action{commitService, Goto{Table: TableTunnelEgress}}
 	toTunnel := func() []Action {
 		return []Action{Move{Src: Whole(RegSrcVNID), Dst: Bits(FieldTunID, 0, 31)}, SetTunDst(n.NodeIP), Output{Port: PortVXLAN}}
 	}

@@ -391,7 +391,7 @@ func renderServicesBase(s NodeState) []Flow {
 	if len(nets) == 0 {
 		nets = []netip.Prefix{s.LocalSubnet}
 	}
-	masquerade := CT{Commit: true, Table: TableEgressPolicy, Zone: ZoneMasquerade,
+	masquerade := CT{Commit: true, Table: TableAdminEgress, Zone: ZoneMasquerade,
 		NAT: &NAT{Kind: NATSrc, AddrMin: gw, PortMin: MasqueradePortMin, PortMax: MasqueradePortMax}}
 	markDNAT := Load{Dst: flagServiceDNAT, Value: 1}
 	dnatOriginal := CtState(CtDNAT|CtTrk, CtRpl)
@@ -416,11 +416,11 @@ func renderServicesBase(s NodeState) []Flow {
 		F(TableServices, 300, M(CtState(CtDNAT|CtTrk, 0)), Goto{Table: TableServiceL2}),
 		// Every original-direction packet of a DNATed connection is flagged for the hairpin check.
 		// A rejected connection goes to the host as it is: it was addressed to the gateway's MAC.
-		F(TableServiceL2, 300, M(append(IP, dnatOriginal, IPDst(gw))...), markDNAT, Goto{Table: TableEgressPolicy}),
+		F(TableServiceL2, 300, M(append(IP, dnatOriginal, IPDst(gw))...), markDNAT, Goto{Table: TableAdminEgress}),
 		// Marked for masquerade when it was committed (ct_mark, from reg3 bit 1): SNAT to the gateway
 		// after the choice, in a zone of its own, at ports the host never picks as its own.
 		F(TableServiceL2, 240, M(append(IP, dnatOriginal, CtMark(ctMarkMasqueradeBit, ctMarkMasqueradeBit))...), markDNAT, masquerade),
-		F(TableServiceL2, 100, M(append(IP, dnatOriginal)...), markDNAT, Goto{Table: TableEgressPolicy}),
+		F(TableServiceL2, 100, M(append(IP, dnatOriginal)...), markDNAT, Goto{Table: TableAdminEgress}),
 		F(TableHairpinOutput, 100, M(),
 			Move{Src: Whole(FieldEthSrc), Dst: Whole(FieldEthDst)}, SetField{Field: FieldEthSrc, Value: MACValue(ServiceMAC)},
 			Output{Port: PortInPort}),
@@ -435,7 +435,7 @@ func renderServicesBase(s NodeState) []Flow {
 			F(TableServiceL2, 250, M(append(IP, dnatOriginal, CtMark(ctMarkMasqueradeBit, ctMarkMasqueradeBit), IPDstNet(cn))...),
 				append(append(slices.Clone(toPodMAC), markDNAT), masquerade)...),
 			F(TableServiceL2, 200, M(append(IP, dnatOriginal, IPDstNet(cn))...),
-				append(append(slices.Clone(toPodMAC), markDNAT), Goto{Table: TableEgressPolicy})...))
+				append(append(slices.Clone(toPodMAC), markDNAT), Goto{Table: TableAdminEgress})...))
 	}
 	for _, a := range []netip.Addr{ServiceHairpinIP, ServiceNodePortIP} {
 		out = append(out, arpResponder(a, ServiceMAC))

@@ -52,27 +52,45 @@
 //	 45 service-l2        a DNATed packet (flagged in reg3 for the hairpin check) towards a pod gets the pod's
 //	                      MAC (0a:58 + its IP); a connection marked for masquerade is SNATed to the gateway
 //	                      in the masquerade zone, after the endpoint was chosen
+//	 48 admin-egress      ClusterNetworkPolicy Admin tier, egress (every mode, adminpolicy.go): replies
+//	                      and related packets → 60 (an Admin-accepted connection's as global, reg0 = 0);
+//	                      each rule a conjunction at a priority of its own, in precedence order: Accept
+//	                      → 54, Deny drops, Pass → 50; no rule → 50
 //	 50 egress-policy     NetworkPolicy egress (networkpolicy mode, netpol.go): replies/related pass; a
 //	                      policy's rules are conjunctions (pods × ports × peers) at its own priority; an
-//	                      egress-isolated pod's default deny; everything else continues to 54
-//	 54 egress-classify   traffic leaving the cluster (egress.go): a local pod of a namespace with an
-//	                      egress IP or EgressNetworkPolicy loads its egress ID (metadata) → 55; another
-//	                      node's egress traffic → 57; replies, services, the cluster's own addresses → 60
+//	                      egress-isolated pod's default deny; the connections its policies allow → 54;
+//	                      a pod no policy isolates is undecided → 52
+//	 52 baseline-egress   ClusterNetworkPolicy Baseline tier, egress: Accept or Pass → 54, Deny drops;
+//	                      no rule → 54
+//	 54 egress-classify   traffic leaving the cluster (egress.go), whichever policy layer let it go (an
+//	                      Admin Accept too: the egress firewall and egress IPs apply to every connection
+//	                      out): a local pod of a namespace with an egress IP or EgressNetworkPolicy loads
+//	                      its egress ID (metadata) → 55; another node's egress traffic → 57; replies,
+//	                      services, the cluster's own addresses → 60
 //	 55 egress-firewall   EgressNetworkPolicy: the first matching rule allows (→ 56) or drops
 //	 56 egress-ip         commit; tun_dst = the namespace's egress IP → 57 (none usable: drop)
 //	 57 egress-out        an egress IP held here: eth_src EgressMAC(IP) → tun0, the host SNATs to it;
 //	                      else VXLAN to the egress IP itself, wherever it is held
 //	 60 routing           the tunnel guard first (guard.go): UDP to the tunnel port of any gateway or of
 //	                      anything not a pod is dropped, replies excepted, so no pod injects into the
-//	                      overlay; local pod → reg1 = its VNID, reg2 = its port; remote subnet → 90
-//	                      (networkpolicy mode: committing the connection to conntrack first); the gateway
-//	                      → tun0 (with tun0's MAC); else → tun0
+//	                      overlay; local pod → reg1 = its VNID, reg2 = its port, → 78; remote subnet →
+//	                      90 (committing the connection to conntrack first); the gateway → tun0 (with
+//	                      tun0's MAC, through 78); else → tun0
 //	 70 arp               ARP for local pods, the gateway, and remote subnets (through the tunnel; for a
 //	                      peer reached through the uplink, requests are answered here with the pod MAC)
-//	 80 ingress-isolation multitenant: reg0 vs reg1, same VNID or either 0 passes to 100, else drop.
+//	 78 admin-ingress     ClusterNetworkPolicy Admin tier, ingress (every mode): replies and related
+//	                      packets → 80; rules as in 48 (pods by reg2, peers by nw_src): Accept → commit
+//	                      (ct_mark bit 1: its replies leave as global) → 100, skipping 80; Deny drops;
+//	                      Pass → 80; no rule → 80
+//	 80 ingress-isolation multitenant: reg0 vs reg1, same VNID or either 0 is undecided → 82, else drop.
 //	                      networkpolicy: replies/related pass; the node (tun0, gateway address) passes;
-//	                      policies' rules as conjunctions (pods by reg2 × ports × peers by nw_src); an
-//	                      ingress-isolated pod's default deny; what passes is committed to conntrack
+//	                      policies' rules as conjunctions (pods by reg2 × ports × peers by nw_src),
+//	                      committed → 100; an ingress-isolated pod's default deny; a pod no policy
+//	                      isolates is undecided → 82. subnet: everything → 82
+//	 82 baseline-ingress  ClusterNetworkPolicy Baseline tier, ingress: replies/related → 100; Accept or
+//	                      Pass → commit → 100, Deny drops; no rule: commit → 100 (Kubernetes' default
+//	                      allow). Connections are committed in every mode, here and in 60 for another
+//	                      node, so replies are known at both ends
 //	 90 tunnel-egress     reg0 → tun_id, remote node IP → tun_dst, output vxlan0; encapsulation none, a
 //	                      peer on the uplink segment: our and its uplink MACs, output the uplink port
 //	100 output            output:reg2; a packet leaving by the port it came in by (hairpin: a pod reaching
@@ -102,7 +120,8 @@
 // convention), reg3 = flags, reg4/reg5/reg6 = the chosen endpoint's IP and port and the service's
 // load-balancer ID, reg7 = sessionAffinity's hash (IP packets) or the proxy ARP responder's scratch
 // (ARP packets: never both in one packet); see the Reg* names below. metadata = the egress ID and pick
-// between 54 and 57 (egress.go).
+// between 54 and 57 (egress.go). ct_mark (service zone): bit 0 the masquerade flag (services.go), bit 1
+// an Admin-accepted connection (adminpolicy.go).
 package pipeline
 
 import (
@@ -127,14 +146,18 @@ const (
 	TableServiceLB        TableID = 42
 	TableServiceHash      TableID = 43
 	TableServiceL2        TableID = 45
+	TableAdminEgress      TableID = 48
 	TableEgressPolicy     TableID = 50
+	TableBaselineEgress   TableID = 52
 	TableEgressClassify   TableID = 54
 	TableEgressFirewall   TableID = 55
 	TableEgressIP         TableID = 56
 	TableEgressOut        TableID = 57
 	TableRouting          TableID = 60
 	TableARP              TableID = 70
+	TableAdminIngress     TableID = 78
 	TableIngressIsolation TableID = 80
+	TableBaselineIngress  TableID = 82
 	TableTunnelEgress     TableID = 90
 	TableOutput           TableID = 100
 	TableHairpinOutput    TableID = 105
@@ -185,19 +208,23 @@ var Tables = []Table{
 	{TablePodIngress, "pod-ingress", "anti-spoofing: a pod sends only from its own port, MAC and IP; load its VNID", NoTable},
 	{TableHostIngress, "host-ingress", "traffic from the host through tun0 is global (VNID 0)", TableConntrack},
 	{TableConntrack, "conntrack", "send IP through conntrack so replies of NATed connections are un-NATed", TableServices},
-	{TableServices, "services", "service VIPs and NodePorts: established traffic bypasses; new picks a load balancer or is rejected", TableEgressPolicy},
+	{TableServices, "services", "service VIPs and NodePorts: established traffic bypasses; new picks a load balancer or is rejected", TableAdminEgress},
 	{TableServiceAffinity, "service-affinity", "learned sessionAffinity: client IP → endpoint (resubmitted; a miss does nothing)", NoTable},
 	{TableServiceLB, "service-lb", "select an endpoint (select group, or with affinity a hash of the client's address) and DNAT to it in conntrack", NoTable},
 	{TableServiceHash, "service-hash", "sessionAffinity: the slot of the client address's hash → its endpoint; an empty slot hashes again", NoTable},
-	{TableServiceL2, "service-l2", "after DNAT: address the endpoint pod's MAC", TableEgressPolicy},
-	{TableEgressPolicy, "egress-policy", "NetworkPolicy egress: the source pod's policies allow the connection, or its isolation drops it", TableEgressClassify},
+	{TableServiceL2, "service-l2", "after DNAT: address the endpoint pod's MAC", TableAdminEgress},
+	{TableAdminEgress, "admin-egress", "ClusterNetworkPolicy Admin tier, egress: replies pass; the first matching rule accepts (→ 54), denies, or passes to the namespace's layer", TableEgressPolicy},
+	{TableEgressPolicy, "egress-policy", "NetworkPolicy egress: the source pod's policies allow the connection (→ 54), or its isolation drops it; an unselected pod goes on to the baseline tier", TableBaselineEgress},
+	{TableBaselineEgress, "baseline-egress", "ClusterNetworkPolicy Baseline tier, egress: what the namespace's layer left undecided; the first matching rule accepts or denies", TableEgressClassify},
 	{TableEgressClassify, "egress-classify", "traffic leaving the cluster: a pod of a namespace with an egress IP or firewall loads its egress ID; another node's egress traffic to 57", TableRouting},
 	{TableEgressFirewall, "egress-firewall", "EgressNetworkPolicy: the first rule matching the destination allows or drops", TableEgressIP},
 	{TableEgressIP, "egress-ip", "commit the connection and pick the namespace's egress IP into tun_dst", TableRouting},
 	{TableEgressOut, "egress-out", "an egress IP held here: to the host, which SNATs to it; else tunnel to the egress IP", NoTable},
 	{TableRouting, "routing", "drop UDP to a tunnel port outside the pod network (tunnel guard); find the destination: local pod, remote node subnet, or the host", NoTable},
 	{TableARP, "arp", "answer and deliver ARP for pods, the gateway and remote subnets", NoTable},
-	{TableIngressIsolation, "ingress-isolation", "tenant isolation (reg0 vs reg1) or NetworkPolicy ingress (the destination pod's policies); commits allowed connections", NoTable},
+	{TableAdminIngress, "admin-ingress", "ClusterNetworkPolicy Admin tier, ingress: replies go on; the first matching rule accepts (commit → 100), denies, or passes to the namespace's layer", TableIngressIsolation},
+	{TableIngressIsolation, "ingress-isolation", "tenant isolation (reg0 vs reg1) or NetworkPolicy ingress (the destination pod's policies); what neither denied nor a policy allowed goes on to the baseline tier", NoTable},
+	{TableBaselineIngress, "baseline-ingress", "ClusterNetworkPolicy Baseline tier, ingress: what the namespace's layer left undecided; the first matching rule accepts or denies; the rest is committed and delivered", TableOutput},
 	{TableTunnelEgress, "tunnel-egress", "encapsulate towards the node that hosts the destination subnet", NoTable},
 	{TableOutput, "output", "deliver to the port in reg2; hairpin back out of the ingress port via 105", NoTable},
 	{TableHairpinOutput, "hairpin-output", "send a hairpinned packet back out of its ingress port", NoTable},

@@ -54,6 +54,8 @@ const (
 	// CategoryLearned marks flows the switch learns itself (sessionAffinity): no owner renders them, so
 	// the Reconciler leaves them alone instead of deleting them as strays.
 	CategoryLearned Category = 9
+	// CategoryAdminPolicy is one ClusterNetworkPolicy (flows/pipeline/adminpolicy.go).
+	CategoryAdminPolicy Category = 10
 	// CategoryNetwork is one Network's own flows (flows/pipeline/networks.go); its pods' attachments
 	// are CategoryPod ("pod/ns/name@net1").
 	CategoryNetwork Category = 11
@@ -72,7 +74,7 @@ var categories = []struct {
 }{
 	{CategoryNone, "none"}, {CategoryPipeline, "pipeline"}, {CategoryPod, "pod"}, {CategoryNode, "node"},
 	{CategoryTenant, "vnid"}, {CategoryService, "svc"}, {CategoryNetPol, "netpol"},
-	{CategoryTest, "test"}, {CategoryLearned, "learned"}, {CategoryNetwork, "net"},
+	{CategoryTest, "test"}, {CategoryLearned, "learned"}, {CategoryAdminPolicy, "cnp"}, {CategoryNetwork, "net"},
 	{CategoryEgress, "egress"}, {CategoryEgressFirewall, "egressfw"},
 }
 

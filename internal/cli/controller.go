@@ -19,6 +19,7 @@ import (
 	"github.com/ofsdn/ofsdn/controller"
 	"github.com/ofsdn/ofsdn/internal/kubeconfig"
 	"github.com/ofsdn/ofsdn/internal/version"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
@@ -81,6 +82,10 @@ func runController(log klog.Logger, kubeconfigPath, cidrs string, hostBits int, 
 	if err != nil {
 		return err
 	}
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
 	spec := networkv1.ClusterNetworkSpec{HostSubnetLength: int32(hostBits), ServiceNetwork: networkv1.CIDR(svcNet),
 		PluginMode: networkv1.PluginMode(mode), Encapsulation: networkv1.Encapsulation(encap), VXLANPort: int32(vxlanPort), MTU: int32(mtu)}
 	for _, c := range strings.Split(cidrs, ",") {
@@ -98,7 +103,7 @@ func runController(log klog.Logger, kubeconfigPath, cidrs string, hostBits int, 
 	metrics := controller.NewMetrics(nil)
 	// The controller starts the factories once it leads: a follower keeps no caches.
 	c, err := controller.New(kube, netc, informers.NewSharedInformerFactory(kube, 0), networkinformers.NewSharedInformerFactory(netc, 0),
-		controller.Config{Network: spec, GlobalNamespaces: globalNS, Logger: log, Workers: workers}, metrics)
+		controller.Config{Network: spec, GlobalNamespaces: globalNS, Logger: log, Workers: workers, Dynamic: dyn}, metrics)
 	if err != nil {
 		return err
 	}

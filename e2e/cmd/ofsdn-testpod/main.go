@@ -13,6 +13,8 @@
 //	ofsdn-testpod hello --name ns/pod HOST:PORT                   (at once: UDP "<name> <i>" at 0, 5 and 10 ms, then exit)
 //	ofsdn-testpod clients tcp|udp HOST:PORT[,HOST:PORT…] --sources A,B,… [--count 50] [--parallel 16] [--timeout 2s]
 //	                                                                  (JSON per source: endpoints and seen addresses)
+//	ofsdn-testpod connect [--timeout=5s] [--protocol=tcp|udp|sctp] HOST:PORT     (as agnhost connect: exit 1 and
+//	                                                                  TIMEOUT, REFUSED or OTHER on stderr)
 package main
 
 import (
@@ -203,6 +205,19 @@ func run(args []string) error {
 		ctx, cancel := context.WithTimeout(ctx, *duration)
 		defer cancel()
 		return testpod.Session(ctx, args[1], args[2], *interval, *timeout, os.Stdout)
+	case "connect":
+		fs := flag.NewFlagSet("connect", flag.ContinueOnError)
+		timeout := fs.Duration("timeout", 5*time.Second, "for the attempt")
+		proto := fs.String("protocol", "tcp", "tcp, udp or sctp")
+		if err := fs.Parse(args[1:]); err != nil {
+			return err
+		}
+		if fs.NArg() != 1 {
+			return fmt.Errorf("usage: connect [--timeout=5s] [--protocol=tcp] HOST:PORT")
+		}
+		msg, code := testpod.Connect(ctx, *proto, fs.Arg(0), *timeout)
+		fmt.Fprint(os.Stderr, msg)
+		os.Exit(code)
 	case "udp-session":
 		fs := flag.NewFlagSet("udp-session", flag.ContinueOnError)
 		interval := fs.Duration("interval", 200*time.Millisecond, "between questions")
