@@ -14,6 +14,7 @@ import (
 	nadclient "github.com/k8snetworkplumbingwg/network-attachment-definition-client/pkg/client/clientset/versioned"
 	nadinformers "github.com/k8snetworkplumbingwg/network-attachment-definition-client/pkg/client/informers/externalversions"
 	"github.com/ofsdn/ofsdn/agent/attach"
+	"github.com/ofsdn/ofsdn/agent/drops"
 	"github.com/ofsdn/ofsdn/agent/egress"
 	"github.com/ofsdn/ofsdn/agent/hostnet"
 	"github.com/ofsdn/ofsdn/agent/k8sobj"
@@ -211,6 +212,9 @@ type Agent struct {
 	// Where the metrics and debug servers listen (serveObservability), "" when not served.
 	metricsAddr, debugAddr string
 
+	// drops turns the drop flows' samples into records (dropsample.go).
+	drops *drops.Sampler
+
 	// Set by Run's first step.
 	sess  *ofswitch.Session
 	recon *reconcile.Reconciler
@@ -249,6 +253,7 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	a.fs = newFlowSync(a.view, nil, flowSyncHooks{metrics: deps.Metrics, host: a.hostFwd, onFailure: a.ownerFailed,
 		onIndexChanged: a.saveOwnerIndex, onAdmin: (&adminReporter{node: cfg.NodeName, recorder: a.events, log: log.WithName("cnp"), clock: time.Now}).report}, log)
 	a.health = newHealth(a.view.Ready, a.fs.loop)
+	a.drops = drops.NewSampler(deps.Metrics.Registry, a.dropSnapshot)
 	if err := deps.Metrics.Registry.Register(newStateCollector(a.counts)); err != nil {
 		return nil, fmt.Errorf("agent: metrics: %w", err)
 	}
@@ -389,8 +394,10 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}
-	a, err := New(cfg, Deps{Kube: kube, Net: net, NAD: nad, Dynamic: dyn, DB: db, Reviews: reviews, DialSwitch: func(ctx context.Context) (*ofswitch.Session, error) {
-		return ofswitch.Dial(ctx, ofswitch.Config{Socket: filepath.Join(cfg.OVSRunDir, cfg.Bridge+".mgmt"), Bridge: cfg.Bridge, Logger: cfg.Logger})
+	var a *Agent
+	a, err = New(cfg, Deps{Kube: kube, Net: net, NAD: nad, Dynamic: dyn, DB: db, Reviews: reviews, DialSwitch: func(ctx context.Context) (*ofswitch.Session, error) {
+		return ofswitch.Dial(ctx, ofswitch.Config{Socket: filepath.Join(cfg.OVSRunDir, cfg.Bridge+".mgmt"), Bridge: cfg.Bridge, Logger: cfg.Logger,
+			OnPacketIn: a.packetIn})
 	}})
 	if err != nil {
 		return err
@@ -454,6 +461,13 @@ func (a *Agent) openBridge(ctx context.Context) error {
 		return err
 	}
 	context.AfterFunc(ctx, func() { _ = a.sess.Close() })
+	// The drop flows' meters, before any flow names them (a flow naming a missing meter is not
+	// metered). A datapath without meters still forwards: the samples then reach the agent unmetered,
+	// and the sampler's own limit (drops.MaxSampleRate) is all that bounds them.
+	if err := a.sess.SetMeters(ctx, pipeline.DropMeters()); err != nil {
+		a.log.Error(err, "drop sampling runs unmetered: the bridge refused the drop flows' meters", "agentLimit", drops.MaxSampleRate)
+	}
+	go a.drops.Run(ctx)
 	a.recon = reconcile.New(meteredSwitch{ofswitch.FlowsSwitch(a.sess), a.metrics}, reconcile.Config{Round: round,
 		PipelineVersion: pipeline.PipelineVersion, VersionOf: pipeline.VersionOf})
 	a.fs.useBridge(a.recon)
@@ -472,6 +486,9 @@ func (a *Agent) openBridge(ctx context.Context) error {
 	a.sess.OnReconnect(func(ctx context.Context) error {
 		if err := a.host.ensure(ctx); err != nil {
 			return err
+		}
+		if err := a.sess.SetMeters(ctx, pipeline.DropMeters()); err != nil {
+			a.log.Error(err, "drop sampling runs unmetered: the bridge refused the drop flows' meters", "agentLimit", drops.MaxSampleRate)
 		}
 		a.neighbors.Kick() // a restarted ovs-vswitchd starts with an empty tunnel neighbour cache
 		a.uplink.Kick()    // tun0 came back with a MAC of its own

@@ -228,7 +228,8 @@ func (d debugBackend) Node(ctx context.Context) (*debugapi.NodeInfo, error) {
 	}
 	info.Egress = egressInfo(st.Egress)
 	for _, p := range st.Pods {
-		info.Pods = append(info.Pods, debugapi.Pod{Namespace: p.Namespace, Name: p.Name, IP: p.IP, MAC: p.MAC.String(), OFPort: p.OFPort, VNID: p.VNID})
+		info.Pods = append(info.Pods, debugapi.Pod{Namespace: p.Namespace, Name: p.Name, IP: p.IP, MAC: p.MAC.String(), OFPort: p.OFPort, VNID: p.VNID,
+			IngressPolicies: pipeline.IsolatingPolicies(st.Policies, p.OFPort, true), EgressPolicies: pipeline.IsolatingPolicies(st.Policies, p.OFPort, false)})
 	}
 	for _, n := range st.RemoteNodes {
 		info.RemoteNodes = append(info.RemoteNodes, debugapi.RemoteNode{Name: n.Name, NodeIP: n.NodeIP, Subnet: n.Subnet})

@@ -74,6 +74,14 @@
 //     The node's addresses (debug API, metrics, pprof) speak TLS and go through nodeauth/ (its own
 //     package): a bearer token reviewed by the API server, a SubjectAccessReview for what the path needs,
 //     and why the token travels in a header of its own through the node proxy.
+//   - drops/ (its own package) and dropsample.go: drop attribution — the drop flows' samples
+//     (flows/pipeline/drops.go: controller(max_len=128, meter_id=<the cause's meter>)) arrive as
+//     packet-ins on the OpenFlow session (ofswitch asks OVS for them with OFPT_SET_ASYNC), handed over
+//     without blocking the session's reader; drops.Decode turns each, against the last synced state and
+//     the owner index, into a record (cause, pods or addresses, protocol and port, the deciding object,
+//     the policies that isolate a pod for a default deny); a ring of drops.RingSize records, per-cause
+//     sample counters (ofsdn_agent_drop_samples_total), and the debug API's NDJSON stream (PathDrops).
+//     openBridge installs the meters (and the reconnect hook again) before any flow names them.
 //
 // Tests: informers_test.go and services_test.go run the agent's own informers on fake clientsets and
 // check the view (make unit); flowsync_ovs_test.go runs flowSync against a real bridge.

@@ -2,7 +2,8 @@
 // (its pods with their OpenFlow ports and MACs from OVSDB, tenants, services, remote nodes, Networks and
 // the pods' interfaces on them), the flows
 // and groups the agent wants on br0 by owner, a drift report (what differs between those and br0),
-// the bridge's flows and groups, and ofproto/trace runs on the node's ovs-vswitchd.
+// the bridge's flows and groups, ofproto/trace runs on the node's ovs-vswitchd, and the node's
+// sampled drops as an NDJSON stream (drops.go).
 //
 // Nothing in it changes anything. The agent serves it over HTTP on a root-only unix socket on the node
 // (<ovs-rundir>/<bridge>.ofsdn.sock) and, for flowctl elsewhere, over TLS on a TCP port of the node that
@@ -29,6 +30,7 @@ const (
 	PathDiff    = Prefix + "diff"    // Diff
 	PathDump    = Prefix + "dump"    // Dump
 	PathTrace   = Prefix + "trace"   // POST TraceRequest → TraceResponse
+	// PathDrops (drops.go) streams Drop records as NDJSON.
 )
 
 // NodeInfo is a node as its agent sees it: what its flows are rendered from, plus its bridge's ports
@@ -128,6 +130,10 @@ type Pod struct {
 	MAC       string     `json:"mac"`
 	OFPort    uint32     `json:"ofport"`
 	VNID      uint32     `json:"vnid"`
+	// IngressPolicies and EgressPolicies are the NetworkPolicies ("namespace/name") that isolate the
+	// pod in each direction (networkpolicy mode): what its default deny is owed to.
+	IngressPolicies []string `json:"ingressPolicies,omitempty"`
+	EgressPolicies  []string `json:"egressPolicies,omitempty"`
 }
 
 // RemoteNode is another node this one tunnels to.

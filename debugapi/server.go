@@ -45,6 +45,9 @@ func Handler(b Backend, log logr.Logger) http.Handler {
 	get(PathDesired, func(ctx context.Context) (any, error) { return b.Desired(ctx) })
 	get(PathDiff, func(ctx context.Context) (any, error) { return b.Diff(ctx) })
 	get(PathDump, func(ctx context.Context) (any, error) { return b.Dump(ctx) })
+	if ds, ok := b.(DropStreamer); ok {
+		mux.HandleFunc("GET "+PathDrops, func(w http.ResponseWriter, r *http.Request) { serveDrops(ds, w, r) })
+	}
 	mux.HandleFunc("POST "+PathTrace, func(w http.ResponseWriter, r *http.Request) {
 		var req TraceRequest
 		dec := json.NewDecoder(io.LimitReader(r.Body, maxRequest))

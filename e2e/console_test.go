@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -50,16 +51,17 @@ func TestConsole(t *testing.T) {
 		}
 	}
 	labelNamespace(t, ctx, blue, map[string]string{"e2e-ui": "yes"})
-	run := func(ns, name string, node string) {
+	run := func(ns, name string, node string) *cluster.Pod {
 		p, err := lc.RunPod(ctx, cluster.PodSpec(ns, name, node))
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = lc.DeletePod(context.Background(), p.Namespace, p.Name) })
+		return p
 	}
-	run(blue, "a", n1.Name)
+	podA := run(blue, "a", n1.Name)
 	run(blue, "c", n2.Name)
-	run(red, "b", n1.Name)
+	podB := run(red, "b", n1.Name)
 	if _, err := lc.ChangeNetwork(ctx, green, "join:"+blue); err != nil {
 		t.Fatal(err)
 	}
@@ -190,8 +192,15 @@ func TestConsole(t *testing.T) {
 		says(t, page, fmt.Sprintf("delivered to %s/c via node %s", blue, n2.Name), "Node "+n2.Name)
 	})
 	t.Run("drops", func(t *testing.T) {
-		page := visit(t, "drops", "/drops")
-		says(t, page, "Drops are not available from this cluster's agents")
+		// A drop the test causes: red/b to blue/a, tenant isolation on n1.
+		if _, err := podB.Probe(ctx, "tcp", netip.AddrPortFrom(podA.IP, cluster.TestPort), 0); err == nil {
+			t.Fatalf("%s reached %s across tenants", podB.Key(), podA.Key())
+		}
+		page := visit(t, "drops", "/drops?namespace="+red)
+		says(t, page, podB.Key(), podA.Key(), fmt.Sprintf("tenant isolation %d → %d", netids[red], netids[blue]), "80 ingress-isolation")
+		if strings.Contains(page, "not available") {
+			t.Errorf("the drops page says drops are not available:\n%s", page)
+		}
 	})
 }
 

@@ -33,9 +33,8 @@ type nodeAPIEndpoint struct {
 	answered func(code int, body string) bool
 }
 
-// nodeAPIEndpoints are node n's debug API, metrics and pprof as deploy/'s DaemonSet serves them (the lab's
-// agents run with --profiling), and a debug API path nothing serves yet: the drop stream will live
-// there, behind the same guard.
+// nodeAPIEndpoints are node n's debug API (its drop stream included), metrics and pprof as deploy/'s
+// DaemonSet serves them (the lab's agents run with --profiling).
 func nodeAPIEndpoints(t *testing.T, n *cluster.Node) []nodeAPIEndpoint {
 	c := agentContainer(t)
 	port := func(name string) int32 {
@@ -59,9 +58,8 @@ func nodeAPIEndpoints(t *testing.T, n *cluster.Node) []nodeAPIEndpoint {
 		{"a trace", http.MethodPost, debug + debugapi.PathTrace, func(code int, body string) bool {
 			return code == http.StatusBadRequest && strings.Contains(body, "trace request")
 		}},
-		{"a path added later", http.MethodGet, debug + debugapi.Prefix + "drops", func(code int, _ string) bool {
-			return code != http.StatusUnauthorized && code != http.StatusForbidden
-		}},
+		// The drop stream: without follow it answers the recent drops and ends.
+		{"the drop stream", http.MethodGet, debug + debugapi.PathDrops, func(code int, _ string) bool { return code == http.StatusOK }},
 		{"metrics", http.MethodGet, metrics + "/metrics", ok("ofsdn_agent_ready")},
 		{"pprof", http.MethodGet, metrics + "/debug/pprof/", ok("goroutine")},
 	}

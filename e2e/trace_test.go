@@ -311,7 +311,9 @@ func TestTraceNetworkPolicy(t *testing.T) {
 		t.Errorf("the allowed client does not connect for real: %v", err)
 	}
 	deny := traceJSON(t, ctx, denied.Key(), server.Key(), "--port", fmt.Sprint(cluster.TestPort))
-	want := fmt.Sprintf("dropped at table 80 ingress-isolation by NetworkPolicy %s (no rule allows tcp/%d)", name, cluster.TestPort)
+	// The pod's isolation drops it, and the verdict names the policy that isolates the pod.
+	want := fmt.Sprintf("dropped at table 80 ingress-isolation by the NetworkPolicy isolation of pod %s: isolated by NetworkPolicy %s (no rule allows tcp/%d)",
+		server.Key(), name, cluster.TestPort)
 	if deny.Verdict.Kind != flowctl.VerdictDropped || deny.Verdict.Text != want || deny.Verdict.Owner != "pod/"+server.Key() {
 		t.Errorf("denied client: %+v, want %q", deny.Verdict, want)
 	}

@@ -67,14 +67,23 @@ func (n *nodeFlags) local() (*debugapi.Client, error) {
 
 // remote is node's agent through the API server. Every node asked in one run shares one token.
 func (n *nodeFlags) remote(cfg *rest.Config, node string) (*debugapi.Client, error) {
+	if err := n.initTokens(cfg); err != nil {
+		return nil, err
+	}
+	return debugapi.NewNodeProxyClient(cfg, node, n.port, n.tokens)
+}
+
+// initTokens makes the token source every node of the run shares; callers that ask nodes from
+// several goroutines call it once before they start.
+func (n *nodeFlags) initTokens(cfg *rest.Config) error {
 	if n.tokens == nil {
 		tokens, err := debugapi.NewServiceAccountTokens(cfg, n.tokenSA)
 		if err != nil {
-			return nil, fmt.Errorf("--token-serviceaccount: %w", err)
+			return fmt.Errorf("--token-serviceaccount: %w", err)
 		}
 		n.tokens = tokens
 	}
-	return debugapi.NewNodeProxyClient(cfg, node, n.port, n.tokens)
+	return nil
 }
 
 // agent is the agent --node names, else the local one.

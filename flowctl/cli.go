@@ -31,6 +31,7 @@ func commands() []command {
 			}},
 		{"diff", "what differs between the flows and groups the agent wants and what the bridge holds, by owner", RunDiff},
 		{"trace", "follow a packet from SRC to DST through the nodes' bridges and say why it is delivered or dropped", RunTrace},
+		{"drops", "the cluster's recent drops with their causes, merged over the nodes; -f follows", RunDrops},
 		{"pod-network", "join, isolate or make global projects' VNIDs through the controller (as oc adm pod-network)", RunPodNetwork},
 		{"ui", "serve the web console (networks, tenants, nodes, policies, trace, drops) on this machine", RunUI},
 	}

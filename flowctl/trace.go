@@ -980,6 +980,20 @@ func policiesSelecting(n *traceNode, table openflow.TableID, port uint32) []stri
 	return out
 }
 
+// isolatingPolicies are the policies the agent says isolate the pod on port in a direction (agents
+// before drop attribution do not say: none).
+func isolatingPolicies(info *debugapi.NodeInfo, port uint32, ingress bool) []string {
+	for _, p := range info.Pods {
+		if p.OFPort == port {
+			if ingress {
+				return p.IngressPolicies
+			}
+			return p.EgressPolicies
+		}
+	}
+	return nil
+}
+
 // tenantName names a VNID by its namespaces.
 func tenantName(info *debugapi.NodeInfo, vnid uint32) string {
 	var names []string
@@ -1035,9 +1049,21 @@ func dropVerdict(n *traceNode, path *trace.Path, proto string) Verdict {
 		}
 		v.Policies = policiesSelecting(n, last.Table, port)
 		v.Pod = obj.Key()
-		if len(v.Policies) == 0 {
+		isolating := isolatingPolicies(info, port, last.Table == pipeline.TableIngressIsolation)
+		for _, p := range isolating {
+			if !slices.Contains(v.Policies, p) {
+				v.Policies = append(v.Policies, p)
+			}
+		}
+		sort.Strings(v.Policies)
+		switch {
+		case len(isolating) > 0:
+			// A default deny: name the policies that isolate the pod (a deny-all has no flow of its own).
+			v.Text = fmt.Sprintf("%s by the NetworkPolicy isolation of pod %s: isolated by NetworkPolicy %s (no %s allows %s)", where, v.Pod,
+				strings.Join(isolating, ", "), dir, l4())
+		case len(v.Policies) == 0:
 			v.Text = fmt.Sprintf("%s by the NetworkPolicy isolation of pod %s (no policy on this node allows %s)", where, v.Pod, l4())
-		} else {
+		default:
 			v.Text = fmt.Sprintf("%s by NetworkPolicy %s (no %s allows %s)", where, strings.Join(v.Policies, ", "), dir, l4())
 		}
 	case last.Table == pipeline.TablePodIngress:

@@ -100,7 +100,8 @@ func writeNodeDumpEgress(t *testing.T, dir, name string, nodeIP netip.Addr, subn
 			}
 		}
 		st.Pods = append(st.Pods, pipeline.PodState{Namespace: p.ns, Name: p.name, IP: p.ip, MAC: podMAC(p.ip), OFPort: p.port, VNID: vnid, IngressIsolated: isolated})
-		info.Pods = append(info.Pods, debugapi.Pod{Namespace: p.ns, Name: p.name, IP: p.ip, MAC: podMAC(p.ip).String(), OFPort: p.port, VNID: vnid})
+		info.Pods = append(info.Pods, debugapi.Pod{Namespace: p.ns, Name: p.name, IP: p.ip, MAC: podMAC(p.ip).String(), OFPort: p.port, VNID: vnid,
+			IngressPolicies: pipeline.IsolatingPolicies(policies, p.port, true), EgressPolicies: pipeline.IsolatingPolicies(policies, p.port, false)})
 		info.Ports = append(info.Ports, debugapi.Port{Name: "veth" + p.name, OFPort: int(p.port), MAC: "0a:58:ee:00:00:01", Pod: p.ns + "/" + p.name, IP: p.ip})
 	}
 	for _, s := range services {
@@ -220,7 +221,7 @@ func TestTraceOffline(t *testing.T) {
 		{"policy-allow", np, TraceOptions{Src: "blue/c", Dst: "blue/a", Port: 80}, VerdictDelivered,
 			[]string{"blue/a via node n1", "allowed by NetworkPolicy blue/web-80"}, 2},
 		{"policy-deny", np, TraceOptions{Src: "blue/c", Dst: "blue/a", Port: 81}, VerdictDropped,
-			[]string{"table 80 ingress-isolation by NetworkPolicy blue/web-80 (no rule allows tcp/81)"}, 2},
+			[]string{"table 80 ingress-isolation by the NetworkPolicy isolation of pod blue/a: isolated by NetworkPolicy blue/web-80 (no rule allows tcp/81)"}, 2},
 		{"cross-node-none", multiNone, TraceOptions{Src: "blue/a", Dst: "blue/c", Port: 8080}, VerdictDelivered, []string{"blue/c", "node n2"}, 2},
 		{"tenant-deny-cross-node-none", multiNone, TraceOptions{Src: "red/b", Dst: "blue/c", Port: 8080}, VerdictDropped,
 			[]string{"table 80 ingress-isolation", "tenant VNID 14 (red) may not reach VNID 12 (blue)"}, 2},
@@ -231,7 +232,7 @@ func TestTraceOffline(t *testing.T) {
 		{"policy-allow-none", npNone, TraceOptions{Src: "blue/c", Dst: "blue/a", Port: 80}, VerdictDelivered,
 			[]string{"blue/a via node n1", "allowed by NetworkPolicy blue/web-80"}, 2},
 		{"policy-deny-none", npNone, TraceOptions{Src: "blue/c", Dst: "blue/a", Port: 81}, VerdictDropped,
-			[]string{"table 80 ingress-isolation by NetworkPolicy blue/web-80 (no rule allows tcp/81)"}, 2},
+			[]string{"table 80 ingress-isolation by the NetworkPolicy isolation of pod blue/a: isolated by NetworkPolicy blue/web-80 (no rule allows tcp/81)"}, 2},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

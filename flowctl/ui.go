@@ -110,6 +110,10 @@ func liveUISources(nf nodeFlags) (uiSources, error) {
 	if err != nil {
 		return uiSources{}, err
 	}
+	// One token source for the agents' pages and the drops (asked side by side).
+	if err := nf.initTokens(cfg); err != nil {
+		return uiSources{}, err
+	}
 	var mu sync.Mutex
 	agents := map[string]debugapi.Backend{}
 	return uiSources{
@@ -128,6 +132,6 @@ func liveUISources(nf nodeFlags) (uiSources, error) {
 			return a, nil
 		},
 		world: func() (world, error) { return liveWorldOf(cfg, kube, nf), nil },
-		drops: noDrops{}, // the agents stream no drops yet (see ui_drops.go)
+		drops: agentDrops{clusterDropClient(cfg, kube, &nf)}, // drops.go
 	}, nil
 }

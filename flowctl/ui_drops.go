@@ -12,12 +12,11 @@ import (
 	"time"
 )
 
-// The drops view. Drops come from the agents' drop stream, which this console does not implement:
-// the page and its live stream are written against DropSource, and flowctl ui's wiring passes the
-// real source once the agents' debug API streams drops (a DropSource over flowctl drops' client: an
-// adapter from its record to DropRecord, and ErrDropsUnavailable where an agent has no stream). Until
-// then the source is noDrops, and the page says that drops are not available from this cluster's
-// agents. Tests drive the page and the stream with a recorded source.
+// The drops view. Drops come from the agents' drop stream (debugapi.PathDrops): the page and its live
+// stream are written against DropSource, and flowctl ui's wiring passes agentDrops (drops.go), a
+// DropSource over flowctl drops' client that gives ErrDropsUnavailable when no agent has the stream.
+// noDrops is the source of a cluster whose agents stream nothing. Tests drive the page and the
+// stream with a recorded source.
 
 // ErrDropsUnavailable is the answer of a source whose cluster cannot tell its drops.
 var ErrDropsUnavailable = errors.New("drops are not available from this cluster's agents: their debug API has no drop stream")

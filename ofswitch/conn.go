@@ -104,6 +104,10 @@ func (c *conn) readLoop(r *bufio.Reader) {
 			}
 		case openflow.TypeEchoReply:
 			// keepalive: lastRecv is all it needs
+		case openflow.TypePacketIn:
+			if f := c.s.cfg.OnPacketIn; f != nil {
+				f(msg)
+			}
 		case openflow.TypeError, openflow.TypeFeaturesReply, openflow.TypeMultipartReply, openflow.TypeBarrierReply, openflow.TypeExperimenter:
 			if !c.deliver(openflow.XID(msg), msg) {
 				log.V(4).Info("dropping a reply nobody waits for", "type", msg[1], "xid", openflow.XID(msg))

@@ -416,3 +416,19 @@ func (s *Session) multipart(ctx context.Context, typ uint16, body []byte, split 
 		}
 	}
 }
+
+// SetMeters adds each meter, or modifies it when the bridge has it already (a meter's deletion would
+// take the flows that use it along). Flows may name a meter before it exists; they are metered once it
+// does.
+func (s *Session) SetMeters(ctx context.Context, meters []openflow.MeterBand) error {
+	for _, m := range meters {
+		err := s.Send(ctx, [][]byte{openflow.EncodeMeterMod(openflow.MeterAdd, m, 0)})
+		if openflow.IsMeterExists(err) {
+			err = s.Send(ctx, [][]byte{openflow.EncodeMeterMod(openflow.MeterModify, m, 0)})
+		}
+		if err != nil {
+			return fmt.Errorf("meter %d: %w", m.ID, err)
+		}
+	}
+	return nil
+}

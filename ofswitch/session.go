@@ -36,6 +36,11 @@ type Config struct {
 	HoldRequestsDuringReplay bool
 	// Logger receives structured logs; klog's global logger when unset.
 	Logger klog.Logger
+	// OnPacketIn, when set, receives every packet-in (the whole message, which it may keep), from the
+	// connection's reader: it must not block (hand the message on or drop it). Each connection then
+	// asks the switch for packet-ins of controller actions (OFPT_SET_ASYNC): Open vSwitch sends a
+	// service connection, such as the bridge's management socket, no asynchronous message until asked.
+	OnPacketIn func(msg []byte)
 }
 
 func (c *Config) defaults() {
@@ -365,6 +370,11 @@ func (s *Session) connect(ctx context.Context) (*conn, uint64, error) {
 	}
 	if !stop() {
 		return nil, 0, ctx.Err()
+	}
+	if s.cfg.OnPacketIn != nil {
+		if _, err := nc.Write(openflow.EncodeSetAsync(s.nextXID())); err != nil {
+			return nil, 0, fmt.Errorf("set async: %w", err)
+		}
 	}
 	_ = nc.SetDeadline(time.Time{})
 	c := newConn(s, nc)

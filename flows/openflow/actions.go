@@ -47,6 +47,23 @@ func (a Output) String() string {
 	return fmt.Sprintf("output:%d", a.Port)
 }
 
+// Controller sends the packet's first MaxLen bytes to the controller connections as a packet-in,
+// through OpenFlow meter MeterID (0: no meter). It is Open vSwitch's controller(max_len=N,meter_id=M)
+// (NXAST_CONTROLLER2): the meter limits the packet-ins alone, never the flow's other actions, so a
+// flow that forwards (or rejects) keeps doing so over the meter's rate. Drop sampling uses it
+// (flows/pipeline/drops.go).
+type Controller struct {
+	MaxLen  uint16
+	MeterID uint32
+}
+
+func (a Controller) String() string {
+	if a.MeterID == 0 {
+		return fmt.Sprintf("controller(max_len=%d)", a.MaxLen)
+	}
+	return fmt.Sprintf("controller(max_len=%d,meter_id=%d)", a.MaxLen, a.MeterID)
+}
+
 // OutputReg sends the packet out of the port held in a register (openshift-sdn keeps it in reg2).
 type OutputReg struct{ Src SubField }
 
@@ -402,6 +419,7 @@ func (Output) isAction()      {}
 func (OutputReg) isAction()   {}
 func (ToGroup) isAction()     {}
 func (Goto) isAction()        {}
+func (Controller) isAction()  {}
 func (Resubmit) isAction()    {}
 func (Load) isAction()        {}
 func (SetField) isAction()    {}

@@ -499,6 +499,22 @@ func appendCommonAction(out []byte, a Action) (_ []byte, done bool, _ error) {
 		out = binary.BigEndian.AppendUint32(out, a.Port)
 		out = binary.BigEndian.AppendUint16(out, maxLen)
 		return append(out, 0, 0, 0, 0, 0, 0), true, nil
+	case Controller:
+		// nx_action_controller2: the 16-byte Nicira header, then properties of 8 bytes each.
+		n := uint16(24)
+		if a.MeterID != 0 {
+			n += 8
+		}
+		out = appendNXActionHeader(out, n, nxastController2)
+		out = append(out, 0, 0, 0, 0, 0, 0)
+		out = append(out, 0, nxac2ptMaxLen, 0, 8) // as OVS lays it out (ofpprop_put_u16: length 8)
+		out = binary.BigEndian.AppendUint16(out, a.MaxLen)
+		out = append(out, 0, 0)
+		if a.MeterID != 0 {
+			out = append(out, 0, nxac2ptMeterID, 0, 8)
+			out = binary.BigEndian.AppendUint32(out, a.MeterID)
+		}
+		return out, true, nil
 	case ToGroup:
 		out = append(out, 0, actionGroup, 0, 8)
 		return binary.BigEndian.AppendUint32(out, a.ID), true, nil
@@ -595,6 +611,9 @@ func toLibAction(a Action) (of.Action, error) {
 		return rawAction(a.Raw), nil
 	case Goto:
 		return nil, errors.New("goto_table is an instruction, not an action")
+	case Controller:
+		b, _, err := appendCommonAction(nil, a)
+		return rawAction(b), err
 	}
 	return nil, fmt.Errorf("unsupported action type %T", a)
 }
@@ -810,6 +829,11 @@ const (
 	nxastConjunction   = 34
 	nxastCT            = 35
 	nxastNAT           = 36
+	nxastController2   = 37
+
+	// nx_action_controller2's properties (ofp-actions.c, enum nx_action_controller2_prop_type).
+	nxac2ptMaxLen  = 0
+	nxac2ptMeterID = 5
 )
 
 func decodeInstructions(b []byte) ([]Action, error) {
@@ -984,8 +1008,41 @@ func decodeNXAction(b []byte) (Action, error) {
 		return decodeLearn(b)
 	case nxastMultipath:
 		return decodeMultipath(b)
+	case nxastController2:
+		if a, ok := decodeController2(b); ok {
+			return a, nil
+		}
 	}
 	return Unknown{Raw: append([]byte(nil), b...)}, nil
+}
+
+// decodeController2 reads a controller(...) action with the properties Controller has; any other
+// (userdata, pause, a reason or controller ID) makes it Unknown.
+func decodeController2(b []byte) (Controller, bool) {
+	a := Controller{MaxLen: 0xffff}
+	if len(b) < 16 {
+		return a, false
+	}
+	for p := b[16:]; len(p) > 0; {
+		if len(p) < 4 {
+			return a, false
+		}
+		typ, n := binary.BigEndian.Uint16(p), int(binary.BigEndian.Uint16(p[2:]))
+		padded := (n + 7) / 8 * 8
+		if n < 4 || padded > len(p) {
+			return a, false
+		}
+		switch {
+		case typ == nxac2ptMaxLen && (n == 6 || n == 8):
+			a.MaxLen = binary.BigEndian.Uint16(p[4:])
+		case typ == nxac2ptMeterID && n == 8:
+			a.MeterID = binary.BigEndian.Uint32(p[4:])
+		default:
+			return a, false
+		}
+		p = p[padded:]
+	}
+	return a, true
 }
 
 // trimNote drops the zero padding OVS adds after a note's data, so notes compare by content.

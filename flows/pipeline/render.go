@@ -192,6 +192,7 @@ func (r *Renderer) Render(s NodeState) (owners map[reconcile.Owner]reconcile.Own
 	r.renderPolicies(s, out, failed)
 	renderEgress(s, out)
 	r.admin.render(s, out, failed)
+	sampleDrops(out)
 	return out, failed, nil
 }
 

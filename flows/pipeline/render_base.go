@@ -8,7 +8,7 @@ import (
 // agent that finds another version on its bridge rebuilds the bridge in one bundle instead of
 // diffing against flows it no longer understands. TestPipelineGolden fails when rendering changes
 // without a bump.
-const PipelineVersion uint32 = 13
+const PipelineVersion uint32 = 14
 
 // Fixed OpenFlow port numbers of the node's own ports (requested through OVSDB's ofport_request).
 const (

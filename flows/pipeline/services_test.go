@@ -71,7 +71,7 @@ func TestServiceGolden(t *testing.T) {
 		svc: ServiceState{Namespace: "ns", Name: "none", ClusterIP: netip.MustParseAddr("172.30.0.11"),
 			Ports: []ServicePort{{Name: "dns", Protocol: IPProtoUDP, Port: 53}}},
 		want: []string{
-			"table=40, priority=100,udp,nw_dst=172.30.0.11,tp_dst=53 actions=ct(commit,table=45,zone=65520,nat(dst=10.128.0.1:65400-65499))",
+			"table=40, priority=100,udp,nw_dst=172.30.0.11,tp_dst=53 actions=controller(max_len=128,meter_id=10),ct(commit,table=45,zone=65520,nat(dst=10.128.0.1:65400-65499))",
 		},
 	}, {
 		name: "affinity, SCTP, NodePort with externalTrafficPolicy Local (but for the node's own connections), terminating endpoint skipped",
@@ -341,8 +341,8 @@ func TestAffinityLayout(t *testing.T) {
 func TestServiceTrafficPolicyLocalWithoutLocalEndpointDrops(t *testing.T) {
 	got := renderOne(t, ServiceState{Namespace: "ns", Name: "x", ClusterIP: netip.MustParseAddr("172.30.0.20"), InternalLocal: true,
 		Ports: []ServicePort{{Name: "p", Protocol: IPProtoTCP, Port: 80, Endpoints: []Endpoint{readyEP("10.129.0.5", 80, false)}}}})
-	if len(got) != 1 || got[0] != "table=40, priority=100,tcp,nw_dst=172.30.0.20,tp_dst=80 actions=drop" {
-		t.Errorf("internalTrafficPolicy Local without a local endpoint must drop:\n%s", strings.Join(got, "\n"))
+	if len(got) != 1 || got[0] != "table=40, priority=100,tcp,nw_dst=172.30.0.20,tp_dst=80 actions=controller(max_len=128,meter_id=10)" {
+		t.Errorf("internalTrafficPolicy Local without a local endpoint must drop (sampled):\n%s", strings.Join(got, "\n"))
 	}
 }
 

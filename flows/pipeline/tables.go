@@ -11,7 +11,8 @@
 // (sessionAffinity's choice), networks.go (Networks: pods' interfaces besides eth0, each network a
 // segment of its own, and cross-talk between networks), egress.go (egress IPs and the egress
 // firewall), owners.go (who owns what: each owner names its API object), ports.go (br0's own ports and
-// their roles: tunnel, host, uplink; the rest are pods').
+// their roles: tunnel, host, uplink; the rest are pods'), drops.go (drop attribution: the registry of
+// drop flows and their causes, whose flows send a metered sample to the agent).
 //
 // The pipeline (table numbers are fixed so dumps stay comparable across versions):
 //
@@ -114,7 +115,8 @@
 //	253 version           a note carrying the pipeline version; never matched by traffic
 //
 // Every table ends in an explicit default (miss) flow, so drop counters in `flowctl dump` show where
-// packets die. Registers: reg0 = source VNID (a tenant's, or a Network's VNI), reg1 = destination VNID, reg2 = output port (openshift-sdn's
+// packets die. A drop with a cause (drops.go's registry) also sends its packet's first bytes to the
+// agent through its cause's meter: controller(max_len=128,meter_id=M) first in its actions. Registers: reg0 = source VNID (a tenant's, or a Network's VNI), reg1 = destination VNID, reg2 = output port (openshift-sdn's
 // convention), reg3 = flags, reg4/reg5/reg6 = the chosen endpoint's IP and port and the service's
 // load-balancer ID, reg7 = sessionAffinity's hash (IP packets) or the proxy ARP responder's scratch
 // (ARP packets: never both in one packet); see the Reg* names below. metadata = the egress ID and pick

@@ -437,7 +437,8 @@ func (ev *evaluation) actions(s *state, acts []openflow.Action, depth, stepIdx i
 			// After ct() the packet goes on untracked (OVS clears the conntrack fields).
 			delete(s.f, openflow.FieldCtState)
 			delete(s.f, openflow.FieldCtZone)
-		case openflow.Learn, openflow.Note, openflow.DecTTL, openflow.Conjunction:
+		case openflow.Learn, openflow.Note, openflow.DecTTL, openflow.Conjunction, openflow.Controller:
+			// Controller: a drop's sample for the agent (flows/pipeline/drops.go), not a way out.
 			// Nothing a trace sees: learn learns nothing without -generate.
 		default:
 			return openflow.NoTable, fmt.Errorf("action %s: not modelled by the offline evaluator", a)

@@ -1,0 +1,343 @@
+package flowctl
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ofsdn/ofsdn/debugapi"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+)
+
+const dropsUsage = `usage: flowctl drops [-f] [--namespace N] [--pod P] [--since D] [--node NAME] [-o text|json]
+
+The cluster's recent drops with their causes, merged over the nodes, oldest first: every packet a
+flow with a cause dropped or rejected (tenant isolation, NetworkPolicy isolation, anti-spoofing, the
+tunnel guard, a forged tunnel source or Network VNI, Network isolation, a service without
+endpoints), as each node's agent sampled it (at most 100 per second per cause and node), with the
+pods or addresses, protocol and port, the verdict, the deciding object and the table. -f keeps
+following new drops until interrupted. Each node's agent is asked through the API server's node
+proxy (as --node does for the other commands); a node whose agent does not answer is named on stderr.
+`
+
+// RunDrops is flowctl drops.
+func RunDrops(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	c := newCmdLine("drops", dropsUsage, stdout, stderr)
+	var nf nodeFlags
+	nf.register(c.fs, true)
+	follow := c.fs.Bool("f", false, "follow: keep printing new drops")
+	ns := c.fs.String("namespace", "", "only drops from or to pods of this namespace")
+	pod := c.fs.String("pod", "", "only drops from or to this pod (in --namespace when given)")
+	since := c.fs.Duration("since", 0, "only drops of the last `duration` (e.g. 5m; default: all the agents keep)")
+	output := c.outputFlag()
+	rest, err := c.parse(args)
+	if err != nil {
+		return err
+	}
+	if len(rest) > 0 {
+		return c.usageErrorf("drops takes no arguments (got %q)", rest)
+	}
+	src, err := newDropClient(&nf)
+	if err != nil {
+		return err
+	}
+	q := debugapi.DropQuery{Namespace: *ns, Pod: *pod, Since: *since}
+	print := func(d debugapi.Drop) error {
+		if output.value == "json" {
+			enc := json.NewEncoder(stdout)
+			enc.SetEscapeHTML(false)
+			return enc.Encode(d)
+		}
+		_, err := fmt.Fprintln(stdout, DropLine(d))
+		return err
+	}
+	start := time.Now()
+	batch, unanswered, err := src.recent(ctx, q)
+	if err != nil {
+		return err
+	}
+	reportUnanswered(stderr, unanswered)
+	for _, d := range batch {
+		if err := print(d); err != nil {
+			return err
+		}
+	}
+	if !*follow {
+		return nil
+	}
+	var mu sync.Mutex
+	after := lastTimes(batch)
+	after[""] = start
+	return src.follow(ctx, q, after, func(d debugapi.Drop) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if err := print(d); err != nil {
+			return printError{err}
+		}
+		return nil
+	}, func(node string, err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		fmt.Fprintf(stderr, "flowctl drops: node %s: %v\n", node, err)
+	})
+}
+
+// DropLine is a drop on one line: time, node, verdict's parts.
+func DropLine(d debugapi.Drop) string {
+	l4 := d.Proto
+	if d.Port != 0 {
+		l4 = fmt.Sprintf("%s/%d", d.Proto, d.Port)
+	}
+	return fmt.Sprintf("%s %s %s → %s %s %s [%s] table %d %s: %s", d.Time.UTC().Format("15:04:05.000"), d.Node, d.Src, d.Dst, l4,
+		dropVerb(d), d.Object, d.TableID, d.Table, d.Verdict)
+}
+
+func dropVerb(d debugapi.Drop) string {
+	if strings.HasPrefix(d.Verdict, "rejected") {
+		return "REJECTED"
+	}
+	return "DROPPED"
+}
+
+func reportUnanswered(w io.Writer, unanswered map[string]string) {
+	for _, n := range sortedKeys(unanswered) {
+		fmt.Fprintf(w, "flowctl drops: node %s: %s\n", n, unanswered[n])
+	}
+}
+
+func sortedKeys(m map[string]string) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func lastTimes(ds []debugapi.Drop) map[string]time.Time {
+	out := map[string]time.Time{}
+	for _, d := range ds {
+		if d.Time.After(out[d.Node]) {
+			out[d.Node] = d.Time
+		}
+	}
+	return out
+}
+
+// dropClient asks every node's agent for its drops (or the one --node names, or the local agent
+// when there is no kubeconfig).
+type dropClient struct {
+	nodes  func(ctx context.Context) ([]string, error)
+	client func(node string) (*debugapi.Client, error)
+}
+
+func newDropClient(nf *nodeFlags) (*dropClient, error) {
+	if nf.node == "" {
+		if cfg, err := restConfig(nf.kubeconfig); err == nil {
+			kube, err := kubernetes.NewForConfig(cfg)
+			if err != nil {
+				return nil, err
+			}
+			if err := nf.initTokens(cfg); err != nil { // before the nodes are asked side by side
+				return nil, err
+			}
+			return clusterDropClient(cfg, kube, nf), nil
+		}
+	}
+	c, err := nf.agent()
+	if err != nil {
+		return nil, err
+	}
+	name := nf.node
+	if name == "" {
+		name = "local"
+	}
+	return &dropClient{
+		nodes:  func(context.Context) ([]string, error) { return []string{name}, nil },
+		client: func(string) (*debugapi.Client, error) { return c, nil },
+	}, nil
+}
+
+// clusterDropClient asks every Node's agent through the API server's node proxy.
+func clusterDropClient(cfg *rest.Config, kube kubernetes.Interface, nf *nodeFlags) *dropClient {
+	var mu sync.Mutex
+	clients := map[string]*debugapi.Client{}
+	return &dropClient{
+		nodes: func(ctx context.Context) ([]string, error) {
+			list, err := kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+			if err != nil {
+				return nil, fmt.Errorf("list nodes: %w", err)
+			}
+			var out []string
+			for _, n := range list.Items {
+				out = append(out, n.Name)
+			}
+			return out, nil
+		},
+		client: func(node string) (*debugapi.Client, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if c, ok := clients[node]; ok {
+				return c, nil
+			}
+			c, err := nf.remote(cfg, node)
+			if err == nil {
+				clients[node] = c
+			}
+			return c, err
+		},
+	}
+}
+
+// recent returns the drops of every node that match q, oldest first, and the nodes that did not
+// answer with why.
+func (s *dropClient) recent(ctx context.Context, q debugapi.DropQuery) ([]debugapi.Drop, map[string]string, error) {
+	nodes, err := s.nodes(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	q.Follow = false
+	var mu sync.Mutex
+	var all []debugapi.Drop
+	unanswered := map[string]string{}
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 16)
+	for _, n := range nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			var got []debugapi.Drop
+			c, err := s.client(n)
+			if err == nil {
+				err = c.Drops(ctx, q, func(d debugapi.Drop) error { got = append(got, d); return nil })
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				unanswered[n] = err.Error()
+				return
+			}
+			all = append(all, got...)
+		}()
+	}
+	wg.Wait()
+	sort.SliceStable(all, func(i, j int) bool { return all[i].Time.Before(all[j].Time) })
+	if len(nodes) > 0 && len(unanswered) == len(nodes) {
+		for _, why := range unanswered {
+			if strings.Contains(why, debugapi.ErrNoDropStream.Error()) {
+				return nil, unanswered, ErrDropsUnavailable
+			}
+		}
+	}
+	return all, unanswered, nil
+}
+
+// follow streams every node's new drops (those after after[node]) to each until ctx ends; a node
+// whose stream breaks is told to failed and asked again a second later.
+func (s *dropClient) follow(ctx context.Context, q debugapi.DropQuery, after map[string]time.Time, each func(debugapi.Drop) error,
+	failed func(node string, err error)) error {
+	nodes, err := s.nodes(ctx)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	q.Follow, q.Since = true, time.Minute
+	errc := make(chan error, 1)
+	var wg sync.WaitGroup
+	for _, n := range nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			last := after[n]
+			if last.IsZero() {
+				last = after[""] // "": every node without a time of its own
+			}
+			for ctx.Err() == nil {
+				c, err := s.client(n)
+				if err == nil {
+					err = c.Drops(ctx, q, func(d debugapi.Drop) error {
+						if !d.Time.After(last) {
+							return nil
+						}
+						last = d.Time
+						return each(d)
+					})
+				}
+				if ctx.Err() != nil {
+					return
+				}
+				var pe printError
+				if errors.As(err, &pe) {
+					select {
+					case errc <- err:
+					default:
+					}
+					cancel()
+					return
+				}
+				if err != nil {
+					failed(n, err)
+				}
+				select {
+				case <-ctx.Done():
+				case <-time.After(time.Second):
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	select {
+	case err := <-errc:
+		return err
+	default:
+		return nil
+	}
+}
+
+// printError is an error of the caller's each, which ends a follow.
+type printError struct{ error }
+
+// agentDrops is the console's DropSource over the agents' drop streams.
+type agentDrops struct{ c *dropClient }
+
+func (a agentDrops) Recent(ctx context.Context, f DropFilter) (DropBatch, error) {
+	all, unanswered, err := a.c.recent(ctx, debugapi.DropQuery{Namespace: f.Namespace, Pod: f.Pod, Since: f.Since})
+	if err != nil {
+		return DropBatch{}, err
+	}
+	b := DropBatch{Unanswered: unanswered}
+	for i := len(all) - 1; i >= 0; i-- { // newest first
+		if f.Node == "" || all[i].Node == f.Node {
+			b.Drops = append(b.Drops, dropRecordOf(all[i]))
+		}
+	}
+	return b, nil
+}
+
+func (a agentDrops) Follow(ctx context.Context, f DropFilter, each func(DropRecord) error) error {
+	return a.c.follow(ctx, debugapi.DropQuery{Namespace: f.Namespace, Pod: f.Pod}, map[string]time.Time{"": time.Now()}, func(d debugapi.Drop) error {
+		if f.Node != "" && d.Node != f.Node {
+			return nil
+		}
+		if err := each(dropRecordOf(d)); err != nil {
+			return printError{err}
+		}
+		return nil
+	}, func(string, error) {})
+}
+
+func dropRecordOf(d debugapi.Drop) DropRecord {
+	return DropRecord{Time: d.Time, Node: d.Node, Src: d.Src, Dst: d.Dst, Proto: d.Proto, Port: d.Port, Verdict: d.Verdict,
+		Object: d.Object, Table: fmt.Sprintf("%d %s", d.TableID, d.Table)}
+}
