@@ -89,6 +89,8 @@ func (c *Controller) syncEgressIPs(ctx context.Context) error {
 	spec := c.accepted
 	c.mu.Unlock()
 	plan := egressplan.FromAPI(hss, nns, spec)
+	// By name, so the namespaces' statuses and Events come in the same order every sync.
+	slices.SortFunc(nns, func(a, b *networkv1.NetNamespace) int { return strings.Compare(a.Name, b.Name) })
 	var errs []error
 	for _, nn := range nns {
 		upd := nn.DeepCopy()
