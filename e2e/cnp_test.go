@@ -47,13 +47,19 @@ type cnpFixture struct {
 	converge []time.Duration
 }
 
-func newCNPFixture(t *testing.T, ctx context.Context) *cnpFixture {
+// dynamicClient is the lab's administrator's dynamic client (ClusterNetworkPolicies are read through it).
+func dynamicClient(t *testing.T) dynamic.Interface {
 	t.Helper()
 	dyn, err := dynamic.NewForConfig(lc.API.AdminConfig())
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &cnpFixture{npFixture: newNPFixture(t, ctx), dyn: dyn}
+	return dyn
+}
+
+func newCNPFixture(t *testing.T, ctx context.Context) *cnpFixture {
+	t.Helper()
+	f := &cnpFixture{npFixture: newNPFixture(t, ctx), dyn: dynamicClient(t)}
 	f.dropSCTP("the ClusterNetworkPolicy suite probes TCP and UDP")
 	t.Cleanup(func() { f.deleteAll(t, context.Background()) })
 	return f

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
+	cnp "github.com/ofsdn/ofsdn/apis/policy/v1beta1"
 	"github.com/ofsdn/ofsdn/debugapi"
 	"github.com/ofsdn/ofsdn/e2e/cluster"
 	"github.com/ofsdn/ofsdn/internal/proc"
@@ -335,6 +336,26 @@ func TestDrops(t *testing.T) {
 	})
 
 	t.Run("flood", func(t *testing.T) { dropFlood(t, ctx, w, a, a2, b) })
+
+	// An Admin tier Deny inside one tenant (multitenant mode): the drop names the ClusterNetworkPolicy.
+	// It drops on the destination's node, where the source (a pod on another node) is an address.
+	t.Run("ClusterNetworkPolicy", func(t *testing.T) {
+		toA2 := netip.AddrPortFrom(a2.IP, cluster.TestPort)
+		control(a.Key()+" → "+a2.Key()+" (same tenant, no policy)", probe(a, "tcp", toA2))
+		f := &cnpFixture{dyn: dynamicClient(t)}
+		const name = "e2e-drop-deny"
+		ns := &metav1.LabelSelector{MatchLabels: map[string]string{corev1.LabelMetadataName: nsA}}
+		f.apply(t, ctx, &cnp.ClusterNetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: cnp.Spec{
+			Tier: cnp.AdminTier, Priority: 5, Subject: cnp.Subject{Namespaces: ns},
+			Ingress: []cnp.IngressRule{{Name: "none-from-a", Action: cnp.Deny, From: []cnp.IngressPeer{{Namespaces: ns}},
+				Protocols: []cnp.Protocol{{TCP: &cnp.ProtocolPort{DestinationPort: &cnp.Port{Number: int32(cluster.TestPort)}}}}}}}})
+		t.Cleanup(func() { f.remove(t, context.Background(), name) })
+		if err := proc.Until(ctx, 0, func() bool { return probe(a, "tcp", toA2)() != nil }); err != nil {
+			t.Fatalf("ClusterNetworkPolicy %s never denied %s → %s", name, a.Key(), a2.Key())
+		}
+		expectDrop(t, ctx, w, "ClusterNetworkPolicy Deny", probe(a, "tcp", toA2), debugapi.Drop{
+			Cause: "cluster-network-policy", Src: a.IP.String(), Dst: a2.Key(), Port: cluster.TestPort, Object: "ClusterNetworkPolicy " + name})
+	})
 
 	t.Run("NetworkPolicy", func(t *testing.T) {
 		if err := lc.SetMode(ctx, networkv1.PluginModeNetworkPolicy); err != nil {
