@@ -55,6 +55,12 @@ func ParsePacket(b []byte) (Packet, error) {
 		}
 		return p, nil
 	case 0x0800:
+	case 0x86dd:
+		p.Proto = "ipv6"
+		if len(b) >= 40 {
+			p.Src, p.Dst = netip.AddrFrom16([16]byte(b[8:24])), netip.AddrFrom16([16]byte(b[24:40]))
+		}
+		return p, nil
 	default:
 		p.Proto = fmt.Sprintf("ethertype %#04x", typ)
 		return p, nil
@@ -147,6 +153,10 @@ func Decode(pin openflow.PacketIn, snap *Snapshot, now time.Time) (debugapi.Drop
 			d.Object = "anti-spoofing of pod " + name
 		}
 		d.Verdict = fmt.Sprintf("dropped by %s: the frame is not the port's own MAC and address", d.Object)
+		if pkt.Proto == "ipv6" {
+			// Not an attack: a pod's kernel sends IPv6 neighbour discovery by itself, and ofsdn carries IPv4 only.
+			d.Verdict = fmt.Sprintf("dropped by %s: IPv6, which ofsdn does not carry (IPv4 only)", d.Object)
+		}
 	case pipeline.CauseTunnelGuard:
 		d.Object = "tunnel guard"
 		d.Verdict = fmt.Sprintf("dropped by the tunnel guard: %s to tunnel port %d of %s", pkt.Proto, pkt.DstPort, pkt.Dst)
