@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -173,20 +174,27 @@ func TestAgentProbes(t *testing.T) {
 	}
 }
 
-// cniStatus runs the installed plugin's STATUS verb on a node, as a runtime does.
+// cniStatus runs the installed plugin's STATUS verb on a node, as a runtime does: STATUS is CNI 1.1.0's,
+// so a runtime that speaks it picks 1.1.0 from the conflist's cniVersions (cniVersion stays 1.0.0 for
+// runtimes such as containerd 1.6 that know no more).
 func cniStatus(ctx context.Context, n *cluster.Node) error {
 	conf, err := os.ReadFile(filepath.Join(n.CNIConfDir, "80-ofsdn.conflist"))
 	if err != nil {
 		return err
 	}
 	var list struct {
-		CNIVersion string            `json:"cniVersion"`
-		Name       string            `json:"name"`
-		Plugins    []json.RawMessage `json:"plugins"`
+		CNIVersion  string            `json:"cniVersion"`
+		CNIVersions []string          `json:"cniVersions"`
+		Name        string            `json:"name"`
+		Plugins     []json.RawMessage `json:"plugins"`
 	}
 	if err := json.Unmarshal(conf, &list); err != nil {
 		return err
 	}
+	if !slices.Contains(list.CNIVersions, "1.1.0") {
+		return fmt.Errorf("the conflist offers CNI versions %v, no 1.1.0 for STATUS", list.CNIVersions)
+	}
+	list.CNIVersion = "1.1.0"
 	var plugin map[string]any
 	if err := json.Unmarshal(list.Plugins[0], &plugin); err != nil {
 		return err
