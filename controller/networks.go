@@ -6,8 +6,9 @@ package controller
 //     MinNetworkVNI-MaxNetworkVNI (the lowest at a start; the VNIDAllocator's cursor moves on, so a VNI
 //     just released is not handed out again at once); unique among Networks, held for the Network's life;
 //   - a NetworkSubnet <network>.<node> for every Node that has a HostSubnet, while the Network is valid:
-//     the HostSubnet's hostIP and a subnet of spec.cidr (one SubnetAllocator per Network), owned by the
-//     Network (owner reference, blockOwnerDeletion false: kubectl shows the link; this file deletes them);
+//     the HostSubnet's hostIP and a subnet of spec.cidr (one SubnetAllocator per Network), tied to the
+//     Network by its UID (networkUIDAnnotation, not an owner reference: this file deletes them, never the
+//     garbage collector);
 //   - its finalizer (NetworkInUseFinalizer): a deleted Network keeps its VNI, subnets and NetworkSubnets
 //     while agents report pods attached (the NetworkSubnets' status.attachments), and lets them go, then
 //     the finalizer, once none are;
