@@ -50,6 +50,9 @@ const (
 	adminEventEnforced    = "Enforced"
 	// maxConditionMessage stays inside the API's limit for a condition message (32768).
 	maxConditionMessage = 30000
+	// eventPolicyIndex indexes the Events by the name of the policy they are about: a sync reads its
+	// policy's, not every ClusterNetworkPolicy's.
+	eventPolicyIndex = "policy"
 )
 
 // adminStatus aggregates the agents' reports into each ClusterNetworkPolicy's status.
@@ -58,7 +61,7 @@ type adminStatus struct {
 	disc     discovery.DiscoveryInterface
 	log      klog.Logger
 	policies cache.GenericLister
-	events   corelisters.EventLister
+	events   cache.Indexer // by eventPolicyIndex
 	nodes    corelisters.NodeLister
 	synced   []cache.InformerSynced
 	q        workqueue.TypedRateLimitingInterface[string]
@@ -80,7 +83,15 @@ func newAdminStatus(kube kubernetes.Interface, dyn dynamic.Interface, nodeInform
 	pol := polFactory.ForResource(cnp.Resource)
 	ev := evFactory.Core().V1().Events()
 	nodes := nodeInformers.Core().V1().Nodes()
-	s.policies, s.events, s.nodes = pol.Lister(), ev.Lister(), nodes.Lister()
+	if err := ev.Informer().AddIndexers(cache.Indexers{eventPolicyIndex: func(obj any) ([]string, error) {
+		if e, ok := obj.(*corev1.Event); ok {
+			return []string{e.InvolvedObject.Name}, nil
+		}
+		return nil, nil
+	}}); err != nil {
+		return nil, fmt.Errorf("cnp status: %w", err)
+	}
+	s.policies, s.events, s.nodes = pol.Lister(), ev.Informer().GetIndexer(), nodes.Lister()
 	s.start = []interface{ Start(<-chan struct{}) }{polFactory, evFactory, nodeInformers}
 	all := func() {
 		for _, name := range s.policyNames() {
@@ -205,9 +216,15 @@ func (s *adminStatus) sync(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
-	events, err := s.events.List(labels.Everything())
+	objs, err := s.events.ByIndex(eventPolicyIndex, name)
 	if err != nil {
 		return err
+	}
+	events := make([]*corev1.Event, 0, len(objs))
+	for _, o := range objs {
+		if e, ok := o.(*corev1.Event); ok {
+			events = append(events, e)
+		}
 	}
 	want := aggregateAdminCondition(p, events, func(node string) bool {
 		_, err := s.nodes.Get(node)
