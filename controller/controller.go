@@ -165,7 +165,7 @@ func New(kube kubernetes.Interface, net networkclient.Interface, kubeInformers i
 		// Egress IPs depend on NetNamespaces, HostSubnets, Nodes' readiness and the cluster network.
 		{nnInf.Informer(), onKey(c.egressQ, egressIPsKey)},
 		{hsInf.Informer(), onKey(c.egressQ, egressIPsKey)},
-		{nodeInf.Informer(), onKey(c.egressQ, egressIPsKey)},
+		{nodeInf.Informer(), onNodeReadiness(c.egressQ, egressIPsKey)},
 		{cnInf.Informer(), onKey(c.egressQ, egressIPsKey)},
 		{enpInf.Informer(), onKey(c.egressQ, egressPoliciesKey)},
 	} {
