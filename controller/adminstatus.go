@@ -35,30 +35,33 @@ import (
 // domainNames, a named port no pod has, flows that could not be installed), and a Normal "Enforced"
 // once they are gone. Events keep the agents' permissions as they were (they write only Events) and
 // cost nothing while every node enforces every policy. The controller keeps, per policy and node, the
-// latest of these (the node is the Event's source host) and writes condition AdminConditionType:
+// latest of these (the node is the Event's source host) and writes condition adminConditionType:
 // True when no node reports a problem, False naming the nodes and their problems, grouped by problem.
 // An agent repeats a standing problem every 20 minutes, so its Event outlives the API server's Event
 // TTL; Events from before the policy was created, and from nodes that are gone, are ignored.
 const (
-	// AdminConditionType is the condition on a ClusterNetworkPolicy's status.
-	AdminConditionType = "Enforced"
+	// adminConditionType is the condition on a ClusterNetworkPolicy's status.
+	adminConditionType = "Enforced"
 	// Its reasons.
-	AdminReasonEnforced    = "Enforced"
-	AdminReasonNotEnforced = "NotEnforcedOnSomeNodes"
+	adminReasonEnforced    = "Enforced"
+	adminReasonNotEnforced = "NotEnforcedOnSomeNodes"
 	// The agents' Event reasons (agent.EventAdminNotEnforced, agent.EventAdminEnforced).
 	adminEventNotEnforced = "NotEnforced"
 	adminEventEnforced    = "Enforced"
 	// maxConditionMessage stays inside the API's limit for a condition message (32768).
 	maxConditionMessage = 30000
+	// eventPolicyIndex indexes the Events by the name of the policy they are about: a sync reads its
+	// policy's, not every ClusterNetworkPolicy's.
+	eventPolicyIndex = "policy"
 )
 
-// AdminStatus aggregates the agents' reports into each ClusterNetworkPolicy's status.
-type AdminStatus struct {
+// adminStatus aggregates the agents' reports into each ClusterNetworkPolicy's status.
+type adminStatus struct {
 	dyn      dynamic.Interface
 	disc     discovery.DiscoveryInterface
 	log      klog.Logger
 	policies cache.GenericLister
-	events   corelisters.EventLister
+	events   cache.Indexer // by eventPolicyIndex
 	nodes    corelisters.NodeLister
 	synced   []cache.InformerSynced
 	q        workqueue.TypedRateLimitingInterface[string]
@@ -66,11 +69,11 @@ type AdminStatus struct {
 	clock    func() time.Time
 }
 
-// NewAdminStatus wires the aggregation on informers of its own: the policies (dynamic client), the
+// newAdminStatus wires the aggregation on informers of its own: the policies (dynamic client), the
 // Events about ClusterNetworkPolicies only (a field selector: not every Event of the cluster), and the
 // nodes (from nodeInformers, shared with the controller).
-func NewAdminStatus(kube kubernetes.Interface, dyn dynamic.Interface, nodeInformers informers.SharedInformerFactory, log klog.Logger) (*AdminStatus, error) {
-	s := &AdminStatus{dyn: dyn, disc: kube.Discovery(), log: log.WithName("cnp-status"), clock: time.Now,
+func newAdminStatus(kube kubernetes.Interface, dyn dynamic.Interface, nodeInformers informers.SharedInformerFactory, log klog.Logger) (*adminStatus, error) {
+	s := &adminStatus{dyn: dyn, disc: kube.Discovery(), log: log.WithName("cnp-status"), clock: time.Now,
 		q: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "cnp-status"})}
 	polFactory := dynamicinformer.NewDynamicSharedInformerFactory(dyn, 0)
@@ -80,7 +83,15 @@ func NewAdminStatus(kube kubernetes.Interface, dyn dynamic.Interface, nodeInform
 	pol := polFactory.ForResource(cnp.Resource)
 	ev := evFactory.Core().V1().Events()
 	nodes := nodeInformers.Core().V1().Nodes()
-	s.policies, s.events, s.nodes = pol.Lister(), ev.Lister(), nodes.Lister()
+	if err := ev.Informer().AddIndexers(cache.Indexers{eventPolicyIndex: func(obj any) ([]string, error) {
+		if e, ok := obj.(*corev1.Event); ok {
+			return []string{e.InvolvedObject.Name}, nil
+		}
+		return nil, nil
+	}}); err != nil {
+		return nil, fmt.Errorf("cnp status: %w", err)
+	}
+	s.policies, s.events, s.nodes = pol.Lister(), ev.Informer().GetIndexer(), nodes.Lister()
 	s.start = []interface{ Start(<-chan struct{}) }{polFactory, evFactory, nodeInformers}
 	all := func() {
 		for _, name := range s.policyNames() {
@@ -126,7 +137,7 @@ func NewAdminStatus(kube kubernetes.Interface, dyn dynamic.Interface, nodeInform
 	return s, nil
 }
 
-func (s *AdminStatus) policyNames() []string {
+func (s *adminStatus) policyNames() []string {
 	objs, err := s.policies.List(labels.Everything())
 	if err != nil {
 		return nil
@@ -141,7 +152,7 @@ func (s *AdminStatus) policyNames() []string {
 }
 
 // Run aggregates until ctx ends; without the CRD there is nothing to do and it says so once.
-func (s *AdminStatus) Run(ctx context.Context) error {
+func (s *adminStatus) Run(ctx context.Context) error {
 	defer s.q.ShutDown()
 	served, err := crdServed(s.disc)
 	if err != nil {
@@ -189,7 +200,7 @@ func crdServed(d discovery.DiscoveryInterface) (bool, error) {
 }
 
 // sync writes one policy's condition from the latest report of every node.
-func (s *AdminStatus) sync(ctx context.Context, name string) error {
+func (s *adminStatus) sync(ctx context.Context, name string) error {
 	obj, err := s.policies.Get(name)
 	if apierrors.IsNotFound(err) {
 		return nil
@@ -205,15 +216,21 @@ func (s *AdminStatus) sync(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
-	events, err := s.events.List(labels.Everything())
+	objs, err := s.events.ByIndex(eventPolicyIndex, name)
 	if err != nil {
 		return err
 	}
-	want := AggregateAdminCondition(p, events, func(node string) bool {
+	events := make([]*corev1.Event, 0, len(objs))
+	for _, o := range objs {
+		if e, ok := o.(*corev1.Event); ok {
+			events = append(events, e)
+		}
+	}
+	want := aggregateAdminCondition(p, events, func(node string) bool {
 		_, err := s.nodes.Get(node)
 		return err == nil
 	})
-	if c := meta.FindStatusCondition(p.Status.Conditions, AdminConditionType); c != nil && c.Status == want.Status &&
+	if c := meta.FindStatusCondition(p.Status.Conditions, adminConditionType); c != nil && c.Status == want.Status &&
 		c.Reason == want.Reason && c.Message == want.Message && c.ObservedGeneration == want.ObservedGeneration {
 		return nil
 	}
@@ -234,9 +251,9 @@ func (s *AdminStatus) sync(ctx context.Context, name string) error {
 	return nil
 }
 
-// AggregateAdminCondition is the policy's condition from the Events about it: each live node's latest
+// aggregateAdminCondition is the policy's condition from the Events about it: each live node's latest
 // report (by its source host; Events of an earlier policy of the same name are older than it).
-func AggregateAdminCondition(p *cnp.ClusterNetworkPolicy, events []*corev1.Event, nodeExists func(string) bool) metav1.Condition {
+func aggregateAdminCondition(p *cnp.ClusterNetworkPolicy, events []*corev1.Event, nodeExists func(string) bool) metav1.Condition {
 	type report struct {
 		at      time.Time
 		problem string // "" enforced
@@ -274,9 +291,9 @@ func AggregateAdminCondition(p *cnp.ClusterNetworkPolicy, events []*corev1.Event
 			byProblem[r.problem] = append(byProblem[r.problem], node)
 		}
 	}
-	c := metav1.Condition{Type: AdminConditionType, ObservedGeneration: p.Generation}
+	c := metav1.Condition{Type: adminConditionType, ObservedGeneration: p.Generation}
 	if len(byProblem) == 0 {
-		c.Status, c.Reason = metav1.ConditionTrue, AdminReasonEnforced
+		c.Status, c.Reason = metav1.ConditionTrue, adminReasonEnforced
 		c.Message = "enforced as written on every node that hosts a pod it selects"
 		return c
 	}
@@ -286,7 +303,7 @@ func AggregateAdminCondition(p *cnp.ClusterNetworkPolicy, events []*corev1.Event
 		slices.Sort(nodes)
 		parts = append(parts, fmt.Sprintf("on %s: %s", strings.Join(nodes, ", "), problem))
 	}
-	c.Status, c.Reason = metav1.ConditionFalse, AdminReasonNotEnforced
+	c.Status, c.Reason = metav1.ConditionFalse, adminReasonNotEnforced
 	c.Message = "not enforced as written " + strings.Join(parts, " | ")
 	if len(c.Message) > maxConditionMessage {
 		c.Message = c.Message[:maxConditionMessage] + " …"

@@ -54,8 +54,8 @@ func TestAggregateAdminCondition(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c := AggregateAdminCondition(p, tt.events, live)
-			if c.Type != AdminConditionType || c.Status != tt.status || c.ObservedGeneration != 3 {
+			c := aggregateAdminCondition(p, tt.events, live)
+			if c.Type != adminConditionType || c.Status != tt.status || c.ObservedGeneration != 3 {
 				t.Fatalf("condition %+v, want status %s at generation 3", c, tt.status)
 			}
 			for _, s := range tt.says {
@@ -85,7 +85,7 @@ func TestAdminStatusWritesCondition(t *testing.T) {
 	}
 	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
 		map[schema.GroupVersionResource]string{cnp.Resource: cnp.Kind + "List"}, pol)
-	s, err := NewAdminStatus(kube, dyn, informers.NewSharedInformerFactory(kube, 0), klog.Background())
+	s, err := newAdminStatus(kube, dyn, informers.NewSharedInformerFactory(kube, 0), klog.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +101,7 @@ func TestAdminStatusWritesCondition(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if c := meta.FindStatusCondition(p.Status.Conditions, AdminConditionType); c != nil {
+		if c := meta.FindStatusCondition(p.Status.Conditions, adminConditionType); c != nil {
 			if c.Status != metav1.ConditionFalse || !strings.Contains(c.Message, "on n1: FailedClosed") {
 				t.Fatalf("condition %+v", c)
 			}

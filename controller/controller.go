@@ -85,7 +85,7 @@ type Controller struct {
 
 	nodeQ, nsQ, changeQ, statusQ workqueue.TypedRateLimitingInterface[string]
 	// admin writes ClusterNetworkPolicies' status (nil without Config.Dynamic).
-	admin *AdminStatus
+	admin *adminStatus
 	nets  networkState // Networks (networks.go); its maps under mu
 	// egressQ holds egressIPsKey and egressPoliciesKey (egress.go).
 	egressQ workqueue.TypedRateLimitingInterface[string]
@@ -135,7 +135,7 @@ func New(kube kubernetes.Interface, net networkclient.Interface, kubeInformers i
 	c.nodes, c.namespaces = nodeInf.Lister(), nsInf.Lister()
 	if cfg.Dynamic != nil {
 		var err error
-		if c.admin, err = NewAdminStatus(kube, cfg.Dynamic, kubeInformers, c.log); err != nil {
+		if c.admin, err = newAdminStatus(kube, cfg.Dynamic, kubeInformers, c.log); err != nil {
 			return nil, err
 		}
 	}
@@ -165,7 +165,7 @@ func New(kube kubernetes.Interface, net networkclient.Interface, kubeInformers i
 		// Egress IPs depend on NetNamespaces, HostSubnets, Nodes' readiness and the cluster network.
 		{nnInf.Informer(), onKey(c.egressQ, egressIPsKey)},
 		{hsInf.Informer(), onKey(c.egressQ, egressIPsKey)},
-		{nodeInf.Informer(), onKey(c.egressQ, egressIPsKey)},
+		{nodeInf.Informer(), onNodeReadiness(c.egressQ, egressIPsKey)},
 		{cnInf.Informer(), onKey(c.egressQ, egressIPsKey)},
 		{enpInf.Informer(), onKey(c.egressQ, egressPoliciesKey)},
 	} {

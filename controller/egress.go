@@ -15,6 +15,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
 )
 
 // Egress IPs and EgressNetworkPolicies: the controller judges them (egressplan, the model the agents
@@ -63,15 +65,31 @@ func problemText(ip *egressplan.IP) string {
 // nodeReady reports whether a Node exists and is Ready.
 func (c *Controller) nodeReady(name string) bool {
 	n, err := c.nodes.Get(name)
-	if err != nil {
-		return false
-	}
+	return err == nil && isReady(n)
+}
+
+func isReady(n *corev1.Node) bool {
 	for _, cond := range n.Status.Conditions {
 		if cond.Type == corev1.NodeReady {
 			return cond.Status == corev1.ConditionTrue
 		}
 	}
 	return false
+}
+
+// onNodeReadiness queues key when a Node comes, goes or turns Ready or not Ready: of a Node, the egress
+// IPs depend on that alone (nodeReady), so its status heartbeats queue nothing.
+func onNodeReadiness(q workqueue.TypedRateLimitingInterface[string], key string) cache.ResourceEventHandlerFuncs {
+	h := onKey(q, key)
+	h.UpdateFunc = func(old, obj any) {
+		if o, ok := old.(*corev1.Node); ok {
+			if n, ok := obj.(*corev1.Node); ok && isReady(o) == isReady(n) {
+				return
+			}
+		}
+		q.Add(key)
+	}
+	return h
 }
 
 // syncEgressIPs writes every NetNamespace's egress status: validity, placement, and the holder the agents

@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/util/workqueue"
 )
 
 func readyNode(name, ip string, ready bool) *corev1.Node {
@@ -247,5 +248,28 @@ func TestSyncEgressPolicies(t *testing.T) {
 	p, _ := f.net.NetworkV1().EgressNetworkPolicies("b").Get(f.ctx, "one", metav1.GetOptions{})
 	if !meta.IsStatusConditionTrue(p.Status.Conditions, networkv1.ConditionValid) {
 		t.Errorf("b/one after b/two went: %+v", p.Status.Conditions)
+	}
+}
+
+// A Node's update queues the egress IPs' sync only when it turns Ready or not Ready (a status heartbeat
+// changes nothing they depend on); its coming and going always do.
+func TestEgressQueuedOnNodeReadiness(t *testing.T) {
+	q := workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]())
+	t.Cleanup(q.ShutDown)
+	h := onNodeReadiness(q, egressIPsKey)
+	ready, heartbeat, notReady := readyNode("n1", "198.51.100.11", true), readyNode("n1", "198.51.100.11", true), readyNode("n1", "198.51.100.11", false)
+	heartbeat.Status.Conditions[0].LastHeartbeatTime = metav1.Now()
+	h.OnUpdate(ready, heartbeat)
+	if got := queued(q); len(got) != 0 {
+		t.Errorf("a heartbeat queued %v", got)
+	}
+	h.OnUpdate(ready, notReady)
+	if got := queued(q); !slices.Equal(got, []string{egressIPsKey}) {
+		t.Errorf("turning not Ready queued %v", got)
+	}
+	h.OnAdd(ready, false)
+	h.OnDelete(ready)
+	if got := queued(q); !slices.Equal(got, []string{egressIPsKey}) {
+		t.Errorf("add and delete queued %v", got)
 	}
 }

@@ -6,8 +6,9 @@ package controller
 //     MinNetworkVNI-MaxNetworkVNI (the lowest at a start; the VNIDAllocator's cursor moves on, so a VNI
 //     just released is not handed out again at once); unique among Networks, held for the Network's life;
 //   - a NetworkSubnet <network>.<node> for every Node that has a HostSubnet, while the Network is valid:
-//     the HostSubnet's hostIP and a subnet of spec.cidr (one SubnetAllocator per Network), owned by the
-//     Network (owner reference, blockOwnerDeletion false: kubectl shows the link; this file deletes them);
+//     the HostSubnet's hostIP and a subnet of spec.cidr (one SubnetAllocator per Network), tied to the
+//     Network by its UID (networkUIDAnnotation, not an owner reference: this file deletes them, never the
+//     garbage collector);
 //   - its finalizer (NetworkInUseFinalizer): a deleted Network keeps its VNI, subnets and NetworkSubnets
 //     while agents report pods attached (the NetworkSubnets' status.attachments), and lets them go, then
 //     the finalizer, once none are;
@@ -222,7 +223,7 @@ func (c *Controller) rebuildNetworksLocked() error {
 	}
 	slices.SortFunc(nets, byAge)
 	for _, n := range nets {
-		if id := n.Status.VNI; id != 0 && c.vniHolderLocked(id) == "" && c.nets.vnis.Use(id) == nil {
+		if id := n.Status.VNI; id != 0 && c.nets.vnis.Users(id) == 0 && c.nets.vnis.Use(id) == nil {
 			c.nets.vni[n.Name] = id
 		}
 	}
@@ -274,7 +275,8 @@ func (c *Controller) netAllocLocked(n *networkv1.Network, p netip.Prefix) *netAl
 	return st
 }
 
-// vniHolderLocked names the Network holding a VNI ("": none). c.mu is held.
+// vniHolderLocked names the Network holding a VNI ("": none), for messages: whether one is held is
+// c.nets.vnis.Users (the allocator counts the one holder of each). c.mu is held.
 func (c *Controller) vniHolderLocked(id uint32) string {
 	for name, held := range c.nets.vni {
 		if held == id {
@@ -322,15 +324,15 @@ func (c *Controller) claimLocked(n *networkv1.Network, deleting bool) metav1.Con
 // one. It returns the Valid=False reason and message when there is none. c.mu is held.
 func (c *Controller) pickVNILocked(n *networkv1.Network) (id uint32, reason, msg string) {
 	if want := n.Spec.VNI; want != 0 {
-		if holder := c.vniHolderLocked(want); holder != "" {
-			return 0, "VNIConflict", fmt.Sprintf("VNI %d is held by Network %s", want, holder)
+		if c.nets.vnis.Users(want) > 0 {
+			return 0, "VNIConflict", fmt.Sprintf("VNI %d is held by Network %s", want, c.vniHolderLocked(want))
 		}
 		if err := c.nets.vnis.Use(want); err != nil {
 			return 0, "VNIOutOfRange", err.Error()
 		}
 		return want, "", ""
 	}
-	if s := n.Status.VNI; s != 0 && c.vniHolderLocked(s) == "" && c.nets.vnis.Use(s) == nil {
+	if s := n.Status.VNI; s != 0 && c.nets.vnis.Users(s) == 0 && c.nets.vnis.Use(s) == nil {
 		return s, "", ""
 	}
 	id, err := c.nets.vnis.Allocate()

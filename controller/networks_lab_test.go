@@ -24,6 +24,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 )
 
@@ -182,12 +183,10 @@ func TestNetworks(t *testing.T) {
 	// Deleting blue while its agent on node-1 reports 2 pods: blue stays, says why, and goes at 0.
 	attach := func(node string, pods int64) {
 		t.Helper()
-		s, err := agent.NetworkV1().NetworkSubnets().Get(ctx, networkv1.NetworkSubnetName("blue", node), metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		s.Status.Attachments = pods
-		if _, err := agent.NetworkV1().NetworkSubnets().UpdateStatus(ctx, s, metav1.UpdateOptions{}); err != nil {
+		// A merge patch of the status subresource, as agent/networks writes it.
+		patch := fmt.Appendf(nil, `{"status":{"attachments":%d}}`, pods)
+		if _, err := agent.NetworkV1().NetworkSubnets().Patch(ctx, networkv1.NetworkSubnetName("blue", node), types.MergePatchType,
+			patch, metav1.PatchOptions{}, "status"); err != nil {
 			t.Fatalf("the agent's status write: %v", err)
 		}
 	}

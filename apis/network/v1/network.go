@@ -30,8 +30,8 @@ const (
 // Condition types and reasons on a Network's status (besides ConditionValid and
 // ConditionSubnetsAvailable, as on the ClusterNetwork).
 const (
-	// ConditionCrossTalk is False (reason Overlapping or UnknownNetwork) when a network crossTalk names
-	// cannot exchange traffic with this one; the others still do.
+	// ConditionCrossTalk is False (reason Overlapping, Ambiguous or UnknownNetwork) when a network
+	// crossTalk names cannot exchange traffic with this one; the others still do.
 	ConditionCrossTalk = "CrossTalk"
 	// ConditionInUse is True while pods are attached; a deleted Network waits for it to go False.
 	ConditionInUse = "InUse"
