@@ -338,6 +338,7 @@ func (r *adminRenderer) render(s NodeState, out map[reconcile.Owner]reconcile.Ow
 			failed[o] = err
 			continue
 		}
+		sampleDrops(st.Flows)
 		memos[o] = adminMemo{memo{key: key, out: st}}
 		out[o] = st
 	}

@@ -162,7 +162,7 @@ func renderEgress(s NodeState, out map[reconcile.Owner]reconcile.OwnerState) {
 	if !e.enabled() {
 		return
 	}
-	out[EgressOwner] = reconcile.OwnerState{Flows: renderEgressBase(s)}
+	out[EgressOwner] = reconcile.OwnerState{Flows: sampleDrops(renderEgressBase(s))}
 	podsOf := map[string][]PodState{}
 	for _, p := range s.Pods {
 		podsOf[p.Namespace] = append(podsOf[p.Namespace], p)
@@ -179,9 +179,9 @@ func renderEgress(s NodeState, out map[reconcile.Owner]reconcile.OwnerState) {
 		if err != nil {
 			continue // 64 collisions in a row: cannot happen with fewer than 2^31 namespaces
 		}
-		out[EgressNamespaceOwner(ns.Name)] = reconcile.OwnerState{Flows: renderEgressNamespace(ns, id, pods)}
+		out[EgressNamespaceOwner(ns.Name)] = reconcile.OwnerState{Flows: sampleDrops(renderEgressNamespace(ns, id, pods))}
 		if fw := ns.Firewall; fw != nil {
-			out[EgressFirewallOwner(ns.Name, fw.Policy)] = reconcile.OwnerState{Flows: renderEgressFirewall(*fw, id)}
+			out[EgressFirewallOwner(ns.Name, fw.Policy)] = reconcile.OwnerState{Flows: sampleDrops(renderEgressFirewall(*fw, id))}
 		}
 	}
 }

@@ -291,14 +291,15 @@ type memo struct {
 // rendered, so owners that went are forgotten.
 type memos map[reconcile.Owner]memo
 
-// render returns the last render of o when key is the key it was made from, else render's; either
-// way the result is remembered in next.
+// render returns the last render of o when key is the key it was made from, else render's with its
+// drops sampled (drops.go); either way the result is remembered in next.
 func (m memos) render(next memos, o reconcile.Owner, key digest, render func() reconcile.OwnerState) reconcile.OwnerState {
 	if old, ok := m[o]; ok && old.key == key {
 		next[o] = old
 		return old.out
 	}
 	out := render()
+	sampleDrops(out.Flows)
 	next[o] = memo{key: key, out: out}
 	return out
 }
