@@ -239,14 +239,15 @@ func TestEgressHolderAndReturn(t *testing.T) {
 				Proto: "udp", IPSrc: src, IPDst: dst, SrcPort: 53, DstPort: 40000}
 		}
 		est := []trace.CtFlags{{"trk", "est", "rpl"}, {"trk", "est", "rpl"}}
-		cases := []struct {
+		type egressCase struct {
 			name  string
 			p     trace.Packet
 			flags []trace.CtFlags
 			out   uint32  // 0: dropped
 			at    TableID // where, when dropped
 			check func(o trace.Output) string
-		}{
+		}
+		cases := []egressCase{
 			{"egress traffic for an IP held here", tunnelled(held, netip.MustParseAddr("10.128.2.7"), outside), nil, PortTun0, 0,
 				func(o trace.Output) string {
 					if o.Fields.EthSrc != EgressMAC(held).String() || o.Fields.EthDst != s.GatewayMAC.String() || o.Fields.IPSrc.String() != "10.128.2.7" {
@@ -265,35 +266,14 @@ func TestEgressHolderAndReturn(t *testing.T) {
 		}
 		if encap == EncapNone {
 			cases = append(cases,
-				struct {
-					name  string
-					p     trace.Packet
-					flags []trace.CtFlags
-					out   uint32
-					at    TableID
-					check func(o trace.Output) string
-				}{"a reply from outside through the uplink", fromUplink(outside, web.IP), est, web.OFPort, 0, func(o trace.Output) string {
+				egressCase{"a reply from outside through the uplink", fromUplink(outside, web.IP), est, web.OFPort, 0, func(o trace.Output) string {
 					if o.Fields.EthDst != web.MAC.String() {
 						return "not addressed to the pod's MAC: " + o.Fields.EthDst
 					}
 					return ""
 				}},
-				struct {
-					name  string
-					p     trace.Packet
-					flags []trace.CtFlags
-					out   uint32
-					at    TableID
-					check func(o trace.Output) string
-				}{"a new connection from outside through the uplink", fromUplink(outside, web.IP), nil, 0, TableEgressReturn, nil},
-				struct {
-					name  string
-					p     trace.Packet
-					flags []trace.CtFlags
-					out   uint32
-					at    TableID
-					check func(o trace.Output) string
-				}{"a reply claiming a third node's pod through the uplink", fromUplink(netip.MustParseAddr("10.128.4.3"), web.IP), est, 0, TableEgressReturn, nil})
+				egressCase{"a new connection from outside through the uplink", fromUplink(outside, web.IP), nil, 0, TableEgressReturn, nil},
+				egressCase{"a reply claiming a third node's pod through the uplink", fromUplink(netip.MustParseAddr("10.128.4.3"), web.IP), est, 0, TableEgressReturn, nil})
 		}
 		for _, tc := range cases {
 			t.Run(string(encap)+"/"+tc.name, func(t *testing.T) {
