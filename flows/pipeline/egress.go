@@ -303,7 +303,7 @@ func renderEgressNamespace(ns EgressNamespace, id uint32, pods []PodState) []Flo
 	return out
 }
 
-// renderEgressFirewall renders a namespace's EgressNetworkPolicy: rule i at priority 200-i.
+// renderEgressFirewall renders a namespace's EgressNetworkPolicy: rule i at EgressRulePriority(i).
 func renderEgressFirewall(fw EgressFirewall, id uint32) []Flow {
 	ours := Masked(FieldMetadata, uint64(id), 0xffffffff)
 	if fw.DenyAll {
@@ -311,7 +311,7 @@ func renderEgressFirewall(fw EgressFirewall, id uint32) []Flow {
 	}
 	var out []Flow
 	for i, r := range fw.Rules {
-		prio := uint16(egressRuleTopPriority - i)
+		prio := EgressRulePriority(i)
 		var acts []Action
 		if r.Allow {
 			acts = []Action{Goto{Table: TableEgressIP}}

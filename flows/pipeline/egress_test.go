@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
 	. "github.com/ofsdn/ofsdn/flows/openflow"
 	"github.com/ofsdn/ofsdn/flows/reconcile"
 	"github.com/ofsdn/ofsdn/flows/trace"
@@ -439,5 +440,18 @@ func TestEgressAfterPolicyLayers(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestEgressRulePriorityRoundTrip: flowctl reads a table-55 drop's rule back from the priority the
+// renderer gave it, for every rule an EgressNetworkPolicy may have; the deny-all flow is no rule's.
+func TestEgressRulePriorityRoundTrip(t *testing.T) {
+	for i := range networkv1.MaxEgressNetworkPolicyRules {
+		if got, ok := EgressRuleOf(EgressRulePriority(i)); !ok || got != i {
+			t.Errorf("rule %d: priority %d reads back as %d, %v", i, EgressRulePriority(i), got, ok)
+		}
+	}
+	if i, ok := EgressRuleOf(egressDenyAllPriority); ok {
+		t.Errorf("the deny-all priority reads as rule %d", i)
 	}
 }
