@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"net/netip"
+	"slices"
 	"testing"
 
 	. "github.com/ofsdn/ofsdn/flows/openflow"
@@ -105,7 +106,7 @@ func TestIsolatingPolicies(t *testing.T) {
 		{5, true, nil},
 	} {
 		got := IsolatingPolicies(pols, tc.port, tc.ingress)
-		if len(got) != len(tc.want) || (len(got) > 0 && got[len(got)-1] != tc.want[len(tc.want)-1]) {
+		if !slices.Equal(got, tc.want) {
 			t.Errorf("port %d ingress %v: %v, want %v", tc.port, tc.ingress, got, tc.want)
 		}
 	}
