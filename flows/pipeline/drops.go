@@ -167,9 +167,10 @@ func DropRuleOf(f Flow) (DropRule, bool) {
 	return DropRule{}, false
 }
 
-// DropCauseOfTable returns the cause of a sample from a table, when the table has one cause (a
-// packet-in names the table, not the priority): the agent refines the rest (table 10, 60, 80) with
-// the packet-in's cookie and registers.
+// DropCauseOfTable returns the causes of a table's rules, in the registry's order (a cause once per
+// rule, so repeated when rules share it): a packet-in names the table, not the priority, and the agent
+// tells a table's causes apart (tables 10 and 80) by the packet-in's tun_id and cookie. None: no flow
+// of the table is sampled.
 func DropCauseOfTable(table TableID) []DropCause {
 	var out []DropCause
 	for _, r := range dropRulesByTable[table] {
