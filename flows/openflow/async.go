@@ -4,28 +4,27 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+
+	of "antrea.io/libOpenflow/openflow13"
 )
 
 // Messages of drop sampling: the meters that bound it, the asynchronous configuration that lets a
 // connection receive packet-ins, and the packet-ins themselves.
 
-// OpenFlow 1.3 message types of this file.
+// The packet-in's fixed part and reasons (the message types are wire.go's).
 const (
-	TypePacketIn  uint8 = 10
-	TypeSetAsync  uint8 = 28
-	TypeMeterMod  uint8 = 29
-	packetInFixed       = 24 // header, buffer_id, total_len, reason, table_id, cookie
-	reasonNoMatch       = 0  // OFPR_NO_MATCH: what OpenFlow 1.3 calls a controller action of a table-miss flow
-	reasonAction        = 1  // OFPR_ACTION: an output to the controller
+	packetInFixed = 24 // header, buffer_id, total_len, reason, table_id, cookie
+	reasonNoMatch = 0  // OFPR_NO_MATCH: what OpenFlow 1.3 calls a controller action of a table-miss flow
+	reasonAction  = 1  // OFPR_ACTION: an output to the controller
 )
 
 // MeterModCommand is OFPMC_ADD, _MODIFY or _DELETE.
 type MeterModCommand uint16
 
 const (
-	MeterAdd    MeterModCommand = 0
-	MeterModify MeterModCommand = 1
-	MeterDelete MeterModCommand = 2
+	MeterAdd    MeterModCommand = of.OFPMC_ADD
+	MeterModify MeterModCommand = of.OFPMC_MODIFY
+	MeterDelete MeterModCommand = of.OFPMC_DELETE
 )
 
 // MeterBand is a meter with one drop band in packets per second: what passes is at most Rate
@@ -48,7 +47,7 @@ func EncodeMeterMod(cmd MeterModCommand, m MeterBand, xid uint32) []byte {
 	binary.BigEndian.PutUint16(b[8:], uint16(cmd))
 	binary.BigEndian.PutUint16(b[10:], 0x2|0x4|0x8) // OFPMF_PKTPS | OFPMF_BURST | OFPMF_STATS
 	binary.BigEndian.PutUint32(b[12:], m.ID)
-	binary.BigEndian.PutUint16(b[16:], 1) // OFPMBT_DROP
+	binary.BigEndian.PutUint16(b[16:], of.OFPMBT13_DROP)
 	binary.BigEndian.PutUint16(b[18:], 16)
 	binary.BigEndian.PutUint32(b[20:], m.Rate)
 	binary.BigEndian.PutUint32(b[24:], m.Burst)
@@ -58,7 +57,7 @@ func EncodeMeterMod(cmd MeterModCommand, m MeterBand, xid uint32) []byte {
 // IsMeterExists says whether err is OFPET_METER_MOD_FAILED / OFPMMFC_METER_EXISTS.
 func IsMeterExists(err error) bool {
 	var e *OFError
-	return errors.As(err, &e) && e.Type == 12 && e.Code == 1
+	return errors.As(err, &e) && e.Type == of.ET_METER_MOD_FAILED && e.Code == meterModFailedExists
 }
 
 // EncodeSetAsync lays out an OFPT_SET_ASYNC that asks for packet-ins of controller actions (in the

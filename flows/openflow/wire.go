@@ -31,6 +31,11 @@ const (
 	TypeBarrierReply     = of.Type_BarrierReply
 	TypeFlowMod          = of.Type_FlowMod
 	TypeGroupMod         = of.Type_GroupMod
+	TypePacketIn         = of.Type_PacketIn
+	TypeSetAsync         = of.Type_SetAsync
+	TypeMeterMod         = of.Type_MeterMod
+	// meterModFailedExists is OFPET_METER_MOD_FAILED's OFPMMFC_METER_EXISTS (libOpenflow has no name).
+	meterModFailedExists = 1
 
 	// Experimenter IDs: the ONF's (bundles, tcp_flags) and Nicira's (Open vSwitch's extensions).
 	ONFExperimenter = of.ONF_EXPERIMENTER_ID

@@ -253,7 +253,7 @@ func direction(ingress bool) string {
 
 // adminRenderer renders the ClusterNetworkPolicies and remembers each policy's last render.
 type adminRenderer struct {
-	memos map[reconcile.Owner]adminMemo
+	memos memos
 }
 
 // adminRuleKey names a rule within its table, with its policy's spec.priority.
@@ -261,10 +261,6 @@ type adminRuleKey struct {
 	priority int32
 	policy   string
 	index    int
-}
-
-type adminMemo struct {
-	memo
 }
 
 // render adds every policy's owner to out.
@@ -305,7 +301,7 @@ func (r *adminRenderer) render(s NodeState, out map[reconcile.Owner]reconcile.Ow
 		}
 		prios[t] = got
 	}
-	memos := make(map[reconcile.Owner]adminMemo, len(policies))
+	next := make(memos, len(policies))
 	for _, p := range policies {
 		o := AdminPolicyOwner(p.Name)
 		var w keyWriter
@@ -327,7 +323,7 @@ func (r *adminRenderer) render(s NodeState, out map[reconcile.Owner]reconcile.Ow
 		}
 		key := w.sum()
 		if m, ok := r.memos[o]; ok && m.key == key {
-			memos[o] = m
+			next[o] = m
 			out[o] = m.out
 			continue
 		}
@@ -338,10 +334,11 @@ func (r *adminRenderer) render(s NodeState, out map[reconcile.Owner]reconcile.Ow
 			failed[o] = err
 			continue
 		}
-		memos[o] = adminMemo{memo{key: key, out: st}}
+		sampleDrops(st.Flows)
+		next[o] = memo{key: key, out: st}
 		out[o] = st
 	}
-	r.memos = memos
+	r.memos = next
 }
 
 func adminRules(p *AdminPolicyState, ingress bool) []AdminRule {

@@ -2,9 +2,9 @@ package pipeline
 
 // Drop attribution: every flow that drops (or rejects) a packet for a reason an administrator cares
 // about sends the packet's first bytes to the agent, which names the cause and the deciding object
-// (agent/drops). The registry below says which flows those are, by table and priority; Render runs
-// every owner's flows through sampleDrops, so a flow added later (a ClusterNetworkPolicy table, an
-// egress firewall) is attributed by adding its line here, nowhere else.
+// (agent/drops). The registry below says which flows those are, by table and priority; every owner's
+// render ends in sampleDrops (reused owners keep theirs), so a flow added later (a ClusterNetworkPolicy
+// table, an egress firewall) is attributed by adding its line here, nowhere else.
 //
 // How a drop is sampled: the flow gets one more action, controller(max_len=DropSampleLen,
 // meter_id=M) (Open vSwitch's NXAST_CONTROLLER2), first in its list. The meter M is the cause's own
@@ -167,9 +167,10 @@ func DropRuleOf(f Flow) (DropRule, bool) {
 	return DropRule{}, false
 }
 
-// DropCauseOfTable returns the cause of a sample from a table, when the table has one cause (a
-// packet-in names the table, not the priority): the agent refines the rest (table 10, 60, 80) with
-// the packet-in's cookie and registers.
+// DropCauseOfTable returns the causes of a table's rules, in the registry's order (a cause once per
+// rule, so repeated when rules share it): a packet-in names the table, not the priority, and the agent
+// tells a table's causes apart (tables 10 and 80) by the packet-in's tun_id and cookie. None: no flow
+// of the table is sampled.
 func DropCauseOfTable(table TableID) []DropCause {
 	var out []DropCause
 	for _, r := range dropRulesByTable[table] {
@@ -178,31 +179,33 @@ func DropCauseOfTable(table TableID) []DropCause {
 	return out
 }
 
-// sampleDrops makes every attributed flow of every owner sample itself: the controller action with
-// its cause's meter, first in its actions. It changes flows in place and is idempotent (a sampled
-// flow starts with its Controller action), so owners kept from an earlier render are left as they
-// were.
-func sampleDrops(owners map[reconcile.Owner]reconcile.OwnerState) {
-	for _, st := range owners {
-		for i := range st.Flows {
-			f := &st.Flows[i]
-			if len(dropRulesByTable[f.Table]) == 0 {
-				continue
-			}
-			if len(f.Actions) > 0 {
-				if _, ok := f.Actions[0].(Controller); ok {
-					continue
-				}
-			}
-			r, ok := DropRuleOf(*f)
-			if !ok {
-				continue
-			}
-			info, _ := LookupDropCause(r.Cause)
-			acts := make([]Action, 0, len(f.Actions)+1)
-			f.Actions = append(append(acts, Controller{MaxLen: DropSampleLen, MeterID: info.Meter}), f.Actions...)
+// sampleDrops makes every attributed flow of a fresh render sample itself: the controller action with
+// its cause's meter, first in its actions. Each renderer calls it on what it renders afresh (memos.render
+// and the renderers that keep memos of their own: services, policies, ClusterNetworkPolicies; the
+// owners rendered on every Render: tenants, egress), never on an owner it reuses: the change is made
+// in place, so the memo holds the sampled flows and hands them back as they are. It is idempotent (a
+// sampled flow starts with its Controller action), so flows a render took from an earlier one
+// (netpol.go's clause flows) are left as they were. It returns flows.
+func sampleDrops(flows []Flow) []Flow {
+	for i := range flows {
+		f := &flows[i]
+		if len(dropRulesByTable[f.Table]) == 0 {
+			continue
 		}
+		if len(f.Actions) > 0 {
+			if _, ok := f.Actions[0].(Controller); ok {
+				continue
+			}
+		}
+		r, ok := DropRuleOf(*f)
+		if !ok {
+			continue
+		}
+		info, _ := LookupDropCause(r.Cause)
+		acts := make([]Action, 0, len(f.Actions)+1)
+		f.Actions = append(append(acts, Controller{MaxLen: DropSampleLen, MeterID: info.Meter}), f.Actions...)
 	}
+	return flows
 }
 
 // isAdminDeny: a ClusterNetworkPolicy rule's decision flow that denies (its note says so, and it does
@@ -250,4 +253,8 @@ func IsolatingPolicies(policies []PolicyState, ofport uint32, ingress bool) []st
 
 // SampleDropsForTest runs the sampling pass over owners (for tests that install a few flows of
 // their own the way Render would).
-func SampleDropsForTest(owners map[reconcile.Owner]reconcile.OwnerState) { sampleDrops(owners) }
+func SampleDropsForTest(owners map[reconcile.Owner]reconcile.OwnerState) {
+	for _, st := range owners {
+		sampleDrops(st.Flows)
+	}
+}

@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"net/netip"
+	"slices"
 	"testing"
 
 	. "github.com/ofsdn/ofsdn/flows/openflow"
@@ -45,10 +46,10 @@ func TestDropRules(t *testing.T) {
 			if got := map[bool]DropCause{true: r.Cause}[ok]; got != tc.cause {
 				t.Errorf("cause %q, want %q", got, tc.cause)
 			}
-			owners := map[reconcile.Owner]reconcile.OwnerState{PipelineOwner: {Flows: []Flow{tc.flow}}}
-			sampleDrops(owners)
-			sampleDrops(owners) // idempotent
-			f := owners[PipelineOwner].Flows[0]
+			flows := []Flow{tc.flow}
+			sampleDrops(flows)
+			sampleDrops(flows) // idempotent
+			f := flows[0]
 			c, sampled := f.Actions, false
 			if len(c) > 0 {
 				_, sampled = c[0].(Controller)
@@ -105,8 +106,61 @@ func TestIsolatingPolicies(t *testing.T) {
 		{5, true, nil},
 	} {
 		got := IsolatingPolicies(pols, tc.port, tc.ingress)
-		if len(got) != len(tc.want) || (len(got) > 0 && got[len(got)-1] != tc.want[len(tc.want)-1]) {
+		if !slices.Equal(got, tc.want) {
 			t.Errorf("port %d ingress %v: %v, want %v", tc.port, tc.ingress, got, tc.want)
 		}
+	}
+}
+
+// TestRendererSamplesFreshAndReused: every attributed flow leaves Render sampled, whether its owner was
+// rendered afresh or reused from the last Render (the memo keeps the flows sampleDrops changed).
+func TestRendererSamplesFreshAndReused(t *testing.T) {
+	for _, mode := range []Mode{ModeNetworkPolicy, ModeMultitenant} {
+		t.Run(string(mode), func(t *testing.T) {
+			s := sampleNodeState()
+			s.Mode = mode
+			s.Egress = sampleEgressState()
+			s.AdminPolicies = sampleAdminPolicies()
+			s.Pods[0].IngressIsolated = true
+			s.Pods[1].IngressIsolated, s.Pods[1].EgressIsolated = true, true
+			var r Renderer
+			var prev map[reconcile.Owner]reconcile.OwnerState
+			for round := range 3 {
+				owners, failed, err := r.Render(s)
+				if err != nil || len(failed) > 0 {
+					t.Fatal(err, failed)
+				}
+				var fresh, reused int // owners with attributed flows
+				for o, st := range owners {
+					attributed := 0
+					for _, f := range st.Flows {
+						if _, ok := DropRuleOf(f); !ok {
+							continue
+						}
+						attributed++
+						if len(f.Actions) == 0 {
+							t.Errorf("round %d, %s: %s not sampled", round, o, f)
+						} else if _, ok := f.Actions[0].(Controller); !ok {
+							t.Errorf("round %d, %s: %s not sampled", round, o, f)
+						}
+					}
+					if attributed == 0 {
+						continue
+					}
+					if old, ok := prev[o]; ok && len(old.Flows) == len(st.Flows) && &old.Flows[0] == &st.Flows[0] {
+						reused++
+					} else {
+						fresh++
+					}
+				}
+				if fresh == 0 || (round > 0 && reused == 0) {
+					t.Errorf("round %d: %d fresh and %d reused owners with drops: the test checks neither", round, fresh, reused)
+				}
+				prev = owners
+				// The next round renders the first pod (isolated) afresh and reuses the second.
+				s.Pods = append([]PodState(nil), s.Pods...)
+				s.Pods[0].OFPort += 10
+			}
+		})
 	}
 }

@@ -162,7 +162,7 @@ func renderEgress(s NodeState, out map[reconcile.Owner]reconcile.OwnerState) {
 	if !e.enabled() {
 		return
 	}
-	out[EgressOwner] = reconcile.OwnerState{Flows: renderEgressBase(s)}
+	out[EgressOwner] = reconcile.OwnerState{Flows: sampleDrops(renderEgressBase(s))}
 	podsOf := map[string][]PodState{}
 	for _, p := range s.Pods {
 		podsOf[p.Namespace] = append(podsOf[p.Namespace], p)
@@ -179,9 +179,9 @@ func renderEgress(s NodeState, out map[reconcile.Owner]reconcile.OwnerState) {
 		if err != nil {
 			continue // 64 collisions in a row: cannot happen with fewer than 2^31 namespaces
 		}
-		out[EgressNamespaceOwner(ns.Name)] = reconcile.OwnerState{Flows: renderEgressNamespace(ns, id, pods)}
+		out[EgressNamespaceOwner(ns.Name)] = reconcile.OwnerState{Flows: sampleDrops(renderEgressNamespace(ns, id, pods))}
 		if fw := ns.Firewall; fw != nil {
-			out[EgressFirewallOwner(ns.Name, fw.Policy)] = reconcile.OwnerState{Flows: renderEgressFirewall(*fw, id)}
+			out[EgressFirewallOwner(ns.Name, fw.Policy)] = reconcile.OwnerState{Flows: sampleDrops(renderEgressFirewall(*fw, id))}
 		}
 	}
 }
@@ -303,7 +303,7 @@ func renderEgressNamespace(ns EgressNamespace, id uint32, pods []PodState) []Flo
 	return out
 }
 
-// renderEgressFirewall renders a namespace's EgressNetworkPolicy: rule i at priority 200-i.
+// renderEgressFirewall renders a namespace's EgressNetworkPolicy: rule i at EgressRulePriority(i).
 func renderEgressFirewall(fw EgressFirewall, id uint32) []Flow {
 	ours := Masked(FieldMetadata, uint64(id), 0xffffffff)
 	if fw.DenyAll {
@@ -311,7 +311,7 @@ func renderEgressFirewall(fw EgressFirewall, id uint32) []Flow {
 	}
 	var out []Flow
 	for i, r := range fw.Rules {
-		prio := uint16(egressRuleTopPriority - i)
+		prio := EgressRulePriority(i)
 		var acts []Action
 		if r.Allow {
 			acts = []Action{Goto{Table: TableEgressIP}}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
 	. "github.com/ofsdn/ofsdn/flows/openflow"
 	"github.com/ofsdn/ofsdn/flows/reconcile"
 	"github.com/ofsdn/ofsdn/flows/trace"
@@ -239,14 +240,15 @@ func TestEgressHolderAndReturn(t *testing.T) {
 				Proto: "udp", IPSrc: src, IPDst: dst, SrcPort: 53, DstPort: 40000}
 		}
 		est := []trace.CtFlags{{"trk", "est", "rpl"}, {"trk", "est", "rpl"}}
-		cases := []struct {
+		type egressCase struct {
 			name  string
 			p     trace.Packet
 			flags []trace.CtFlags
 			out   uint32  // 0: dropped
 			at    TableID // where, when dropped
 			check func(o trace.Output) string
-		}{
+		}
+		cases := []egressCase{
 			{"egress traffic for an IP held here", tunnelled(held, netip.MustParseAddr("10.128.2.7"), outside), nil, PortTun0, 0,
 				func(o trace.Output) string {
 					if o.Fields.EthSrc != EgressMAC(held).String() || o.Fields.EthDst != s.GatewayMAC.String() || o.Fields.IPSrc.String() != "10.128.2.7" {
@@ -265,35 +267,14 @@ func TestEgressHolderAndReturn(t *testing.T) {
 		}
 		if encap == EncapNone {
 			cases = append(cases,
-				struct {
-					name  string
-					p     trace.Packet
-					flags []trace.CtFlags
-					out   uint32
-					at    TableID
-					check func(o trace.Output) string
-				}{"a reply from outside through the uplink", fromUplink(outside, web.IP), est, web.OFPort, 0, func(o trace.Output) string {
+				egressCase{"a reply from outside through the uplink", fromUplink(outside, web.IP), est, web.OFPort, 0, func(o trace.Output) string {
 					if o.Fields.EthDst != web.MAC.String() {
 						return "not addressed to the pod's MAC: " + o.Fields.EthDst
 					}
 					return ""
 				}},
-				struct {
-					name  string
-					p     trace.Packet
-					flags []trace.CtFlags
-					out   uint32
-					at    TableID
-					check func(o trace.Output) string
-				}{"a new connection from outside through the uplink", fromUplink(outside, web.IP), nil, 0, TableEgressReturn, nil},
-				struct {
-					name  string
-					p     trace.Packet
-					flags []trace.CtFlags
-					out   uint32
-					at    TableID
-					check func(o trace.Output) string
-				}{"a reply claiming a third node's pod through the uplink", fromUplink(netip.MustParseAddr("10.128.4.3"), web.IP), est, 0, TableEgressReturn, nil})
+				egressCase{"a new connection from outside through the uplink", fromUplink(outside, web.IP), nil, 0, TableEgressReturn, nil},
+				egressCase{"a reply claiming a third node's pod through the uplink", fromUplink(netip.MustParseAddr("10.128.4.3"), web.IP), est, 0, TableEgressReturn, nil})
 		}
 		for _, tc := range cases {
 			t.Run(string(encap)+"/"+tc.name, func(t *testing.T) {
@@ -459,5 +440,18 @@ func TestEgressAfterPolicyLayers(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestEgressRulePriorityRoundTrip: flowctl reads a table-55 drop's rule back from the priority the
+// renderer gave it, for every rule an EgressNetworkPolicy may have; the deny-all flow is no rule's.
+func TestEgressRulePriorityRoundTrip(t *testing.T) {
+	for i := range networkv1.MaxEgressNetworkPolicyRules {
+		if got, ok := EgressRuleOf(EgressRulePriority(i)); !ok || got != i {
+			t.Errorf("rule %d: priority %d reads back as %d, %v", i, EgressRulePriority(i), got, ok)
+		}
+	}
+	if i, ok := EgressRuleOf(egressDenyAllPriority); ok {
+		t.Errorf("the deny-all priority reads as rule %d", i)
 	}
 }

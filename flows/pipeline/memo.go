@@ -189,11 +189,7 @@ func (p *PolicyState) writeKey(w *keyWriter) {
 	w.str(p.Name)
 	w.boolean(p.Ingress)
 	w.boolean(p.Egress)
-	w.u64(uint64(len(p.Pods)))
-	for _, pod := range p.Pods {
-		w.u64(uint64(pod.OFPort))
-		writeNamedPorts(w, pod.NamedPorts)
-	}
+	writePolicyPods(w, p.Pods)
 	for _, rules := range [][]PolicyRule{p.IngressRules, p.EgressRules} {
 		w.u64(uint64(len(rules)))
 		for i := range rules {
@@ -207,11 +203,7 @@ func (p *AdminPolicyState) writeKey(w *keyWriter) {
 	w.str(p.Name)
 	w.u64(uint64(p.Tier))
 	w.u64(uint64(uint32(p.Priority)))
-	w.u64(uint64(len(p.Pods)))
-	for _, pod := range p.Pods {
-		w.u64(uint64(pod.OFPort))
-		writeNamedPorts(w, pod.NamedPorts)
-	}
+	writePolicyPods(w, p.Pods)
 	for _, rules := range [][]AdminRule{p.Ingress, p.Egress} {
 		w.u64(uint64(len(rules)))
 		for i := range rules {
@@ -219,6 +211,15 @@ func (p *AdminPolicyState) writeKey(w *keyWriter) {
 			w.u64(uint64(rules[i].Action))
 			writePolicyRule(w, &rules[i].PolicyRule)
 		}
+	}
+}
+
+// writePolicyPods writes the local pods a NetworkPolicy or a ClusterNetworkPolicy selects.
+func writePolicyPods(w *keyWriter, pods []PolicyPod) {
+	w.u64(uint64(len(pods)))
+	for _, pod := range pods {
+		w.u64(uint64(pod.OFPort))
+		writeNamedPorts(w, pod.NamedPorts)
 	}
 }
 
@@ -291,14 +292,15 @@ type memo struct {
 // rendered, so owners that went are forgotten.
 type memos map[reconcile.Owner]memo
 
-// render returns the last render of o when key is the key it was made from, else render's; either
-// way the result is remembered in next.
+// render returns the last render of o when key is the key it was made from, else render's with its
+// drops sampled (drops.go); either way the result is remembered in next.
 func (m memos) render(next memos, o reconcile.Owner, key digest, render func() reconcile.OwnerState) reconcile.OwnerState {
 	if old, ok := m[o]; ok && old.key == key {
 		next[o] = old
 		return old.out
 	}
 	out := render()
+	sampleDrops(out.Flows)
 	next[o] = memo{key: key, out: out}
 	return out
 }

@@ -201,58 +201,50 @@ func filled[T any]() T {
 // TestMemoKeysReadEveryField: changing any field of a memoised input changes its key, but for the
 // fields a key leaves out on purpose (each of them said why).
 func TestMemoKeysReadEveryField(t *testing.T) {
-	check := func(t *testing.T, name string, n int, key func(i int) digest, base digest, paths []string, skip []string) {
-		t.Helper()
-		for i := range n {
-			if excluded(paths[i], skip) {
-				continue
-			}
-			if key(i) == base {
-				t.Errorf("%s: changing %s leaves its memo key unchanged: the key function does not read it", name, paths[i])
-			}
-		}
-	}
 	t.Run("PodState", func(t *testing.T) {
-		paths, vs := variants(filled[PodState])
-		check(t, "PodState", len(vs), func(i int) digest { return keyOf(vs[i].writeKey) }, keyOf(filled[PodState]().writeKey), paths, nil)
+		checkKeyReadsEveryField(t, func(x PodState) digest { return keyOf(x.writeKey) }, nil)
 	})
 	t.Run("RemoteNode", func(t *testing.T) {
-		paths, vs := variants(filled[RemoteNode])
-		check(t, "RemoteNode", len(vs), func(i int) digest { return keyOf(vs[i].writeKey) }, keyOf(filled[RemoteNode]().writeKey), paths, nil)
+		checkKeyReadsEveryField(t, func(x RemoteNode) digest { return keyOf(x.writeKey) }, nil)
 	})
 	t.Run("ServiceState", func(t *testing.T) {
-		paths, vs := variants(filled[ServiceState])
-		check(t, "ServiceState", len(vs), func(i int) digest { return keyOf(vs[i].writeKey) }, keyOf(filled[ServiceState]().writeKey), paths,
+		checkKeyReadsEveryField(t, func(x ServiceState) digest { return keyOf(x.writeKey) },
 			[]string{"Ports"}) // each port is an owner of its own, keyed with its port
 	})
 	t.Run("ServicePort", func(t *testing.T) {
-		paths, vs := variants(filled[ServicePort])
-		check(t, "ServicePort", len(vs), func(i int) digest { return keyOf(vs[i].writeKey) }, keyOf(filled[ServicePort]().writeKey), paths, nil)
+		checkKeyReadsEveryField(t, func(x ServicePort) digest { return keyOf(x.writeKey) }, nil)
 	})
 	t.Run("PolicyState", func(t *testing.T) {
-		paths, vs := variants(filled[PolicyState])
-		base := filled[PolicyState]()
-		check(t, "PolicyState", len(vs), func(i int) digest { return keyOf(vs[i].writeKey) }, keyOf(base.writeKey), paths, nil)
+		checkKeyReadsEveryField(t, func(x PolicyState) digest { return keyOf(x.writeKey) }, nil)
 	})
 	t.Run("AdminPolicyState", func(t *testing.T) {
-		paths, vs := variants(filled[AdminPolicyState])
-		base := filled[AdminPolicyState]()
-		check(t, "AdminPolicyState", len(vs), func(i int) digest { return keyOf(vs[i].writeKey) }, keyOf(base.writeKey), paths, nil)
+		checkKeyReadsEveryField(t, func(x AdminPolicyState) digest { return keyOf(x.writeKey) }, nil)
 	})
 	t.Run("NetworkState", func(t *testing.T) {
-		paths, vs := variants(filled[NetworkState])
-		base := filled[NetworkState]()
-		check(t, "NetworkState", len(vs), func(i int) digest { return keyOf(vs[i].writeKey) }, keyOf(base.writeKey), paths, nil)
+		checkKeyReadsEveryField(t, func(x NetworkState) digest { return keyOf(x.writeKey) }, nil)
 	})
 	t.Run("AttachmentState", func(t *testing.T) {
-		paths, vs := variants(filled[AttachmentState])
-		check(t, "AttachmentState", len(vs), func(i int) digest { return keyOf(vs[i].writeKey) }, keyOf(filled[AttachmentState]().writeKey), paths, nil)
+		checkKeyReadsEveryField(t, func(x AttachmentState) digest { return keyOf(x.writeKey) }, nil)
 	})
 	t.Run("NodeState", func(t *testing.T) {
-		paths, vs := variants(filled[NodeState])
-		check(t, "NodeState", len(vs), func(i int) digest { return vs[i].nodeKey() }, func() digest { s := filled[NodeState](); return s.nodeKey() }(), paths,
-			nodeKeyLeavesOut)
+		checkKeyReadsEveryField(t, func(x NodeState) digest { return x.nodeKey() }, nodeKeyLeavesOut)
 	})
+}
+
+// checkKeyReadsEveryField changes each field of a filled T in turn (but those skip names) and fails
+// when key does not change with it.
+func checkKeyReadsEveryField[T any](t *testing.T, key func(T) digest, skip []string) {
+	t.Helper()
+	paths, vs := variants(filled[T])
+	base := key(filled[T]())
+	for i, v := range vs {
+		if excluded(paths[i], skip) {
+			continue
+		}
+		if key(v) == base {
+			t.Errorf("%T: changing %s leaves its memo key unchanged: the key function does not read it", v, paths[i])
+		}
+	}
 }
 
 // nodeKeyLeavesOut are the node state's per-owner collections, which have keys of their own; of the

@@ -246,6 +246,7 @@ func (r *Renderer) renderPolicies(s NodeState, out map[reconcile.Owner]reconcile
 			failed[it.owner] = err
 			continue
 		}
+		sampleDrops(st.Flows)
 		if len(st.Flows) > 0 {
 			out[it.owner] = st
 		}

@@ -124,8 +124,9 @@ func renderNetworksBase() []Flow {
 // one network, and the rule gives the same answer from either side.
 func (s *NodeState) NetworkPeers(n *NetworkState) []*NetworkState {
 	var out []*NetworkState
-	for _, p := range s.talkCandidates(n) {
-		if !overlapsAnyBut(s.talkCandidates(n), p, p.CIDR) && !overlapsAnyBut(s.talkCandidates(p), n, n.CIDR) {
+	candidates := s.talkCandidates(n)
+	for _, p := range candidates {
+		if !overlapsAnyBut(candidates, p, p.CIDR) && !overlapsAnyBut(s.talkCandidates(p), n, n.CIDR) {
 			out = append(out, p)
 		}
 	}

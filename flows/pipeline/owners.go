@@ -134,15 +134,6 @@ func ObjectOf(o reconcile.Owner) (Object, bool) {
 	return Object{}, false
 }
 
-// ObjectOfKey is ObjectOf for an owner key as dumps print it ("pod/ns/name").
-func ObjectOfKey(key string) (Object, bool) {
-	o, err := reconcile.ParseOwner(key)
-	if err != nil {
-		return Object{}, false
-	}
-	return ObjectOf(o)
-}
-
 // Key is the object as flowctl names it: "ns/name" ("ns/name@net1" for an attachment), or the name of
 // a cluster-scoped object.
 func (o Object) Key() string {

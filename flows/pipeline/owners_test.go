@@ -39,17 +39,12 @@ func TestOwnersNameTheirObjects(t *testing.T) {
 			if got := tc.owner.String(); got != tc.key {
 				t.Errorf("owner key %q, want %q", got, tc.key)
 			}
-			for how, read := range map[string]func() (Object, bool){
-				"ObjectOf":    func() (Object, bool) { return ObjectOf(tc.owner) },
-				"ObjectOfKey": func() (Object, bool) { return ObjectOfKey(tc.key) },
-			} {
-				got, ok := read()
-				if ok != tc.ok || got != tc.want {
-					t.Errorf("%s: %+v %v, want %+v %v", how, got, ok, tc.want, tc.ok)
-				}
-				if ok && got.Owner() != tc.owner {
-					t.Errorf("%s: %+v builds owner %s back, want %s", how, got, got.Owner(), tc.owner)
-				}
+			got, ok := ObjectOf(tc.owner)
+			if ok != tc.ok || got != tc.want {
+				t.Errorf("ObjectOf: %+v %v, want %+v %v", got, ok, tc.want, tc.ok)
+			}
+			if ok && got.Owner() != tc.owner {
+				t.Errorf("ObjectOf: %+v builds owner %s back, want %s", got, got.Owner(), tc.owner)
 			}
 		})
 	}

@@ -173,7 +173,7 @@ func (r *Renderer) Render(s NodeState) (owners map[reconcile.Owner]reconcile.Own
 	if s.Mode == ModeMultitenant {
 		for v := range vnids {
 			if v != GlobalVNID {
-				out[TenantOwner(v)] = reconcile.OwnerState{Flows: RenderTenant(v)}
+				out[TenantOwner(v)] = reconcile.OwnerState{Flows: sampleDrops(RenderTenant(v))}
 			}
 		}
 	}
@@ -192,7 +192,6 @@ func (r *Renderer) Render(s NodeState) (owners map[reconcile.Owner]reconcile.Own
 	r.renderPolicies(s, out, failed)
 	renderEgress(s, out)
 	r.admin.render(s, out, failed)
-	sampleDrops(out)
 	return out, failed, nil
 }
 

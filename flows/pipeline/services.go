@@ -381,6 +381,7 @@ func (r *Renderer) renderServices(s NodeState, out map[reconcile.Owner]reconcile
 			failed[it.owner] = err
 			continue
 		}
+		sampleDrops(st.Flows)
 		out[it.owner] = st
 		memos[it.owner] = serviceMemo{memo: memo{key: key, out: st}, ids: slices.Clone(ids.record)}
 	}

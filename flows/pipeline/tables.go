@@ -1,14 +1,16 @@
 // Package pipeline is ofsdn's flow pipeline: the tables and registers of br0, and Render, which turns a
-// node's state (NodeState: pods, remote nodes, tenants, services) into every owner's desired flows and
-// groups. It is pure: no I/O, no logging, and a state always renders the same flows (a Renderer only
-// remembers earlier renders to skip services that did not change). The agent hands Render's output to
-// flows/reconcile, which installs it; the words of the flows are flows/openflow's.
+// node's state (NodeState: pods, remote nodes, tenants, services, policies, Networks, egress) into every
+// owner's desired flows and groups. It is pure: no I/O, no logging, and a state always renders the same
+// flows (a Renderer only remembers earlier renders to skip owners whose inputs did not change: memo.go).
+// The agent hands Render's output to flows/reconcile, which installs it; the words of the flows are
+// flows/openflow's.
 //
 // Where each flow comes from: render_base.go (dispatch, table defaults, version note), render.go
 // (the local subnet, pods, tenants, remote nodes), guard.go (the tunnel guard: no pod injects into the
 // overlay), uplink.go (encapsulation none: the uplink port, and why it is that rather than host
 // routes), services.go (services, their groups and learned affinity), services_affinity.go
-// (sessionAffinity's choice), networks.go (Networks: pods' interfaces besides eth0, each network a
+// (sessionAffinity's choice), netpol.go (NetworkPolicy), adminpolicy.go (ClusterNetworkPolicy: the
+// Admin and Baseline tiers), networks.go (Networks: pods' interfaces besides eth0, each network a
 // segment of its own, and cross-talk between networks), egress.go (egress IPs and the egress
 // firewall), owners.go (who owns what: each owner names its API object), ports.go (br0's own ports and
 // their roles: tunnel, host, uplink; the rest are pods'), drops.go (drop attribution: the registry of
@@ -69,8 +71,9 @@
 //	                      services, the cluster's own addresses → 60
 //	 55 egress-firewall   EgressNetworkPolicy: the first matching rule allows (→ 56) or drops
 //	 56 egress-ip         commit; tun_dst = the namespace's egress IP → 57 (none usable: drop)
-//	 57 egress-out        an egress IP held here: eth_src EgressMAC(IP) → tun0, the host SNATs to it;
-//	                      else VXLAN to the egress IP itself, wherever it is held
+//	 57 egress-out        an egress IP held here: eth_src EgressMAC(IP), reg2 = tun0 → 80, the host SNATs
+//	                      to it; another node's traffic for an egress IP not held here: drop; else VXLAN
+//	                      to the egress IP itself, wherever it is held
 //	 60 routing           the tunnel guard first (guard.go): UDP to the tunnel port of any gateway or of
 //	                      anything not a pod is dropped, replies excepted, so no pod injects into the
 //	                      overlay; local pod → reg1 = its VNID, reg2 = its port, → 78; remote subnet →
@@ -116,10 +119,12 @@
 //
 // Every table ends in an explicit default (miss) flow, so drop counters in `flowctl dump` show where
 // packets die. A drop with a cause (drops.go's registry) also sends its packet's first bytes to the
-// agent through its cause's meter: controller(max_len=128,meter_id=M) first in its actions. Registers: reg0 = source VNID (a tenant's, or a Network's VNI), reg1 = destination VNID, reg2 = output port (openshift-sdn's
-// convention), reg3 = flags, reg4/reg5/reg6 = the chosen endpoint's IP and port and the service's
-// load-balancer ID, reg7 = sessionAffinity's hash (IP packets) or the proxy ARP responder's scratch
-// (ARP packets: never both in one packet); see the Reg* names below. metadata = the egress ID and pick
+// agent through its cause's meter: controller(max_len=128,meter_id=M) first in its actions.
+//
+// Registers: reg0 = source VNID (a tenant's, or a Network's VNI), reg1 = destination VNID, reg2 = output
+// port (openshift-sdn's convention), reg3 = flags, reg4/reg5/reg6 = the chosen endpoint's IP and port
+// and the service's load-balancer ID, reg7 = sessionAffinity's hash (IP packets) or the proxy ARP
+// responder's scratch (ARP packets: never both in one packet); see the Reg* names below. metadata = the egress ID and pick
 // between 54 and 57 (egress.go). ct_mark (service zone): bit 0 the masquerade flag (services.go), bit 1
 // an Admin-accepted connection (adminpolicy.go).
 package pipeline

@@ -10,7 +10,6 @@ import (
 
 	"github.com/ofsdn/ofsdn/flows/openflow"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
-	"github.com/ofsdn/ofsdn/flows/reconcile"
 	"github.com/ofsdn/ofsdn/internal/ofbridge"
 	"github.com/ofsdn/ofsdn/unixctl"
 )
@@ -36,15 +35,7 @@ func BenchmarkTraceLiveVsOffline(b *testing.B) {
 				{IP: netip.AddrFrom4([4]byte{10, 128, 1, byte(i % 200)}), Port: 8080, Ready: true, Local: true},
 				{IP: ipRemote, Port: 8080, Ready: true}}}}})
 	}
-	owners, err := pipeline.Render(st)
-	if err != nil {
-		b.Fatal(err)
-	}
-	r := reconcile.New(br.Switch, reconcile.Config{Round: 1})
-	if res, err := r.Apply(ctx, reconcile.Changes(nil, owners)); err != nil || len(res.Failed) > 0 {
-		b.Fatal(err, res.Failed)
-	}
-	off := offlineBridge(b, br)
+	off := install(b, br, st)
 	l := live{c: unixctl.New(br.Inst.Dir, "ovs-vswitchd"), bridge: "br0", last: new(string)}
 	p := fromPod(3, ipA, netip.AddrFrom4([4]byte{172, 30, 3, 100}), "tcp", 80) // service 600
 	choose := endpointChooser(off, ipRemote)

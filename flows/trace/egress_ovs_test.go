@@ -1,14 +1,12 @@
 package trace
 
 import (
-	"context"
 	"net"
 	"net/netip"
 	"strings"
 	"testing"
 
 	"github.com/ofsdn/ofsdn/flows/pipeline"
-	"github.com/ofsdn/ofsdn/flows/reconcile"
 	"github.com/ofsdn/ofsdn/internal/ofbridge"
 	"github.com/ofsdn/ofsdn/unixctl"
 )
@@ -20,10 +18,8 @@ import (
 // another node's egress traffic, and the way back from the holder.
 func TestOfflineAgreesWithOFProtoTraceEgress(t *testing.T) {
 	b := ofbridge.New(t)
-	ctx := context.Background()
 	addPorts(t, b, map[string]uint32{pipeline.PortNameVXLAN: pipeline.PortVXLAN, pipeline.PortNameTun0: pipeline.PortTun0, "pa": 3, "pb": 4, "pg": 5})
 	l := live{c: unixctl.New(b.Inst.Dir, "ovs-vswitchd"), bridge: "br0", last: new(string)}
-	r := reconcile.New(b.Switch, reconcile.Config{Round: 1})
 	eipA, eipB1, eipB2 := netip.MustParseAddr("198.51.100.40"), netip.MustParseAddr("198.51.100.41"), netip.MustParseAddr("198.51.100.42")
 	pfx := netip.MustParsePrefix
 	st := testState(pipeline.ModeMultitenant)
@@ -39,14 +35,7 @@ func TestOfflineAgreesWithOFProtoTraceEgress(t *testing.T) {
 			{Name: "t2", IPs: []netip.Addr{eipB1, eipB2}},
 		},
 	}
-	owners, err := pipeline.Render(st)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res, err := r.Apply(ctx, reconcile.Changes(nil, owners)); err != nil || len(res.Failed) > 0 {
-		t.Fatal(err, res.Failed)
-	}
-	off := offlineBridge(t, b)
+	off := install(t, b, st)
 	outsideB := netip.MustParseAddr("192.0.2.99")
 	fromPeer := func(tunDst, src, dst netip.Addr) Packet {
 		return Packet{InPort: pipeline.PortVXLAN, TunID: 12, TunSrc: peerIP, TunDst: tunDst, EthSrc: mac(src), EthDst: mac(pipeline.Gateway(pfx("10.128.2.0/23"))),

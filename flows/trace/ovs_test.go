@@ -387,6 +387,21 @@ func addPorts(t testing.TB, b *ofbridge.Bridge, ports map[string]uint32) {
 	}
 }
 
+// install renders st, installs it on b as the agent does (one reconciler, round 1) and reads the bridge
+// back as flowctl dump does.
+func install(t testing.TB, b *ofbridge.Bridge, st pipeline.NodeState) *Bridge {
+	t.Helper()
+	owners, err := pipeline.Render(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := reconcile.New(b.Switch, reconcile.Config{Round: 1})
+	if res, err := r.Apply(context.Background(), reconcile.Changes(nil, owners)); err != nil || len(res.Failed) > 0 {
+		t.Fatal(err, res.Failed)
+	}
+	return offlineBridge(t, b)
+}
+
 // offlineBridge reads the bridge's flows and groups as flowctl dump does.
 func offlineBridge(t testing.TB, b *ofbridge.Bridge) *Bridge {
 	t.Helper()
@@ -424,7 +439,6 @@ func offlineBridge(t testing.TB, b *ofbridge.Bridge) *Bridge {
 // it), or dropped. ofproto/trace and the offline evaluator must agree on every step.
 func TestOfflineAgreesWithOFProtoTraceUplink(t *testing.T) {
 	b := ofbridge.New(t)
-	ctx := context.Background()
 	addPorts(t, b, map[string]uint32{pipeline.PortNameVXLAN: pipeline.PortVXLAN, pipeline.PortNameTun0: pipeline.PortTun0, "pa": 3, "pb": 4, "pg": 5,
 		"pa-net1": 6, "pb-net1": 7, "pa-net2": 8})
 	// The uplink port is a patch port into an uplink bridge that switches NORMAL, as on a node: live,
@@ -440,20 +454,12 @@ func TestOfflineAgreesWithOFProtoTraceUplink(t *testing.T) {
 		t.Fatal(err, out)
 	}
 	l := live{c: unixctl.New(b.Inst.Dir, "ovs-vswitchd"), bridge: "br0", last: new(string)}
-	r := reconcile.New(b.Switch, reconcile.Config{Round: 1})
 	ipRemote2 := netip.MustParseAddr("10.128.2.6") // a pod of the peer in tenant 12
 	st := testState(pipeline.ModeMultitenant)
 	st.Encapsulation, st.Uplink = pipeline.EncapNone, true
 	st.RemoteNodes[0].OnSegment = true
 	st.RemoteNodes[0].Pods = []pipeline.RemotePod{{IP: ipRemote, VNID: 11}, {IP: ipRemote2, VNID: 12}}
-	owners, err := pipeline.Render(st)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res, err := r.Apply(ctx, reconcile.Changes(nil, owners)); err != nil || len(res.Failed) > 0 {
-		t.Fatal(err, res.Failed)
-	}
-	off := offlineBridge(t, b)
+	off := install(t, b, st)
 	ours, peers := MAC(pipeline.UplinkMAC(nodeIP)), MAC(pipeline.UplinkMAC(peerIP))
 	fromPeer := func(src, dst netip.Addr, dport uint16) Packet {
 		return Packet{InPort: pipeline.PortUplink, EthSrc: peers, EthDst: ours, Proto: "tcp", IPSrc: src, IPDst: dst, SrcPort: 40000, DstPort: dport}
