@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/ofsdn/ofsdn/agent/adminpolicy"
-	"github.com/ofsdn/ofsdn/agent/k8sobj"
 	"github.com/ofsdn/ofsdn/agent/policy"
 	cnp "github.com/ofsdn/ofsdn/apis/policy/v1beta1"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
@@ -58,26 +57,12 @@ func (w *watchAdmin) handlers() (pods, namespaces, nodes, policies cache.Resourc
 	return policyPodHandlers(w.pod), namespaceLabelHandlers(w.namespace), nodes, handlers(w.policy)
 }
 
-func (w *watchAdmin) pod(obj any, deleted bool) {
-	pod, ok := obj.(*k8sobj.Pod)
-	if !ok {
-		return
-	}
-	var p *policy.Pod
-	if !deleted {
-		p = policy.PodOf(pod)
-	}
-	w.record(func(c *adminpolicy.Changes) { c.Pods[k8sobj.PodKey(pod.Namespace, pod.Name)] = p })
+func (w *watchAdmin) pod(key string, p *policy.Pod) {
+	w.record(func(c *adminpolicy.Changes) { c.Pods[key] = p })
 }
 
-func (w *watchAdmin) namespace(obj any, deleted bool) {
-	ns, ok := obj.(*corev1.Namespace)
-	if !ok {
-		return
-	}
-	w.record(func(c *adminpolicy.Changes) {
-		c.Namespaces[ns.Name] = policy.NamespaceChange{Labels: ns.Labels, Deleted: deleted}
-	})
+func (w *watchAdmin) namespace(name string, nc policy.NamespaceChange) {
+	w.record(func(c *adminpolicy.Changes) { c.Namespaces[name] = nc })
 }
 
 func (w *watchAdmin) node(obj any, deleted bool) {

@@ -301,10 +301,11 @@ func (h egressHost) Announce(ip netip.Addr) error {
 	return nodenet.AnnounceAddress(h.cfg.HostNetNS, h.NodeIP(), ip)
 }
 func (h egressHost) UplinkAddresses() ([]netip.Addr, error) {
-	_, ps, err := nodenet.UplinkAddresses(h.cfg.HostNetNS, h.NodeIP())
+	nodeIP := h.NodeIP()
+	_, ps, err := nodenet.UplinkAddresses(h.cfg.HostNetNS, nodeIP)
 	out := make([]netip.Addr, 0, len(ps))
 	for _, p := range ps {
-		if p.Addr() != h.NodeIP() {
+		if p.Addr() != nodeIP {
 			out = append(out, p.Addr())
 		}
 	}

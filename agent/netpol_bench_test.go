@@ -84,7 +84,7 @@ func BenchmarkPolicyPodRelabel(b *testing.B) {
 					pod = p
 				}
 			}
-			handler := (&watchPolicies{view: pa.view, sync: pa.fs}).pod
+			handler := policyPodHandlers((&watchPolicies{view: pa.view, sync: pa.fs}).pod).AddFunc
 			var took []time.Duration
 			var mods []int
 			cpu0 := processCPU()
@@ -96,7 +96,7 @@ func BenchmarkPolicyPodRelabel(b *testing.B) {
 						next.Labels = pt.Labels("app", "a3", "role", pod.Labels["role"])
 					}
 					t0 := time.Now()
-					handler(k8sobj.PodOf(next), false)
+					handler(k8sobj.PodOf(next))
 					st, err := pa.fs.syncThrough(ctx, pa.view.update(func(*nodeView) {}))
 					if err != nil {
 						b.Fatal(err)

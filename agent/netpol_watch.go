@@ -40,55 +40,62 @@ func (w *watchPolicies) handlers() (pods, namespaces, policies cache.ResourceEve
 	return policyPodHandlers(w.pod), namespaceLabelHandlers(w.namespace), handlers(w.networkPolicy)
 }
 
-// policyPodHandlers call f for pods, but not for an update that changes nothing policy resolution
-// reads of the pod (a status heartbeat): NetworkPolicy's and ClusterNetworkPolicy's watchers.
-func policyPodHandlers(f func(obj any, deleted bool)) cache.ResourceEventHandlerFuncs {
-	h := handlers(f)
-	h.UpdateFunc = func(old, obj any) {
-		o, ok1 := old.(*k8sobj.Pod)
-		n, ok2 := obj.(*k8sobj.Pod)
-		if ok1 && ok2 && policy.PodOf(o).Equal(policy.PodOf(n)) {
+// policyPodHandlers call f with a pod's key and what policy resolution reads of it (nil: deleted), but
+// not for an update that changes none of that (a status heartbeat): NetworkPolicy's and
+// ClusterNetworkPolicy's watchers.
+func policyPodHandlers(f func(key string, p *policy.Pod)) cache.ResourceEventHandlerFuncs {
+	h := handlers(func(obj any, deleted bool) {
+		pod, ok := obj.(*k8sobj.Pod)
+		if !ok {
 			return
 		}
-		f(obj, false)
-	}
-	return h
-}
-
-// namespaceLabelHandlers call f for namespaces, but not for an update that keeps their labels.
-func namespaceLabelHandlers(f func(obj any, deleted bool)) cache.ResourceEventHandlerFuncs {
-	h := handlers(f)
-	h.UpdateFunc = func(old, obj any) {
-		o, ok1 := old.(*corev1.Namespace)
-		n, ok2 := obj.(*corev1.Namespace)
-		if ok1 && ok2 && maps.Equal(o.Labels, n.Labels) {
-			return
+		var p *policy.Pod
+		if !deleted {
+			p = policy.PodOf(pod)
 		}
-		f(obj, false)
-	}
-	return h
-}
-
-func (w *watchPolicies) pod(obj any, deleted bool) {
-	pod, ok := obj.(*k8sobj.Pod)
-	if !ok {
-		return
-	}
-	var p *policy.Pod
-	if !deleted {
-		p = policy.PodOf(pod)
-	}
-	w.record(func(c *policy.Changes) { c.Pods[k8sobj.PodKey(pod.Namespace, pod.Name)] = p })
-}
-
-func (w *watchPolicies) namespace(obj any, deleted bool) {
-	ns, ok := obj.(*corev1.Namespace)
-	if !ok {
-		return
-	}
-	w.record(func(c *policy.Changes) {
-		c.Namespaces[ns.Name] = policy.NamespaceChange{Labels: ns.Labels, Deleted: deleted}
+		f(k8sobj.PodKey(pod.Namespace, pod.Name), p)
 	})
+	h.UpdateFunc = func(old, obj any) {
+		n, ok := obj.(*k8sobj.Pod)
+		if !ok {
+			return
+		}
+		p := policy.PodOf(n)
+		if o, ok := old.(*k8sobj.Pod); ok && policy.PodOf(o).Equal(p) {
+			return
+		}
+		f(k8sobj.PodKey(n.Namespace, n.Name), p)
+	}
+	return h
+}
+
+// namespaceLabelHandlers call f with a namespace's name and labels, but not for an update that keeps
+// its labels.
+func namespaceLabelHandlers(f func(name string, c policy.NamespaceChange)) cache.ResourceEventHandlerFuncs {
+	h := handlers(func(obj any, deleted bool) {
+		if ns, ok := obj.(*corev1.Namespace); ok {
+			f(ns.Name, policy.NamespaceChange{Labels: ns.Labels, Deleted: deleted})
+		}
+	})
+	h.UpdateFunc = func(old, obj any) {
+		n, ok := obj.(*corev1.Namespace)
+		if !ok {
+			return
+		}
+		if o, ok := old.(*corev1.Namespace); ok && maps.Equal(o.Labels, n.Labels) {
+			return
+		}
+		f(n.Name, policy.NamespaceChange{Labels: n.Labels})
+	}
+	return h
+}
+
+func (w *watchPolicies) pod(key string, p *policy.Pod) {
+	w.record(func(c *policy.Changes) { c.Pods[key] = p })
+}
+
+func (w *watchPolicies) namespace(name string, nc policy.NamespaceChange) {
+	w.record(func(c *policy.Changes) { c.Namespaces[name] = nc })
 }
 
 func (w *watchPolicies) networkPolicy(obj any, deleted bool) {

@@ -313,13 +313,7 @@ func (p *Handler) Add(ctx context.Context, req *cni.Request) (*current.Result, e
 	mac, err := podnet.Setup(podnet.Config{NetNS: req.Netns, HostNetNS: p.hostNetNS, ContainerID: req.ContainerID, IfName: req.IfName,
 		HostVeth: hostVeth, IP: netip.PrefixFrom(ip, subnet.Bits()), Gateway: gw, ClusterNetworks: clusterNets, MTU: mtu, TxChecksumOff: p.netdev})
 	if err != nil {
-		switch {
-		case errors.Is(err, podnet.ErrForeignInterface):
-			return nil, cni.Errorf(cni.ErrInvalidEnv, "CNI_IFNAME=%s: refusing to replace an interface ofsdn did not create: %v", req.IfName, err)
-		case errors.Is(err, podnet.ErrNetNSGone):
-			return nil, cni.Errorf(cni.ErrInvalidEnv, "CNI_NETNS=%s: %v", req.Netns, err)
-		}
-		return nil, cni.Errorf(cni.ErrInternal, "%v", err)
+		return nil, podnetError(req, req.IfName, err)
 	}
 	wired := time.Now()
 	ofport, err := p.db.EnsureSystemPort(ctx, p.bridge, hostVeth, map[string]string{

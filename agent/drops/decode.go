@@ -12,6 +12,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"time"
 
@@ -278,7 +279,7 @@ func portName(st *pipeline.NodeState, port uint32) string {
 func tenantNames(st *pipeline.NodeState, vnid uint32) string {
 	var names []string
 	for _, p := range st.Pods {
-		if p.VNID == vnid && !contains(names, p.Namespace) {
+		if p.VNID == vnid && !slices.Contains(names, p.Namespace) {
 			names = append(names, p.Namespace)
 		}
 	}
@@ -295,13 +296,4 @@ func networkOf(st *pipeline.NodeState, vni uint32) string {
 		}
 	}
 	return fmt.Sprintf("VNI %d", vni)
-}
-
-func contains(s []string, x string) bool {
-	for _, e := range s {
-		if e == x {
-			return true
-		}
-	}
-	return false
 }

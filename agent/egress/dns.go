@@ -76,7 +76,7 @@ func (r *Resolver) pass(ctx context.Context) (time.Duration, error) {
 	now := r.now()
 	r.mu.Lock()
 	changed := false
-	for n := range r.answers {
+	for n := range r.due { // every name tried, answered or not
 		if !slices.Contains(names, n) {
 			delete(r.answers, n)
 			delete(r.due, n)

@@ -203,4 +203,22 @@ func TestResolver(t *testing.T) {
 	}
 }
 
+// A name that never resolved and that no rule uses any more is forgotten too: its retry is not due
+// for ever, which would run the loop every 10 ms for nothing.
+func TestResolverForgetsUnresolvedNames(t *testing.T) {
+	now := time.Unix(1000, 0)
+	lookup := func(context.Context, string) (Answer, error) { return Answer{}, errors.New("no answer") }
+	names := []string{"gone.example"}
+	r := NewResolver(lookup, func() []string { return names }, func(map[string][]netip.Addr) {}, logr.Discard())
+	r.now = func() time.Time { return now }
+	if _, err := r.pass(t.Context()); err == nil {
+		t.Fatal("failed lookup: no error")
+	}
+	names = nil
+	now = now.Add(time.Hour)
+	if again, err := r.pass(t.Context()); again != 0 || err != nil {
+		t.Errorf("no names left: next pass in %v (err %v), want none asked", again, err)
+	}
+}
+
 func writeFile(p, s string) error { return os.WriteFile(p, []byte(s), 0o644) }

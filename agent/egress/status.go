@@ -119,11 +119,13 @@ func withHolder(nn *networkv1.NetNamespace, node string, holds []netip.Addr) (*n
 	for _, a := range holds {
 		mine[networkv1.EgressIP(a.String())] = true
 	}
-	upd := nn.DeepCopy()
+	// The statuses are edited on a copy of their own; the object is copied only when they changed (a
+	// pass looks at every NetNamespace, and most need nothing).
+	statuses := slices.Clone(nn.Status.EgressIPs)
 	changed := false
 	have := map[networkv1.EgressIP]bool{}
-	for i := range upd.Status.EgressIPs {
-		e := &upd.Status.EgressIPs[i]
+	for i := range statuses {
+		e := &statuses[i]
 		have[e.IP] = true
 		switch {
 		case mine[e.IP] && e.Node != node:
@@ -134,9 +136,14 @@ func withHolder(nn *networkv1.NetNamespace, node string, holds []netip.Addr) (*n
 	}
 	for _, a := range nn.EgressIPs {
 		if mine[a] && !have[a] {
-			upd.Status.EgressIPs = append(upd.Status.EgressIPs, networkv1.EgressIPStatus{IP: a, Node: node})
+			statuses = append(statuses, networkv1.EgressIPStatus{IP: a, Node: node})
 			changed = true
 		}
 	}
-	return upd, changed
+	if !changed {
+		return nn, false
+	}
+	upd := nn.DeepCopy()
+	upd.Status.EgressIPs = statuses
+	return upd, true
 }

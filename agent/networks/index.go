@@ -162,13 +162,6 @@ func (x *Index) SubnetsOf(node string) []string {
 	return out
 }
 
-// Admits says whether a Network's namespaceSelector selects a namespace (one the agent has not seen
-// has no labels).
-func (x *Index) Admits(network, namespace string) bool {
-	n, ok := x.nets[network]
-	return ok && n.selector.Matches(x.nsLabel[namespace])
-}
-
 // ErrNotAdmitted says a Network does not admit a pod's namespace.
 var ErrNotAdmitted = errors.New("not admitted")
 

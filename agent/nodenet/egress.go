@@ -157,12 +157,6 @@ func DeleteEgressSNAT(hostNetNS string) error {
 	return nil
 }
 
-// UplinkAddress is an address on the uplink.
-type UplinkAddress struct {
-	Link   string
-	Prefix netip.Prefix
-}
-
 // UplinkAddresses lists the IPv4 addresses of the interface that holds nodeIP, and its name.
 func UplinkAddresses(hostNetNS string, nodeIP netip.Addr) (string, []netip.Prefix, error) {
 	link, err := uplink(hostNetNS, nodeIP)

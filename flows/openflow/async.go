@@ -92,8 +92,11 @@ type PacketIn struct {
 // Data aliases msg.
 func ParsePacketIn(msg []byte) (PacketIn, error) {
 	var p PacketIn
-	if len(msg) < packetInFixed+4 || msg[1] != TypePacketIn {
-		return p, fmt.Errorf("packet-in: %d bytes of type %d", len(msg), msg[1])
+	if len(msg) < packetInFixed+4 {
+		return p, fmt.Errorf("packet-in: %d bytes", len(msg))
+	}
+	if msg[1] != TypePacketIn {
+		return p, fmt.Errorf("packet-in: a message of type %d", msg[1])
 	}
 	p.TotalLen = binary.BigEndian.Uint16(msg[12:])
 	p.Reason = msg[14]
