@@ -189,6 +189,7 @@ func newUIFixture(t *testing.T) *uiFixture {
 			w, err := newOfflineWorld(f.dumps)
 			return w, err
 		},
+		drops: noDrops{},
 	}
 	return f
 }
@@ -468,8 +469,25 @@ func TestUIGuard(t *testing.T) {
 	}
 }
 
-// recordedDrops is a drop source that replays records: the drops view and its stream are tested on it
-// until the agents stream drops.
+// noDrops is the drop source of a cluster whose agents have no drop stream (what agentDrops answers
+// then, drops_test.go).
+type noDrops struct{}
+
+func (noDrops) Recent(context.Context, DropFilter) (DropBatch, error) {
+	return DropBatch{}, ErrDropsUnavailable
+}
+func (noDrops) Follow(context.Context, DropFilter, func(DropRecord) error) error {
+	return ErrDropsUnavailable
+}
+
+// matchDrop says whether a record passes the filter, as the agents filter (debugapi.DropQuery.Match)
+// and agentDrops narrows to a node.
+func matchDrop(f DropFilter, d DropRecord, now time.Time) bool {
+	q := debugapi.DropQuery{Namespace: f.Namespace, Pod: f.Pod, Since: f.Since}
+	return (f.Node == "" || d.Node == f.Node) && q.Match(debugapi.Drop{Time: d.Time, Src: d.Src, Dst: d.Dst}, now)
+}
+
+// recordedDrops is a drop source that replays records: the drops view and its stream are tested on it.
 type recordedDrops struct {
 	records []DropRecord
 	live    chan DropRecord
@@ -483,7 +501,7 @@ func (r *recordedDrops) Recent(_ context.Context, f DropFilter) (DropBatch, erro
 	r.mu.Unlock()
 	var b DropBatch
 	for _, d := range r.records {
-		if f.Match(d, time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC)) {
+		if matchDrop(f, d, time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC)) {
 			b.Drops = append(b.Drops, d)
 		}
 	}
@@ -500,7 +518,7 @@ func (r *recordedDrops) Follow(ctx context.Context, f DropFilter, each func(Drop
 			if !ok {
 				return errors.New("the agents closed the stream")
 			}
-			if f.Match(d, d.Time) {
+			if matchDrop(f, d, d.Time) {
 				if err := each(d); err != nil {
 					return err
 				}
