@@ -36,10 +36,7 @@ func screenshotDir(t *testing.T) string {
 }
 
 func TestUIInBrowser(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts Chromium")
-	}
-	exe := browser.Require(t)
+	b := browser.StartForTest(t)
 	f := newUIFixture(t)
 	drops := &recordedDrops{records: testDrops, live: make(chan DropRecord, 4)}
 	f.src.drops = drops
@@ -58,19 +55,8 @@ func TestUIInBrowser(t *testing.T) {
 	defer srv.Close()
 	base := "http://" + ln.Addr().String()
 
-	b, err := browser.Start(t.Context(), exe, t.Logf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
 	shots := screenshotDir(t)
-	tab := func(t *testing.T) context.Context {
-		ctx, cancel := b.Tab()
-		t.Cleanup(cancel)
-		ctx, cancel2 := context.WithTimeout(ctx, 2*time.Minute)
-		t.Cleanup(cancel2)
-		return ctx
-	}
+	tab := func(t *testing.T) context.Context { return b.TestTab(t, 2*time.Minute) }
 
 	pages := map[string]string{"overview": "/", "networks": "/networks", "network": "/networks/alpha", "tenants": "/tenants",
 		"nodes": "/nodes", "node": "/nodes/n1", "policies": "/policies", "drops": "/drops",
