@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -108,18 +110,9 @@ func dropVerb(d debugapi.Drop) string {
 }
 
 func reportUnanswered(w io.Writer, unanswered map[string]string) {
-	for _, n := range sortedKeys(unanswered) {
+	for _, n := range slices.Sorted(maps.Keys(unanswered)) {
 		fmt.Fprintf(w, "flowctl drops: node %s: %s\n", n, unanswered[n])
 	}
-}
-
-func sortedKeys(m map[string]string) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
 }
 
 func lastTimes(ds []debugapi.Drop) map[string]time.Time {
