@@ -156,25 +156,38 @@ func (s *uiServer) dropsStream(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusOK)
 	_, _ = fmt.Fprint(w, "retry: 5000\n: following drops\n\n")
 	flusher.Flush()
+	send := func(d DropRecord) error {
+		b, err := json.Marshal(d)
+		if err != nil {
+			return nil
+		}
+		if _, err := fmt.Fprintf(w, "event: drop\ndata: %s\n\n", b); err != nil {
+			return err
+		}
+		flusher.Flush()
+		return nil
+	}
 	heartbeat := time.NewTicker(s.limits.heartbeat)
 	defer heartbeat.Stop()
 	for {
 		select {
 		case d := <-records:
-			b, err := json.Marshal(d)
-			if err != nil {
-				continue
-			}
-			if _, err := fmt.Fprintf(w, "event: drop\ndata: %s\n\n", b); err != nil {
+			if send(d) != nil {
 				return
 			}
-			flusher.Flush()
 		case <-heartbeat.C:
 			if _, err := fmt.Fprint(w, ": still following\n\n"); err != nil {
 				return
 			}
 			flusher.Flush()
 		case err := <-done:
+			// The source has stopped; what it sent before is still in records (select picks either
+			// ready case), and goes out before the end is told.
+			for len(records) > 0 {
+				if send(<-records) != nil {
+					return
+				}
+			}
 			if ctx.Err() == nil {
 				msg := "the drop stream ended"
 				if err != nil {
