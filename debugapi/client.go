@@ -65,19 +65,12 @@ func (c *Client) do(ctx context.Context, method, path string, body, into any) er
 		}
 		rd = bytes.NewReader(b)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, c.base+path, rd)
+	req, err := c.request(ctx, method, path, rd)
 	if err != nil {
 		return err
 	}
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
-	}
-	if c.tokens != nil {
-		token, err := c.tokens.Token(ctx)
-		if err != nil {
-			return fmt.Errorf("debug API of %s: %w", c.Where, err)
-		}
-		req.Header.Set(TokenHeader, "Bearer "+token)
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
@@ -95,6 +88,22 @@ func (c *Client) do(ctx context.Context, method, path string, body, into any) er
 		return fmt.Errorf("debug API of %s: %s: %w", c.Where, path, err)
 	}
 	return nil
+}
+
+// request is a request of path with the agent's token, when the client has a token source.
+func (c *Client) request(ctx context.Context, method, path string, body io.Reader) (*http.Request, error) {
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
+	if err != nil {
+		return nil, err
+	}
+	if c.tokens != nil {
+		token, err := c.tokens.Token(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("debug API of %s: %w", c.Where, err)
+		}
+		req.Header.Set(TokenHeader, "Bearer "+token)
+	}
+	return req, nil
 }
 
 func get[T any](ctx context.Context, c *Client, path string) (*T, error) {

@@ -158,16 +158,9 @@ func serveDrops(b DropStreamer, w http.ResponseWriter, r *http.Request) {
 // Drops reads the node's drop stream, calling each per drop; with q.Follow it returns only when ctx
 // ends, the stream breaks, or each fails. An agent without the stream gives ErrNoDropStream.
 func (c *Client) Drops(ctx context.Context, q DropQuery, each func(Drop) error) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+PathDrops+"?"+q.Values().Encode(), nil)
+	req, err := c.request(ctx, http.MethodGet, PathDrops+"?"+q.Values().Encode(), nil)
 	if err != nil {
 		return err
-	}
-	if c.tokens != nil {
-		token, err := c.tokens.Token(ctx)
-		if err != nil {
-			return fmt.Errorf("debug API of %s: %w", c.Where, err)
-		}
-		req.Header.Set(TokenHeader, "Bearer "+token)
 	}
 	hc := *c.http
 	if q.Follow {

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -108,18 +110,9 @@ func dropVerb(d debugapi.Drop) string {
 }
 
 func reportUnanswered(w io.Writer, unanswered map[string]string) {
-	for _, n := range sortedKeys(unanswered) {
+	for _, n := range slices.Sorted(maps.Keys(unanswered)) {
 		fmt.Fprintf(w, "flowctl drops: node %s: %s\n", n, unanswered[n])
 	}
-}
-
-func sortedKeys(m map[string]string) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
 }
 
 func lastTimes(ds []debugapi.Drop) map[string]time.Time {
@@ -311,25 +304,35 @@ type printError struct{ error }
 // agentDrops is the console's DropSource over the agents' drop streams.
 type agentDrops struct{ c *dropClient }
 
+// on is the client narrowed to the filter's node, when it names one: only that agent is asked (and
+// only its silence reported); a name that is not a node's asks none.
+func (a agentDrops) on(node string) *dropClient {
+	if node == "" {
+		return a.c
+	}
+	return &dropClient{client: a.c.client, nodes: func(ctx context.Context) ([]string, error) {
+		nodes, err := a.c.nodes(ctx)
+		if err != nil || !slices.Contains(nodes, node) {
+			return nil, err
+		}
+		return []string{node}, nil
+	}}
+}
+
 func (a agentDrops) Recent(ctx context.Context, f DropFilter) (DropBatch, error) {
-	all, unanswered, err := a.c.recent(ctx, debugapi.DropQuery{Namespace: f.Namespace, Pod: f.Pod, Since: f.Since})
+	all, unanswered, err := a.on(f.Node).recent(ctx, debugapi.DropQuery{Namespace: f.Namespace, Pod: f.Pod, Since: f.Since})
 	if err != nil {
 		return DropBatch{}, err
 	}
 	b := DropBatch{Unanswered: unanswered}
 	for i := len(all) - 1; i >= 0; i-- { // newest first
-		if f.Node == "" || all[i].Node == f.Node {
-			b.Drops = append(b.Drops, dropRecordOf(all[i]))
-		}
+		b.Drops = append(b.Drops, dropRecordOf(all[i]))
 	}
 	return b, nil
 }
 
 func (a agentDrops) Follow(ctx context.Context, f DropFilter, each func(DropRecord) error) error {
-	return a.c.follow(ctx, debugapi.DropQuery{Namespace: f.Namespace, Pod: f.Pod}, map[string]time.Time{"": time.Now()}, func(d debugapi.Drop) error {
-		if f.Node != "" && d.Node != f.Node {
-			return nil
-		}
+	return a.on(f.Node).follow(ctx, debugapi.DropQuery{Namespace: f.Namespace, Pod: f.Pod}, map[string]time.Time{"": time.Now()}, func(d debugapi.Drop) error {
 		if err := each(dropRecordOf(d)); err != nil {
 			return printError{err}
 		}

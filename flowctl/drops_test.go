@@ -89,6 +89,15 @@ func TestDropsMergeOverNodes(t *testing.T) {
 		})
 	}
 
+	// The console's node filter asks that node's agent alone: another's silence is not reported.
+	b, err := agentDrops{src("n1", "n2", "old")}.Recent(ctx, DropFilter{Node: "n2"})
+	if err != nil || len(b.Drops) != 1 || b.Drops[0].Node != "n2" || len(b.Unanswered) != 0 {
+		t.Errorf("console, node n2: %+v %v, want n2's one drop and no unanswered node", b, err)
+	}
+	if b, err := (agentDrops{src("n1", "n2")}).Recent(ctx, DropFilter{Node: "n9"}); err != nil || len(b.Drops) != 0 || len(b.Unanswered) != 0 {
+		t.Errorf("console, no such node: %+v %v, want nothing", b, err)
+	}
+
 	// Following: a record added after the follow began arrives once, and nothing older.
 	fctx, cancel := context.WithCancel(ctx)
 	defer cancel()

@@ -1,8 +1,6 @@
 package flowctl
 
 import (
-	"bytes"
-	"context"
 	"net/netip"
 	"strings"
 	"testing"
@@ -45,24 +43,13 @@ func TestTraceAdminPolicy(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			w, err := newOfflineWorld(dumps)
-			if err != nil {
-				t.Fatal(err)
-			}
-			tc.o.Proto, tc.o.SrcPort = "tcp", 40000
-			res, err := Trace(context.Background(), w, tc.o)
-			if err != nil {
-				t.Fatal(err)
-			}
+			tc.o.Proto = "tcp"
+			res, text := traceOffline(t, dumps, tc.o)
 			if res.Verdict.Kind != tc.kind || !strings.Contains(res.Verdict.Text, tc.says) {
 				t.Errorf("verdict %s %q, want %s saying %q", res.Verdict.Kind, res.Verdict.Text, tc.kind, tc.says)
 			}
-			var text bytes.Buffer
-			if err := res.WriteText(&text); err != nil {
-				t.Fatal(err)
-			}
-			if len(res.Verdict.AdminRules) > 0 && !strings.Contains(text.String(), "decided by "+res.Verdict.AdminRules[0]) {
-				t.Errorf("the text does not show the step that decided:\n%s", text.String())
+			if len(res.Verdict.AdminRules) > 0 && !strings.Contains(text, "decided by "+res.Verdict.AdminRules[0]) {
+				t.Errorf("the text does not show the step that decided:\n%s", text)
 			}
 		})
 	}

@@ -1,9 +1,7 @@
 package flowctl
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"maps"
 	"net"
@@ -163,7 +161,6 @@ func networkNodes(t *testing.T) []string {
 // leaves a Network, an attachment whose Network does not admit its namespace carries nothing, and an
 // attachment sends from its own MAC and address only.
 func TestTraceNetworks(t *testing.T) {
-	ctx := context.Background()
 	dumps := networkNodes(t)
 	cases := []struct {
 		name   string
@@ -208,22 +205,11 @@ func TestTraceNetworks(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			w, err := newOfflineWorld(dumps)
-			if err != nil {
-				t.Fatal(err)
-			}
-			tc.o.Proto, tc.o.SrcPort = "tcp", 40000
-			res, err := Trace(ctx, w, tc.o)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var text bytes.Buffer
-			if err := res.WriteText(&text); err != nil {
-				t.Fatal(err)
-			}
+			tc.o.Proto = "tcp"
+			res, text := traceOffline(t, dumps, tc.o)
 			if res.Verdict.Kind != tc.kind || len(res.Hops) != tc.hops || res.Verdict.Pod != tc.pod {
 				t.Errorf("verdict %s (pod %q) after %d hops, want %s (pod %q) after %d:\n%s", res.Verdict.Kind, res.Verdict.Pod, len(res.Hops),
-					tc.kind, tc.pod, tc.hops, text.String())
+					tc.kind, tc.pod, tc.hops, text)
 			}
 			for _, s := range tc.says {
 				if !strings.Contains(res.Verdict.Text, s) {
@@ -233,12 +219,7 @@ func TestTraceNetworks(t *testing.T) {
 			if len(res.Hops) > 0 && res.Hops[0].Packet != nil && res.Hops[0].Packet.EthDst.String() != tc.ethDst {
 				t.Errorf("the packet leaves the pod for %s, want %s", res.Hops[0].Packet.EthDst, tc.ethDst)
 			}
-			js, err := json.MarshalIndent(res, "", "  ")
-			if err != nil {
-				t.Fatal(err)
-			}
-			golden(t, "trace-"+tc.name+".golden", text.Bytes())
-			golden(t, "trace-"+tc.name+".json.golden", append(js, '\n'))
+			goldenTrace(t, tc.name, res, text)
 		})
 	}
 }

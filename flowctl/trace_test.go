@@ -188,7 +188,6 @@ func twoNodes(t *testing.T, mode pipeline.Mode, encap pipeline.Encapsulation) []
 // TestTraceOffline: every question of the list, answered from dumps, with the verdict the
 // pipeline intends; text and JSON outputs are golden.
 func TestTraceOffline(t *testing.T) {
-	ctx := context.Background()
 	multi, np := twoNodes(t, pipeline.ModeMultitenant, pipeline.EncapVXLAN), twoNodes(t, pipeline.ModeNetworkPolicy, pipeline.EncapVXLAN)
 	// Encapsulation none: across nodes the packet leaves by the uplink port and is followed to the peer.
 	multiNone, npNone := twoNodes(t, pipeline.ModeMultitenant, pipeline.EncapNone), twoNodes(t, pipeline.ModeNetworkPolicy, pipeline.EncapNone)
@@ -236,36 +235,16 @@ func TestTraceOffline(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			w, err := newOfflineWorld(tc.dumps)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if tc.o.Proto == "" {
-				tc.o.Proto = "tcp"
-			}
-			tc.o.SrcPort = 40000
-			res, err := Trace(ctx, w, tc.o)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var text bytes.Buffer
-			if err := res.WriteText(&text); err != nil {
-				t.Fatal(err)
-			}
+			res, text := traceOffline(t, tc.dumps, tc.o)
 			if res.Verdict.Kind != tc.kind || len(res.Hops) != tc.hops {
-				t.Errorf("verdict %s after %d hops, want %s after %d:\n%s", res.Verdict.Kind, len(res.Hops), tc.kind, tc.hops, text.String())
+				t.Errorf("verdict %s after %d hops, want %s after %d:\n%s", res.Verdict.Kind, len(res.Hops), tc.kind, tc.hops, text)
 			}
 			for _, s := range tc.says {
 				if !strings.Contains(res.Verdict.Text, s) {
 					t.Errorf("verdict %q does not say %q", res.Verdict.Text, s)
 				}
 			}
-			js, err := json.MarshalIndent(res, "", "  ")
-			if err != nil {
-				t.Fatal(err)
-			}
-			golden(t, "trace-"+tc.name+".golden", text.Bytes())
-			golden(t, "trace-"+tc.name+".json.golden", append(js, '\n'))
+			goldenTrace(t, tc.name, res, text)
 		})
 	}
 }
@@ -325,6 +304,40 @@ func golden(t *testing.T, name string, got []byte) {
 	if !bytes.Equal(got, want) {
 		t.Errorf("%s differs from the golden file:\n--- got\n%s\n--- want\n%s", name, got, want)
 	}
+}
+
+// traceOffline traces o over the dumps, tcp from port 40000 unless o names another protocol, and
+// returns the result with its text.
+func traceOffline(t *testing.T, dumps []string, o TraceOptions) (*TraceResult, string) {
+	t.Helper()
+	w, err := newOfflineWorld(dumps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.Proto == "" {
+		o.Proto = "tcp"
+	}
+	o.SrcPort = 40000
+	res, err := Trace(context.Background(), w, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var text bytes.Buffer
+	if err := res.WriteText(&text); err != nil {
+		t.Fatal(err)
+	}
+	return res, text.String()
+}
+
+// goldenTrace compares a trace's text and JSON with testdata/trace-<name>.golden and .json.golden.
+func goldenTrace(t *testing.T, name string, res *TraceResult, text string) {
+	t.Helper()
+	js, err := json.MarshalIndent(res, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "trace-"+name+".golden", []byte(text))
+	golden(t, "trace-"+name+".json.golden", append(js, '\n'))
 }
 
 // Every role a port of br0 can have (the pipeline's registry) has a trace outcome, and a trace that
@@ -403,7 +416,6 @@ func egressNodes(t *testing.T, mode pipeline.Mode, encap pipeline.Encapsulation)
 // TestTraceOfflineEgress: a trace to an outside address names the egress IP and the node it leaves
 // from, or the EgressNetworkPolicy rule that drops it, in both encapsulations.
 func TestTraceOfflineEgress(t *testing.T) {
-	ctx := context.Background()
 	for _, encap := range []pipeline.Encapsulation{pipeline.EncapVXLAN, pipeline.EncapNone} {
 		dumps := egressNodes(t, pipeline.ModeMultitenant, encap)
 		cases := []struct {
@@ -431,22 +443,11 @@ func TestTraceOfflineEgress(t *testing.T) {
 		}
 		for _, tc := range cases {
 			t.Run(string(encap)+"/"+tc.name, func(t *testing.T) {
-				w, err := newOfflineWorld(dumps)
-				if err != nil {
-					t.Fatal(err)
-				}
-				tc.o.Proto, tc.o.SrcPort = "tcp", 40000
-				res, err := Trace(ctx, w, tc.o)
-				if err != nil {
-					t.Fatal(err)
-				}
-				var text bytes.Buffer
-				if err := res.WriteText(&text); err != nil {
-					t.Fatal(err)
-				}
+				tc.o.Proto = "tcp"
+				res, text := traceOffline(t, dumps, tc.o)
 				if res.Verdict.Kind != tc.kind || len(res.Hops) != tc.hops || res.Verdict.EgressIP != tc.egressIP || res.Verdict.Firewall != tc.firewall {
 					t.Errorf("verdict %s (egress IP %q, firewall %q) after %d hops, want %s (%q, %q) after %d:\n%s", res.Verdict.Kind, res.Verdict.EgressIP,
-						res.Verdict.Firewall, len(res.Hops), tc.kind, tc.egressIP, tc.firewall, tc.hops, text.String())
+						res.Verdict.Firewall, len(res.Hops), tc.kind, tc.egressIP, tc.firewall, tc.hops, text)
 				}
 				for _, s := range tc.says {
 					if !strings.Contains(res.Verdict.Text, s) {
@@ -454,7 +455,7 @@ func TestTraceOfflineEgress(t *testing.T) {
 					}
 				}
 				if encap == pipeline.EncapVXLAN && tc.name == "egress-ip" {
-					golden(t, "trace-egress-ip.golden", text.Bytes())
+					golden(t, "trace-egress-ip.golden", []byte(text))
 				}
 			})
 		}

@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"sync"
 	"time"
 
 	networkclient "github.com/ofsdn/ofsdn/client/clientset/versioned"
@@ -114,24 +113,17 @@ func liveUISources(nf nodeFlags) (uiSources, error) {
 	if err := nf.initTokens(cfg); err != nil {
 		return uiSources{}, err
 	}
-	var mu sync.Mutex
-	agents := map[string]debugapi.Backend{}
+	drops := clusterDropClient(cfg, kube, &nf) // drops.go; its per-node clients serve the pages too
 	return uiSources{
 		kube: kube, net: netc, dyn: dyn, disco: kube.Discovery(), server: cfg.Host,
 		agent: func(node string) (debugapi.Backend, error) {
-			mu.Lock()
-			defer mu.Unlock()
-			if a, ok := agents[node]; ok {
-				return a, nil
-			}
-			a, err := nf.remote(cfg, node)
+			c, err := drops.client(node)
 			if err != nil {
-				return nil, err
+				return nil, err // not a nil *Client in a non-nil Backend
 			}
-			agents[node] = a
-			return a, nil
+			return c, nil
 		},
 		world: func() (world, error) { return liveWorldOf(cfg, kube, nf), nil },
-		drops: agentDrops{clusterDropClient(cfg, kube, &nf)}, // drops.go
+		drops: agentDrops{drops},
 	}, nil
 }

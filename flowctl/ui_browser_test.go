@@ -36,10 +36,7 @@ func screenshotDir(t *testing.T) string {
 }
 
 func TestUIInBrowser(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts Chromium")
-	}
-	exe := browser.Require(t)
+	b := browser.StartForTest(t)
 	f := newUIFixture(t)
 	drops := &recordedDrops{records: testDrops, live: make(chan DropRecord, 4)}
 	f.src.drops = drops
@@ -58,19 +55,8 @@ func TestUIInBrowser(t *testing.T) {
 	defer srv.Close()
 	base := "http://" + ln.Addr().String()
 
-	b, err := browser.Start(t.Context(), exe, t.Logf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
 	shots := screenshotDir(t)
-	tab := func(t *testing.T) context.Context {
-		ctx, cancel := b.Tab()
-		t.Cleanup(cancel)
-		ctx, cancel2 := context.WithTimeout(ctx, 2*time.Minute)
-		t.Cleanup(cancel2)
-		return ctx
-	}
+	tab := func(t *testing.T) context.Context { return b.TestTab(t, 2*time.Minute) }
 
 	pages := map[string]string{"overview": "/", "networks": "/networks", "network": "/networks/alpha", "tenants": "/tenants",
 		"nodes": "/nodes", "node": "/nodes/n1", "policies": "/policies", "drops": "/drops",
@@ -130,17 +116,9 @@ func TestUIInBrowser(t *testing.T) {
 			t.Fatal(err)
 		}
 		// The page's script fetches it again every second (limits.refresh) and swaps its content.
-		deadline := time.Now().Add(time.Minute)
-		for {
-			txt, err := chromedp.Run(ctx, chromedp.Text(chromedp.ID("content")))
-			if err == nil && strings.Contains(txt, "latecomer") {
-				break
-			}
-			if time.Now().After(deadline) {
-				status, _ := chromedp.Run(ctx, chromedp.Text(chromedp.ID("live-status")))
-				t.Fatalf("the page did not update itself (status %q)", status)
-			}
-			time.Sleep(200 * time.Millisecond)
+		if _, ok := waitText(ctx, chromedp.ID("content"), "latecomer"); !ok {
+			status, _ := chromedp.Run(ctx, chromedp.Text(chromedp.ID("live-status")))
+			t.Fatalf("the page did not update itself (status %q)", status)
 		}
 		if pressed, err := chromedp.Run(ctx, chromedp.AttributeValue(chromedp.CSS(".live button"), "aria-pressed")); err != nil || pressed.Value != "false" {
 			t.Errorf("the pause button: aria-pressed %q, %v", pressed.Value, err)
@@ -153,32 +131,33 @@ func TestUIInBrowser(t *testing.T) {
 			t.Fatal(err)
 		}
 		// Wait until the stream is open, then send a drop.
-		deadline := time.Now().Add(time.Minute)
-		for {
-			st, _ := chromedp.Run(ctx, chromedp.Text(chromedp.ID("drops-status")))
-			if strings.Contains(st, "following new drops") {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("the stream did not open: %q", st)
-			}
-			time.Sleep(100 * time.Millisecond)
+		if st, ok := waitText(ctx, chromedp.ID("drops-status"), "following new drops"); !ok {
+			t.Fatalf("the stream did not open: %q", st)
 		}
 		d := testDrops[0]
 		d.Src, d.Time = "red/late", time.Now()
 		drops.live <- d
-		for {
-			txt, _ := chromedp.Run(ctx, chromedp.Text(chromedp.CSS("#drops tbody tr:first-child")))
-			if strings.Contains(txt, "red/late") {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("the streamed drop did not appear; first row %q", txt)
-			}
-			time.Sleep(100 * time.Millisecond)
+		if txt, ok := waitText(ctx, chromedp.CSS("#drops tbody tr:first-child"), "red/late"); !ok {
+			t.Fatalf("the streamed drop did not appear; first row %q", txt)
 		}
 		if err := chromedp.Do(ctx, browser.Screenshot(filepath.Join(shots, "fake-light-drops-live.png"))); err != nil {
 			t.Error(err)
 		}
 	})
+}
+
+// waitText polls the text of sel until it contains want (ok) or a minute has passed; it returns the
+// text it read last.
+func waitText[S chromedp.Selectable](ctx context.Context, sel S, want string) (string, bool) {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		txt, err := chromedp.Run(ctx, chromedp.Text(sel))
+		if err == nil && strings.Contains(txt, want) {
+			return txt, true
+		}
+		if time.Now().After(deadline) {
+			return txt, false
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }

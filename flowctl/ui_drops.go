@@ -15,8 +15,7 @@ import (
 // The drops view. Drops come from the agents' drop stream (debugapi.PathDrops): the page and its live
 // stream are written against DropSource, and flowctl ui's wiring passes agentDrops (drops.go), a
 // DropSource over flowctl drops' client that gives ErrDropsUnavailable when no agent has the stream.
-// noDrops is the source of a cluster whose agents stream nothing. Tests drive the page and the
-// stream with a recorded source.
+// Tests drive the page and the stream with a recorded source.
 
 // ErrDropsUnavailable is the answer of a source whose cluster cannot tell its drops.
 var ErrDropsUnavailable = errors.New("drops are not available from this cluster's agents: their debug API has no drop stream")
@@ -27,37 +26,6 @@ type DropFilter struct {
 	Pod       string        // a pod's name (in Namespace, when given), source or destination
 	Node      string        // the node that dropped
 	Since     time.Duration // how far back Recent looks; 0: all the agents keep
-}
-
-// Match says whether a record passes the filter (for sources that cannot filter themselves).
-func (f DropFilter) Match(d DropRecord, now time.Time) bool {
-	if f.Node != "" && d.Node != f.Node {
-		return false
-	}
-	if f.Since > 0 && d.Time.Before(now.Add(-f.Since)) {
-		return false
-	}
-	ends := []string{d.Src, d.Dst}
-	if f.Namespace != "" && !containsFunc(ends, func(e string) bool { return strings.HasPrefix(e, f.Namespace+"/") }) {
-		return false
-	}
-	if f.Pod != "" && !containsFunc(ends, func(e string) bool {
-		ns, name, ok := strings.Cut(e, "/")
-		name, _, _ = strings.Cut(name, "@")
-		return ok && name == f.Pod && (f.Namespace == "" || ns == f.Namespace)
-	}) {
-		return false
-	}
-	return true
-}
-
-func containsFunc(s []string, f func(string) bool) bool {
-	for _, x := range s {
-		if f(x) {
-			return true
-		}
-	}
-	return false
 }
 
 // DropRecord is one sampled drop as the console shows it: what issue 25's records carry.
@@ -89,16 +57,6 @@ type DropSource interface {
 	Recent(ctx context.Context, f DropFilter) (DropBatch, error)
 	// Follow calls each with every new drop that matches f, until ctx ends or each fails.
 	Follow(ctx context.Context, f DropFilter, each func(DropRecord) error) error
-}
-
-// noDrops is the source of a cluster whose agents stream no drops.
-type noDrops struct{}
-
-func (noDrops) Recent(context.Context, DropFilter) (DropBatch, error) {
-	return DropBatch{}, ErrDropsUnavailable
-}
-func (noDrops) Follow(context.Context, DropFilter, func(DropRecord) error) error {
-	return ErrDropsUnavailable
 }
 
 type uiDrops struct {
@@ -198,25 +156,38 @@ func (s *uiServer) dropsStream(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusOK)
 	_, _ = fmt.Fprint(w, "retry: 5000\n: following drops\n\n")
 	flusher.Flush()
+	send := func(d DropRecord) error {
+		b, err := json.Marshal(d)
+		if err != nil {
+			return nil
+		}
+		if _, err := fmt.Fprintf(w, "event: drop\ndata: %s\n\n", b); err != nil {
+			return err
+		}
+		flusher.Flush()
+		return nil
+	}
 	heartbeat := time.NewTicker(s.limits.heartbeat)
 	defer heartbeat.Stop()
 	for {
 		select {
 		case d := <-records:
-			b, err := json.Marshal(d)
-			if err != nil {
-				continue
-			}
-			if _, err := fmt.Fprintf(w, "event: drop\ndata: %s\n\n", b); err != nil {
+			if send(d) != nil {
 				return
 			}
-			flusher.Flush()
 		case <-heartbeat.C:
 			if _, err := fmt.Fprint(w, ": still following\n\n"); err != nil {
 				return
 			}
 			flusher.Flush()
 		case err := <-done:
+			// The source has stopped; what it sent before is still in records (select picks either
+			// ready case), and goes out before the end is told.
+			for len(records) > 0 {
+				if send(<-records) != nil {
+					return
+				}
+			}
 			if ctx.Err() == nil {
 				msg := "the drop stream ended"
 				if err != nil {

@@ -83,9 +83,6 @@ type uiServer struct {
 }
 
 func newUIServer(src uiSources, limits uiLimits, hosts []string, logf func(string, ...any)) (*uiServer, error) {
-	if src.drops == nil {
-		src.drops = noDrops{}
-	}
 	if logf == nil {
 		logf = func(string, ...any) {}
 	}

@@ -2,6 +2,7 @@ package flowctl
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -11,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -189,6 +191,7 @@ func newUIFixture(t *testing.T) *uiFixture {
 			w, err := newOfflineWorld(f.dumps)
 			return w, err
 		},
+		drops: noDrops{},
 	}
 	return f
 }
@@ -468,8 +471,25 @@ func TestUIGuard(t *testing.T) {
 	}
 }
 
-// recordedDrops is a drop source that replays records: the drops view and its stream are tested on it
-// until the agents stream drops.
+// noDrops is the drop source of a cluster whose agents have no drop stream (what agentDrops answers
+// then, drops_test.go).
+type noDrops struct{}
+
+func (noDrops) Recent(context.Context, DropFilter) (DropBatch, error) {
+	return DropBatch{}, ErrDropsUnavailable
+}
+func (noDrops) Follow(context.Context, DropFilter, func(DropRecord) error) error {
+	return ErrDropsUnavailable
+}
+
+// matchDrop says whether a record passes the filter, as the agents filter (debugapi.DropQuery.Match)
+// and agentDrops narrows to a node.
+func matchDrop(f DropFilter, d DropRecord, now time.Time) bool {
+	q := debugapi.DropQuery{Namespace: f.Namespace, Pod: f.Pod, Since: f.Since}
+	return (f.Node == "" || d.Node == f.Node) && q.Match(debugapi.Drop{Time: d.Time, Src: d.Src, Dst: d.Dst}, now)
+}
+
+// recordedDrops is a drop source that replays records: the drops view and its stream are tested on it.
 type recordedDrops struct {
 	records []DropRecord
 	live    chan DropRecord
@@ -483,7 +503,7 @@ func (r *recordedDrops) Recent(_ context.Context, f DropFilter) (DropBatch, erro
 	r.mu.Unlock()
 	var b DropBatch
 	for _, d := range r.records {
-		if f.Match(d, time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC)) {
+		if matchDrop(f, d, time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC)) {
 			b.Drops = append(b.Drops, d)
 		}
 	}
@@ -500,7 +520,7 @@ func (r *recordedDrops) Follow(ctx context.Context, f DropFilter, each func(Drop
 			if !ok {
 				return errors.New("the agents closed the stream")
 			}
-			if f.Match(d, d.Time) {
+			if matchDrop(f, d, d.Time) {
 				if err := each(d); err != nil {
 					return err
 				}
@@ -676,5 +696,81 @@ func TestUIAgentError(t *testing.T) {
 		if got := agentError(tc.err); !strings.Contains(got, tc.says) {
 			t.Errorf("%v: %q, want it to say %q", tc.err, got, tc.says)
 		}
+	}
+}
+
+// syncBuffer is a buffer written by a command's goroutine and read by the test.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestRunUI: flowctl ui serves the console at the address it prints until its context ends; on a
+// loopback address it answers loopback names only, and on any other it warns that whoever reaches it
+// reads the cluster with the user's credentials (README, "flowctl ui").
+func TestRunUI(t *testing.T) {
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kubeconfig, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: not-used}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+current-context: c
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		address string
+		warns   bool
+		other   int // the answer to a Host that is not loopback's
+	}{{"127.0.0.1:0", false, 403}, {"0.0.0.0:0", true, 200}} {
+		t.Run(tc.address, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			var stdout, stderr syncBuffer
+			done := make(chan error, 1)
+			go func() {
+				done <- RunUI(ctx, []string{"--kubeconfig", kubeconfig, "--address", tc.address}, &stdout, &stderr)
+			}()
+			addr := regexp.MustCompile(`at http://(\S+)/ `)
+			var m []string
+			for deadline := time.Now().Add(time.Minute); m == nil; time.Sleep(10 * time.Millisecond) {
+				if m = addr.FindStringSubmatch(stdout.String()); m == nil && time.Now().After(deadline) {
+					t.Fatalf("no address printed: %q %q", stdout.String(), stderr.String())
+				}
+			}
+			port := m[1][strings.LastIndex(m[1], ":"):]
+			for host, want := range map[string]int{"127.0.0.1" + port: 200, "evil.example" + port: tc.other} {
+				req, _ := http.NewRequest(http.MethodGet, "http://127.0.0.1"+port+"/static/console.css", nil)
+				req.Host = host
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp.Body.Close()
+				if resp.StatusCode != want {
+					t.Errorf("Host %s: HTTP %d, want %d", host, resp.StatusCode, want)
+				}
+			}
+			if warned := strings.Contains(stderr.String(), "whoever reaches it reads the cluster with your credentials"); warned != tc.warns {
+				t.Errorf("warned %v, want %v: %q", warned, tc.warns, stderr.String())
+			}
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("RunUI after its context ended: %v", err)
+			}
+		})
 	}
 }

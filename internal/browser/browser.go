@@ -24,6 +24,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/chromedp/cdproto/cdp"
 	"github.com/chromedp/cdproto/emulation"
@@ -111,6 +112,30 @@ func (b *Browser) Close() { b.cancel() }
 // Tab opens a new tab; cancel closes it.
 func (b *Browser) Tab() (context.Context, context.CancelFunc) {
 	return chromedp.NewContext(b.ctx)
+}
+
+// StartForTest starts Chromium for a test (Require: skipped, or failed, without one); it stops when
+// the test ends. With -short the test is skipped.
+func StartForTest(t testing.TB) *Browser {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts Chromium")
+	}
+	b, err := Start(t.Context(), Require(t), t.Logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Close)
+	return b
+}
+
+// TestTab opens a tab for a test, bounded by timeout; it closes when the test ends.
+func (b *Browser) TestTab(t testing.TB, timeout time.Duration) context.Context {
+	ctx, cancel := b.Tab()
+	t.Cleanup(cancel)
+	ctx, cancel2 := context.WithTimeout(ctx, timeout)
+	t.Cleanup(cancel2)
+	return ctx
 }
 
 // Screenshot saves a full-page PNG screenshot to path, making its directory.

@@ -1,7 +1,6 @@
 package browser
 
 import (
-	"context"
 	"net"
 	"net/http"
 	"slices"
@@ -54,10 +53,7 @@ func serve(t *testing.T, page string) string {
 
 func check(t *testing.T, b *Browser, url string) Report {
 	t.Helper()
-	ctx, cancel := b.Tab()
-	defer cancel()
-	ctx, cancel2 := context.WithTimeout(ctx, time.Minute)
-	defer cancel2()
+	ctx := b.TestTab(t, time.Minute)
 	if err := chromedp.Do(ctx, chromedp.Navigate(url)); err != nil {
 		t.Fatal(err)
 	}
@@ -69,15 +65,7 @@ func check(t *testing.T, b *Browser, url string) Report {
 }
 
 func TestAccessibilityChecker(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts Chromium")
-	}
-	exe := Require(t)
-	b, err := Start(t.Context(), exe, t.Logf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	b := StartForTest(t)
 
 	good := check(t, b, serve(t, goodPage))
 	if len(good.Violations) > 0 || good.Checked < 8 {
@@ -109,22 +97,11 @@ func TestAccessibilityChecker(t *testing.T) {
 // The browser reaches nothing but loopback: a page of another host goes to the dead proxy at
 // 127.0.0.1:9 (so no packet leaves the machine, and no name is looked up), while loopback pages load.
 func TestLoopbackOnly(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts Chromium")
-	}
-	exe := Require(t)
-	b, err := Start(t.Context(), exe, t.Logf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	ctx, cancel := b.Tab()
-	defer cancel()
-	ctx, cancel2 := context.WithTimeout(ctx, time.Minute)
-	defer cancel2()
+	b := StartForTest(t)
+	ctx := b.TestTab(t, time.Minute)
 	// .invalid never resolves anywhere (RFC 2606); and were the proxy not in force, the name would
 	// still not be looked up: host-resolver-rules maps every name but localhost to NOTFOUND.
-	err = chromedp.Do(ctx, chromedp.Navigate("http://ofsdn-browser-test.invalid/"))
+	err := chromedp.Do(ctx, chromedp.Navigate("http://ofsdn-browser-test.invalid/"))
 	if err == nil || !strings.Contains(err.Error(), "ERR_PROXY_CONNECTION_FAILED") {
 		t.Errorf("a page of another host: %v, want the dead proxy's ERR_PROXY_CONNECTION_FAILED", err)
 	}
