@@ -999,6 +999,13 @@ func networkDeletion(t *testing.T, ctx context.Context, o *netObjects, n *cluste
 	o.nadFor(t, ctx, ns, "doomed", ofsdnNAD("e2e-doomed"))
 	pods, ifaces := o.netPods(t, ctx, ns, "nd", "doomed", lc.Nodes[:2])
 	a, b := ifaces[0], ifaces[1]
+	// Control: the cookie this test reads finds the Network's flows while it lives, so "none left"
+	// below means they went, not that the test looks for the wrong cookie.
+	for _, node := range lc.Nodes[:2] {
+		if networkFlows(t, ctx, node, "e2e-doomed") == 0 {
+			t.Fatalf("control: no flow of Network e2e-doomed found on %s while it lives", node.Name)
+		}
+	}
 	o.deleteNetwork(ctx, "e2e-doomed")
 	time.Sleep(3 * time.Second)
 	net, err := lc.Net.NetworkV1().Networks().Get(ctx, "e2e-doomed", metav1.GetOptions{})
@@ -1024,22 +1031,10 @@ func networkDeletion(t *testing.T, ctx context.Context, o *netObjects, n *cluste
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	owner := pipeline.NetworkOwner("e2e-doomed")
 	for _, node := range lc.Nodes {
 		deadline := time.Now().Add(30 * time.Second)
 		for {
-			dump, err := node.Ofctl(ctx, "dump-flows", "br0", "--no-stats")
-			if err != nil {
-				t.Fatal(err)
-			}
-			left := 0
-			for _, m := range cookieRE.FindAllStringSubmatch(dump, -1) {
-				var v uint64
-				fmt.Sscanf(m[1], "%x", &v)
-				if c := reconcile.Cookie(v); c.Category() == owner.Category && c.OwnerHash() == owner.Hash() {
-					left++
-				}
-			}
+			left := networkFlows(t, ctx, node, "e2e-doomed")
 			if left == 0 {
 				break
 			}
@@ -1052,6 +1047,25 @@ func networkDeletion(t *testing.T, ctx context.Context, o *netObjects, n *cluste
 			t.Errorf("NetworkSubnet of %s outlived its Network: %v", node.Name, err)
 		}
 	}
+}
+
+// networkFlows counts a node's flows whose cookie names the Network.
+func networkFlows(t *testing.T, ctx context.Context, node *cluster.Node, network string) int {
+	t.Helper()
+	dump, err := node.Ofctl(ctx, "dump-flows", "br0", "--no-stats")
+	if err != nil {
+		t.Fatal(err)
+	}
+	owner := pipeline.NetworkOwner(network)
+	n := 0
+	for _, m := range cookieRE.FindAllStringSubmatch(dump, -1) {
+		var v uint64
+		fmt.Sscanf(m[1], "%x", &v)
+		if c := reconcile.Cookie(v); c.Category() == owner.Category && c.OwnerHash() == owner.Hash() {
+			n++
+		}
+	}
+	return n
 }
 
 // BenchmarkCNIAddNetworks: CNI ADD latency through libcni and the installed conflist, as
