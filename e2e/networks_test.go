@@ -513,6 +513,25 @@ func TestNetworks(t *testing.T) {
 	t.Run("deletion waits for pods", func(t *testing.T) { networkDeletion(t, ctx, o, nodes[0]) })
 
 	t.Run("DEL leaves nothing", func(t *testing.T) {
+		// Control: while the pods live the census finds each kind of thing it looks for, so an empty
+		// census after the DELs means they went, not that the census reads the wrong files or cookies.
+		for _, ns := range []string{nsA, nsB} {
+			var names []string
+			for _, p := range append(append([]*cluster.Pod(nil), podsA...), podsB...) {
+				if p.Namespace == ns {
+					names = append(names, p.Name)
+				}
+			}
+			var held []string
+			for _, n := range nodes {
+				held = append(held, networkCensus(t, ctx, n, ns, names))
+			}
+			for _, kind := range []string{"reservation ", "ports ", "flows of "} {
+				if !strings.Contains(strings.Join(held, "; "), kind) {
+					t.Fatalf("control: the census finds no %q of namespace %s's live pods: %q", kind, ns, held)
+				}
+			}
+		}
 		for _, p := range append(append([]*cluster.Pod(nil), podsA...), podsB...) {
 			if err := lc.DeletePod(ctx, p.Namespace, p.Name); err != nil {
 				t.Fatal(err)
