@@ -432,7 +432,9 @@ func TestNetworks(t *testing.T) {
 
 	t.Run("conntrack zones apart", func(t *testing.T) { conntrackZonesApart(t, ctx, ifA, nodes) })
 
-	t.Run("cluster network unaffected", func(t *testing.T) {
+	// clusterMatrix: the pods' cluster network (eth0) matrix is the one the cluster model expects.
+	clusterMatrix := func(t *testing.T, what string) {
+		t.Helper()
 		pods := append(append([]*cluster.Pod(nil), podsA...), podsB...)
 		netids, err := lc.NetIDs(ctx, nsA, nsB)
 		if err != nil {
@@ -442,11 +444,12 @@ func TestNetworks(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := cluster.Expected(pods, netids, cn.Spec.PluginMode)
-		if _, diff, _ := lc.WaitMatrix(ctx, pods, want, 30*time.Second); len(diff) > 0 {
-			t.Fatalf("cluster network matrix:\n%s", strings.Join(diff, "\n"))
+		if _, diff, _ := lc.WaitMatrix(ctx, pods, cluster.Expected(pods, netids, cn.Spec.PluginMode), 30*time.Second); len(diff) > 0 {
+			t.Fatalf("%s:\n%s", what, strings.Join(diff, "\n"))
 		}
-	})
+	}
+
+	t.Run("cluster network unaffected", func(t *testing.T) { clusterMatrix(t, "cluster network matrix") })
 
 	t.Run("flowctl trace", func(t *testing.T) { traceNetworks(t, ctx, ifA, ifB) })
 
@@ -464,18 +467,7 @@ func TestNetworks(t *testing.T) {
 			t.Fatal(err)
 		}
 		waitNetMatrix(t, ctx, o.model, all, 30*time.Second)
-		pods := append(append([]*cluster.Pod(nil), podsA...), podsB...)
-		netids, err := lc.NetIDs(ctx, nsA, nsB)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cn, err := lc.Net.NetworkV1().ClusterNetworks().Get(ctx, networkv1.ClusterNetworkName, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, diff, _ := lc.WaitMatrix(ctx, pods, cluster.Expected(pods, netids, cn.Spec.PluginMode), 30*time.Second); len(diff) > 0 {
-			t.Fatalf("cluster network matrix in encapsulation none:\n%s", strings.Join(diff, "\n"))
-		}
+		clusterMatrix(t, "cluster network matrix in encapsulation none")
 	})
 
 	t.Run("cross-talk live", func(t *testing.T) {
