@@ -675,22 +675,10 @@ func settle() { time.Sleep(500 * time.Millisecond) }
 // encapsulations, from red pods on two nodes against blue pods on all three.
 func TestOverlayAttacks(t *testing.T) {
 	ctx := ctxT(t, 15*time.Minute)
-	for _, mode := range []networkv1.PluginMode{networkv1.PluginModeMultitenant, networkv1.PluginModeNetworkPolicy} {
-		t.Run(string(mode), func(t *testing.T) {
-			if mode != networkv1.PluginModeMultitenant {
-				if err := lc.SetMode(ctx, mode); err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() {
-					if err := lc.SetMode(context.Background(), networkv1.PluginModeMultitenant); err != nil {
-						t.Error(err)
-					}
-				})
-			}
-			s := setUpAttackScene(t, ctx, mode)
-			forEachEncapsulation(t, ctx, func(t *testing.T) { s.runAttacks(t, ctx) })
-		})
-	}
+	forEachMode(t, ctx, func(t *testing.T, mode networkv1.PluginMode) {
+		s := setUpAttackScene(t, ctx, mode)
+		forEachEncapsulation(t, ctx, func(t *testing.T) { s.runAttacks(t, ctx) })
+	})
 }
 
 // runAttacks: controls first (the counting sees traffic, the forged datagram is well formed, pods
@@ -802,26 +790,14 @@ func (s *attackScene) waitIsolated(t *testing.T, ctx context.Context, run string
 // round's flows go), while ordinary traffic between the victims (100 a second) keeps arriving.
 func TestOverlayAttacksDuringAgentRestart(t *testing.T) {
 	ctx := ctxT(t, 20*time.Minute)
-	for _, mode := range []networkv1.PluginMode{networkv1.PluginModeMultitenant, networkv1.PluginModeNetworkPolicy} {
-		t.Run(string(mode), func(t *testing.T) {
-			if mode != networkv1.PluginModeMultitenant {
-				if err := lc.SetMode(ctx, mode); err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() {
-					if err := lc.SetMode(context.Background(), networkv1.PluginModeMultitenant); err != nil {
-						t.Error(err)
-					}
-				})
+	forEachMode(t, ctx, func(t *testing.T, mode networkv1.PluginMode) {
+		s := setUpAttackScene(t, ctx, mode)
+		forEachEncapsulation(t, ctx, func(t *testing.T) {
+			for _, crash := range []bool{false, true} {
+				t.Run(map[bool]string{false: "graceful", true: "crash"}[crash], func(t *testing.T) { s.restartUnderAttack(t, ctx, crash) })
 			}
-			s := setUpAttackScene(t, ctx, mode)
-			forEachEncapsulation(t, ctx, func(t *testing.T) {
-				for _, crash := range []bool{false, true} {
-					t.Run(map[bool]string{false: "graceful", true: "crash"}[crash], func(t *testing.T) { s.restartUnderAttack(t, ctx, crash) })
-				}
-			})
 		})
-	}
+	})
 }
 
 func (s *attackScene) restartUnderAttack(t *testing.T, ctx context.Context, crash bool) {

@@ -643,22 +643,7 @@ func cnpRestartCase(t *testing.T, ctx context.Context, f *cnpFixture) {
 			time.Sleep(2 * time.Second)
 			stopped := time.Now()
 			restartAgent(t, ctx, node, crash, roundBefore, window-3*time.Second)
-			for _, r := range repeats {
-				st, err := r.wait()
-				if err != nil || st.Failed > 0 || st.OK < 500 {
-					t.Errorf("new TCP connections %s across the restart: %+v %v", r.what, st, err)
-				} else {
-					t.Logf("new TCP connections %s: %d, none failed", r.what, st.OK)
-				}
-			}
-			for _, r := range leaks {
-				st, err := r.wait()
-				if err != nil || st.OK > 0 || st.Failed < 100 {
-					t.Errorf("denied %s across the restart: %d answered (at ms %v), %d did not %v", r.what, st.OK, st.OKAt, st.Failed, err)
-				} else {
-					t.Logf("denied %s: all %d attempts denied", r.what, st.Failed)
-				}
-			}
+			checkRestartRepeats(t, repeats, leaks)
 			t.Logf("%s restart of the agent on %s: in place %s after it was stopped", name, node.Name, time.Since(stopped).Round(time.Millisecond))
 			if after := flowsButRound(t, ctx, node); strings.Join(before, "\n") != strings.Join(after, "\n") {
 				t.Errorf("flows differ after the restart:\n%s", npLineDiff(before, after))

@@ -203,26 +203,7 @@ func (s *udpSender) sentBetween(from, to time.Time) []int {
 // keeps a neighbour entry for it) as a real peer would.
 func echoServer(t *testing.T, port uint16) {
 	t.Helper()
-	var conn *net.UDPConn
-	if err := lab.InNetNS(lc.Lab.External.NetNS, func() (err error) {
-		conn, err = net.ListenUDP("udp4", &net.UDPAddr{Port: int(port)})
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		buf := make([]byte, 512)
-		for {
-			n, from, err := conn.ReadFromUDPAddrPort(buf)
-			if err != nil {
-				return
-			}
-			_, _ = conn.WriteToUDPAddrPort(buf[:n], from)
-		}
-	}()
-	t.Cleanup(func() { conn.Close(); <-done })
+	serveExternalUDP(t, netip.AddrPortFrom(netip.Addr{}, port), func(req []byte, _ netip.AddrPort) []byte { return req })
 }
 
 // neighbourMAC reads the external host's neighbour entry for ip ("" none).

@@ -394,6 +394,15 @@ func waitEvent(t *testing.T, ctx context.Context, namespace, name, reason string
 // from at itself.
 func udpResponder(t *testing.T, at netip.AddrPort) {
 	t.Helper()
+	serveExternalUDP(t, at, func(_ []byte, from netip.AddrPort) []byte {
+		return []byte(fmt.Sprintf("external %s %d", from, at.Port()))
+	})
+}
+
+// serveExternalUDP listens on at in the lab's external host and sends each datagram's answer (none
+// if nil) back to its sender, until the test ends.
+func serveExternalUDP(t *testing.T, at netip.AddrPort, answer func(req []byte, from netip.AddrPort) []byte) {
+	t.Helper()
 	var c *net.UDPConn
 	if err := lab.InNetNS(lc.Lab.External.NetNS, func() (err error) {
 		c, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(at))
@@ -406,11 +415,13 @@ func udpResponder(t *testing.T, at netip.AddrPort) {
 		defer close(done)
 		buf := make([]byte, 1500)
 		for {
-			_, from, err := c.ReadFromUDPAddrPort(buf)
+			n, from, err := c.ReadFromUDPAddrPort(buf)
 			if err != nil {
 				return
 			}
-			_, _ = c.WriteToUDPAddrPort([]byte(fmt.Sprintf("external %s %d", from, at.Port())), from)
+			if out := answer(buf[:n], from); out != nil {
+				_, _ = c.WriteToUDPAddrPort(out, from)
+			}
 		}
 	}()
 	t.Cleanup(func() { c.Close(); <-done })
@@ -431,46 +442,34 @@ func (d *dnsRecords) set(name string, addrs ...netip.Addr) {
 
 func (d *dnsRecords) serve(t *testing.T, at netip.AddrPort) {
 	t.Helper()
-	var c *net.UDPConn
-	if err := lab.InNetNS(lc.Lab.External.NetNS, func() (err error) {
-		c, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(at))
-		return err
-	}); err != nil {
-		t.Fatal(err)
+	serveExternalUDP(t, at, d.answer)
+}
+
+// answer is the response to one query (nil: not a query of one question).
+func (d *dnsRecords) answer(req []byte, _ netip.AddrPort) []byte {
+	var m dnsmessage.Message
+	if m.Unpack(req) != nil || len(m.Questions) != 1 {
+		return nil
 	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		buf := make([]byte, 1500)
-		for {
-			n, from, err := c.ReadFromUDPAddrPort(buf)
-			if err != nil {
-				return
-			}
-			var m dnsmessage.Message
-			if m.Unpack(buf[:n]) != nil || len(m.Questions) != 1 {
-				continue
-			}
-			q := m.Questions[0]
-			d.mu.Lock()
-			addrs, ok := d.a[strings.ToLower(q.Name.String())]
-			ttl := d.ttl
-			d.mu.Unlock()
-			resp := dnsmessage.Message{Header: dnsmessage.Header{ID: m.ID, Response: true, Authoritative: true}, Questions: m.Questions}
-			if !ok {
-				resp.RCode = dnsmessage.RCodeNameError
-			}
-			for _, a := range addrs {
-				resp.Answers = append(resp.Answers, dnsmessage.Resource{
-					Header: dnsmessage.ResourceHeader{Name: q.Name, Type: dnsmessage.TypeA, Class: dnsmessage.ClassINET, TTL: ttl},
-					Body:   &dnsmessage.AResource{A: a.As4()}})
-			}
-			if out, err := resp.Pack(); err == nil {
-				_, _ = c.WriteToUDPAddrPort(out, from)
-			}
-		}
-	}()
-	t.Cleanup(func() { c.Close(); <-done })
+	q := m.Questions[0]
+	d.mu.Lock()
+	addrs, ok := d.a[strings.ToLower(q.Name.String())]
+	ttl := d.ttl
+	d.mu.Unlock()
+	resp := dnsmessage.Message{Header: dnsmessage.Header{ID: m.ID, Response: true, Authoritative: true}, Questions: m.Questions}
+	if !ok {
+		resp.RCode = dnsmessage.RCodeNameError
+	}
+	for _, a := range addrs {
+		resp.Answers = append(resp.Answers, dnsmessage.Resource{
+			Header: dnsmessage.ResourceHeader{Name: q.Name, Type: dnsmessage.TypeA, Class: dnsmessage.ClassINET, TTL: ttl},
+			Body:   &dnsmessage.AResource{A: a.As4()}})
+	}
+	out, err := resp.Pack()
+	if err != nil {
+		return nil
+	}
+	return out
 }
 
 // restartAgentServing restarts a node's agent, gracefully or as a crash (SIGKILL), and waits until it

@@ -98,21 +98,9 @@ func TestEgressIPSources(t *testing.T) {
 	}
 	t.Logf("egress IP %s held by %s", eip, holder)
 	pods := runPods(t, ctx, "src", []string{egressNS, noEgressNS}, lc.Nodes)
-	for _, mode := range []networkv1.PluginMode{networkv1.PluginModeMultitenant, networkv1.PluginModeNetworkPolicy} {
-		t.Run(string(mode), func(t *testing.T) {
-			if mode != networkv1.PluginModeMultitenant {
-				if err := lc.SetMode(ctx, mode); err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() {
-					if err := lc.SetMode(context.Background(), networkv1.PluginModeMultitenant); err != nil {
-						t.Error(err)
-					}
-				})
-			}
-			checkSources(t, ctx, eip, pods)
-		})
-	}
+	forEachMode(t, ctx, func(t *testing.T, mode networkv1.PluginMode) {
+		checkSources(t, ctx, eip, pods)
+	})
 }
 
 func checkSources(t *testing.T, ctx context.Context, eip netip.Addr, pods []*cluster.Pod) {

@@ -54,6 +54,27 @@ func forEachEncapsulationOf(t *testing.T, ctx context.Context, body func(t *test
 	}
 }
 
+// forEachMode runs body as a subtest in multitenant, then networkpolicy mode, switching the shared
+// cluster live, and leaves it in multitenant.
+func forEachMode(t *testing.T, ctx context.Context, body func(t *testing.T, mode networkv1.PluginMode)) {
+	t.Helper()
+	for _, mode := range []networkv1.PluginMode{networkv1.PluginModeMultitenant, networkv1.PluginModeNetworkPolicy} {
+		t.Run(string(mode), func(t *testing.T) {
+			if mode != networkv1.PluginModeMultitenant {
+				if err := lc.SetMode(ctx, mode); err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() {
+					if err := lc.SetMode(context.Background(), networkv1.PluginModeMultitenant); err != nil {
+						t.Error(err)
+					}
+				})
+			}
+			body(t, mode)
+		})
+	}
+}
+
 // wire is what crossed the underlay: VXLAN datagrams, and bare IPv4 packets between two addresses by
 // source MAC.
 type wire struct {

@@ -210,6 +210,29 @@ func npLogLineNaming(path, namespace, name string) string {
 	return ""
 }
 
+// checkRestartRepeats waits for the repeats across an agent restart: each allowed one (TCP, a connection
+// every 10 ms) made at least 500 connections and none failed, each denied one at least 100 attempts and
+// none answered.
+func checkRestartRepeats(t *testing.T, allowed, denied []*npRepeat) {
+	t.Helper()
+	for _, r := range allowed {
+		st, err := r.wait()
+		if err != nil || st.Failed > 0 || st.OK < 500 {
+			t.Errorf("new TCP connections %s across the restart: %+v %v", r.what, st, err)
+		} else {
+			t.Logf("new TCP connections %s: %d, none failed", r.what, st.OK)
+		}
+	}
+	for _, r := range denied {
+		st, err := r.wait()
+		if err != nil || st.OK > 0 || st.Failed < 100 {
+			t.Errorf("denied %s across the restart: %d answered (at ms %v), %d did not %v", r.what, st.OK, st.OKAt, st.Failed, err)
+		} else {
+			t.Logf("denied %s: all %d attempts denied", r.what, st.Failed)
+		}
+	}
+}
+
 // npRepeat runs `ofsdn-testpod repeat` in a pod; wait returns its counts.
 type npRepeat struct {
 	what string
@@ -300,22 +323,7 @@ func npRestartCase(t *testing.T, ctx context.Context, f *npFixture) {
 					t.Logf("ping %s → %s: %d sent, %d received", allowed[i].from, allowed[i].to, sent, got)
 				}
 			}
-			for _, r := range repeats {
-				st, err := r.wait()
-				if err != nil || st.Failed > 0 || st.OK < 500 {
-					t.Errorf("new TCP connections %s across the restart: %+v %v", r.what, st, err)
-				} else {
-					t.Logf("new TCP connections %s: %d, none failed", r.what, st.OK)
-				}
-			}
-			for _, r := range leaks {
-				st, err := r.wait()
-				if err != nil || st.OK > 0 || st.Failed < 100 {
-					t.Errorf("denied %s across the restart: %d answered (at ms %v), %d did not %v", r.what, st.OK, st.OKAt, st.Failed, err)
-				} else {
-					t.Logf("denied %s: all %d attempts denied", r.what, st.Failed)
-				}
-			}
+			checkRestartRepeats(t, repeats, leaks)
 			t.Logf("%s restart of the agent on %s: its new round was in place %s after it was stopped", name, node.Name, restart.Round(time.Millisecond))
 			if t.Failed() {
 				t.Logf("the agent's log since it was stopped (at %s):\n%s", stopped.Format("15:04:05.000"), npFileTail(node.AgentLog, logFrom, 80))

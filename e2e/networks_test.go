@@ -432,7 +432,9 @@ func TestNetworks(t *testing.T) {
 
 	t.Run("conntrack zones apart", func(t *testing.T) { conntrackZonesApart(t, ctx, ifA, nodes) })
 
-	t.Run("cluster network unaffected", func(t *testing.T) {
+	// clusterMatrix: the pods' cluster network (eth0) matrix is the one the cluster model expects.
+	clusterMatrix := func(t *testing.T, what string) {
+		t.Helper()
 		pods := append(append([]*cluster.Pod(nil), podsA...), podsB...)
 		netids, err := lc.NetIDs(ctx, nsA, nsB)
 		if err != nil {
@@ -442,11 +444,12 @@ func TestNetworks(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := cluster.Expected(pods, netids, cn.Spec.PluginMode)
-		if _, diff, _ := lc.WaitMatrix(ctx, pods, want, 30*time.Second); len(diff) > 0 {
-			t.Fatalf("cluster network matrix:\n%s", strings.Join(diff, "\n"))
+		if _, diff, _ := lc.WaitMatrix(ctx, pods, cluster.Expected(pods, netids, cn.Spec.PluginMode), 30*time.Second); len(diff) > 0 {
+			t.Fatalf("%s:\n%s", what, strings.Join(diff, "\n"))
 		}
-	})
+	}
+
+	t.Run("cluster network unaffected", func(t *testing.T) { clusterMatrix(t, "cluster network matrix") })
 
 	t.Run("flowctl trace", func(t *testing.T) { traceNetworks(t, ctx, ifA, ifB) })
 
@@ -464,18 +467,7 @@ func TestNetworks(t *testing.T) {
 			t.Fatal(err)
 		}
 		waitNetMatrix(t, ctx, o.model, all, 30*time.Second)
-		pods := append(append([]*cluster.Pod(nil), podsA...), podsB...)
-		netids, err := lc.NetIDs(ctx, nsA, nsB)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cn, err := lc.Net.NetworkV1().ClusterNetworks().Get(ctx, networkv1.ClusterNetworkName, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, diff, _ := lc.WaitMatrix(ctx, pods, cluster.Expected(pods, netids, cn.Spec.PluginMode), 30*time.Second); len(diff) > 0 {
-			t.Fatalf("cluster network matrix in encapsulation none:\n%s", strings.Join(diff, "\n"))
-		}
+		clusterMatrix(t, "cluster network matrix in encapsulation none")
 	})
 
 	t.Run("cross-talk live", func(t *testing.T) {
@@ -513,6 +505,25 @@ func TestNetworks(t *testing.T) {
 	t.Run("deletion waits for pods", func(t *testing.T) { networkDeletion(t, ctx, o, nodes[0]) })
 
 	t.Run("DEL leaves nothing", func(t *testing.T) {
+		// Control: while the pods live the census finds each kind of thing it looks for, so an empty
+		// census after the DELs means they went, not that the census reads the wrong files or cookies.
+		for _, ns := range []string{nsA, nsB} {
+			var names []string
+			for _, p := range append(append([]*cluster.Pod(nil), podsA...), podsB...) {
+				if p.Namespace == ns {
+					names = append(names, p.Name)
+				}
+			}
+			var held []string
+			for _, n := range nodes {
+				held = append(held, networkCensus(t, ctx, n, ns, names))
+			}
+			for _, kind := range []string{"reservation ", "ports ", "flows of "} {
+				if !strings.Contains(strings.Join(held, "; "), kind) {
+					t.Fatalf("control: the census finds no %q of namespace %s's live pods: %q", kind, ns, held)
+				}
+			}
+		}
 		for _, p := range append(append([]*cluster.Pod(nil), podsA...), podsB...) {
 			if err := lc.DeletePod(ctx, p.Namespace, p.Name); err != nil {
 				t.Fatal(err)
@@ -999,6 +1010,13 @@ func networkDeletion(t *testing.T, ctx context.Context, o *netObjects, n *cluste
 	o.nadFor(t, ctx, ns, "doomed", ofsdnNAD("e2e-doomed"))
 	pods, ifaces := o.netPods(t, ctx, ns, "nd", "doomed", lc.Nodes[:2])
 	a, b := ifaces[0], ifaces[1]
+	// Control: the cookie this test reads finds the Network's flows while it lives, so "none left"
+	// below means they went, not that the test looks for the wrong cookie.
+	for _, node := range lc.Nodes[:2] {
+		if networkFlows(t, ctx, node, "e2e-doomed") == 0 {
+			t.Fatalf("control: no flow of Network e2e-doomed found on %s while it lives", node.Name)
+		}
+	}
 	o.deleteNetwork(ctx, "e2e-doomed")
 	time.Sleep(3 * time.Second)
 	net, err := lc.Net.NetworkV1().Networks().Get(ctx, "e2e-doomed", metav1.GetOptions{})
@@ -1024,22 +1042,10 @@ func networkDeletion(t *testing.T, ctx context.Context, o *netObjects, n *cluste
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	owner := pipeline.NetworkOwner("e2e-doomed")
 	for _, node := range lc.Nodes {
 		deadline := time.Now().Add(30 * time.Second)
 		for {
-			dump, err := node.Ofctl(ctx, "dump-flows", "br0", "--no-stats")
-			if err != nil {
-				t.Fatal(err)
-			}
-			left := 0
-			for _, m := range cookieRE.FindAllStringSubmatch(dump, -1) {
-				var v uint64
-				fmt.Sscanf(m[1], "%x", &v)
-				if c := reconcile.Cookie(v); c.Category() == owner.Category && c.OwnerHash() == owner.Hash() {
-					left++
-				}
-			}
+			left := networkFlows(t, ctx, node, "e2e-doomed")
 			if left == 0 {
 				break
 			}
@@ -1052,6 +1058,25 @@ func networkDeletion(t *testing.T, ctx context.Context, o *netObjects, n *cluste
 			t.Errorf("NetworkSubnet of %s outlived its Network: %v", node.Name, err)
 		}
 	}
+}
+
+// networkFlows counts a node's flows whose cookie names the Network.
+func networkFlows(t *testing.T, ctx context.Context, node *cluster.Node, network string) int {
+	t.Helper()
+	dump, err := node.Ofctl(ctx, "dump-flows", "br0", "--no-stats")
+	if err != nil {
+		t.Fatal(err)
+	}
+	owner := pipeline.NetworkOwner(network)
+	n := 0
+	for _, m := range cookieRE.FindAllStringSubmatch(dump, -1) {
+		var v uint64
+		fmt.Sscanf(m[1], "%x", &v)
+		if c := reconcile.Cookie(v); c.Category() == owner.Category && c.OwnerHash() == owner.Hash() {
+			n++
+		}
+	}
+	return n
 }
 
 // BenchmarkCNIAddNetworks: CNI ADD latency through libcni and the installed conflist, as

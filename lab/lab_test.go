@@ -400,25 +400,34 @@ func TestStopLeavesNothing(t *testing.T) {
 	}
 }
 
-// TestParallelLabs shows that two labs on the same 192.0.2.0/24 do not see each other: their
-// segments live in different namespaces. Taking lab A's node2 off its segment breaks A only.
-func TestParallelLabs(t *testing.T) {
-	Require(t)
+// startTwoLabs starts two labs with opts at once; both are stopped when the test ends, whichever failed.
+func startTwoLabs(t *testing.T, opts Options) [2]*Lab {
+	t.Helper()
 	var labs [2]*Lab
 	var errs [2]error
 	var wg sync.WaitGroup
 	for i := range labs {
-		wg.Go(func() { labs[i], errs[i] = Start(context.Background(), Options{Nodes: 2}) })
+		wg.Go(func() { labs[i], errs[i] = Start(context.Background(), opts) })
 	}
 	wg.Wait()
-	for i, l := range labs {
+	for _, l := range labs {
 		if l != nil {
 			t.Cleanup(func() { _ = l.Stop() })
 		}
-		if errs[i] != nil {
-			t.Fatalf("lab %d: %v", i, errs[i])
+	}
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("lab %d: %v", i, err)
 		}
 	}
+	return labs
+}
+
+// TestParallelLabs shows that two labs on the same 192.0.2.0/24 do not see each other: their
+// segments live in different namespaces. Taking lab A's node2 off its segment breaks A only.
+func TestParallelLabs(t *testing.T) {
+	Require(t)
+	labs := startTwoLabs(t, Options{Nodes: 2})
 	a, b := labs[0], labs[1]
 	if a.Underlay != b.Underlay || a.Nodes[1].IP != b.Nodes[1].IP {
 		t.Fatalf("want the same addresses in both labs: %s %s", a.Underlay, b.Underlay)
@@ -605,21 +614,7 @@ func BenchmarkStartStop(b *testing.B) {
 // second lab with a root link moves to the next free documentation range, and an explicit clash fails.
 func TestRootLinksGetDistinctRanges(t *testing.T) {
 	Require(t)
-	var labs [2]*Lab
-	var errs [2]error
-	var wg sync.WaitGroup
-	for i := range labs {
-		wg.Go(func() { labs[i], errs[i] = Start(context.Background(), Options{Nodes: 1, RootLink: true}) })
-	}
-	wg.Wait()
-	for i, l := range labs {
-		if l != nil {
-			t.Cleanup(func() { _ = l.Stop() })
-		}
-		if errs[i] != nil {
-			t.Fatalf("lab %d: %v", i, errs[i])
-		}
-	}
+	labs := startTwoLabs(t, Options{Nodes: 1, RootLink: true})
 	if labs[0].Underlay.Overlaps(labs[1].Underlay) {
 		t.Fatalf("root-linked labs share %s", labs[0].Underlay)
 	}
