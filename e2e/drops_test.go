@@ -234,7 +234,7 @@ func TestDrops(t *testing.T) {
 			t.Fatal(err)
 		}
 		expectDrop(t, ctx, w, "anti-spoofing", func() error { return sendFrames(a.NetNS, [][]byte{frame(spoofed)}, 1, 0) }, debugapi.Drop{
-			Cause: "anti-spoofing", Src: spoofed.String(), Dst: a2.IP.String(), Port: cluster.TestPort, Object: "anti-spoofing of pod " + a.Key()})
+			Cause: "anti-spoofing", Src: spoofed.String(), Dst: a2.Key(), Port: cluster.TestPort, Object: "anti-spoofing of pod " + a.Key()})
 		if _, _, ok := w.wait(ctx, since, 0, func(d debugapi.Drop) bool { return d.Cause == "anti-spoofing" && d.Src == a.Key() }); ok {
 			t.Errorf("control: a frame from the pod's own address was dropped by anti-spoofing")
 		}
@@ -347,7 +347,8 @@ func TestDrops(t *testing.T) {
 	})
 
 	// An Admin tier Deny inside one tenant (multitenant mode): the drop names the ClusterNetworkPolicy.
-	// It drops on the destination's node, where the source (a pod on another node) is an address.
+	// It drops on the destination's node, whose agent knows the source (a pod on another node) only as
+	// an address: flowctl names it from the API server's pods.
 	t.Run("ClusterNetworkPolicy", func(t *testing.T) {
 		toA2 := netip.AddrPortFrom(a2.IP, cluster.TestPort)
 		control(a.Key()+" → "+a2.Key()+" (same tenant, no policy)", probe(a, "tcp", toA2))
@@ -363,7 +364,7 @@ func TestDrops(t *testing.T) {
 			t.Fatalf("ClusterNetworkPolicy %s never denied %s → %s", name, a.Key(), a2.Key())
 		}
 		expectDrop(t, ctx, w, "ClusterNetworkPolicy Deny", probe(a, "tcp", toA2), debugapi.Drop{
-			Cause: "cluster-network-policy", Src: a.IP.String(), Dst: a2.Key(), Port: cluster.TestPort, Object: "ClusterNetworkPolicy " + name})
+			Cause: "cluster-network-policy", Src: a.Key(), Dst: a2.Key(), Port: cluster.TestPort, Object: "ClusterNetworkPolicy " + name})
 	})
 
 	t.Run("NetworkPolicy", func(t *testing.T) {
@@ -398,7 +399,7 @@ func TestDrops(t *testing.T) {
 			t.Fatalf("%s/deny-egress never isolated %s", nsA, a.Key())
 		}
 		expectDrop(t, ctx, w, "NetworkPolicy egress isolation", probe(a, "tcp", toA2), debugapi.Drop{
-			Cause: "policy-egress", Src: a.Key(), Dst: a2.IP.String(), Port: cluster.TestPort, Object: "NetworkPolicy " + nsA + "/deny-egress"})
+			Cause: "policy-egress", Src: a.Key(), Dst: a2.Key(), Port: cluster.TestPort, Object: "NetworkPolicy " + nsA + "/deny-egress"})
 	})
 
 	// flowctl drops without -f: the recent drops of every node, filtered, as text.
@@ -418,6 +419,15 @@ func TestDrops(t *testing.T) {
 			if !strings.Contains(out, want) {
 				t.Errorf("flowctl drops --namespace %s shows no %s drop", nsB, want)
 			}
+		}
+		// A pod's drops on another node, where its node's agent has only its address: flowctl names it,
+		// and finds them by that name.
+		out, err = runFlowctl(ctx, "drops", "--namespace", nsA, "--pod", a.Name, "--node", n2.Name, "--since", "10m")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := " " + n2.Name + " " + a.Key() + " → " + a2.Key() + " "; !strings.Contains(out, want) {
+			t.Errorf("flowctl drops --namespace %s --pod %s --node %s shows no drop %s on %s:\n%s", nsA, a.Name, n2.Name, a.Key()+" → "+a2.Key(), n2.Name, out)
 		}
 	})
 }

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ofsdn/ofsdn/flows/pipeline"
 	"github.com/ofsdn/ofsdn/flows/reconcile"
 )
 
@@ -107,5 +108,18 @@ func TestDumpCategoryHelpFromRegistry(t *testing.T) {
 	// Networks' flows: their category, and an owner of either kind.
 	if !strings.Contains(categoryNames(), reconcile.CategoryNetwork.String()) || !strings.Contains(help, "-owner") || !strings.Contains(help, "pod/NS/NAME@net1") {
 		t.Errorf("dump --help does not say how to select a Network's or an attachment's flows:\n%s", help)
+	}
+}
+
+// TestDropsHelpListsEveryCause: flowctl drops --help lists the drop registry's causes, every one.
+func TestDropsHelpListsEveryCause(t *testing.T) {
+	var out bytes.Buffer
+	if code := Run(context.Background(), []string{"drops", "--help"}, &out, &bytes.Buffer{}); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	for _, c := range pipeline.DropCauses {
+		if !strings.Contains(out.String(), "\n  "+c.Words+"\n") {
+			t.Errorf("drops --help does not list %s (%q):\n%s", c.Cause, c.Words, out.String())
+		}
 	}
 }

@@ -13,22 +13,36 @@ import (
 	"sync"
 	"time"
 
+	networkclient "github.com/ofsdn/ofsdn/client/clientset/versioned"
 	"github.com/ofsdn/ofsdn/debugapi"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 )
 
-const dropsUsage = `usage: flowctl drops [-f] [--namespace N] [--pod P] [--since D] [--node NAME] [-o text|json]
+// dropsUsage lists the causes from the drop registry (ui_drops.go's dropCauseWords).
+var dropsUsage = `usage: flowctl drops [-f] [--namespace N] [--pod P] [--since D] [--node NAME] [-o text|json]
 
 The cluster's recent drops with their causes, merged over the nodes, oldest first: every packet a
-flow with a cause dropped or rejected (tenant isolation, NetworkPolicy isolation, anti-spoofing, the
-tunnel guard, a forged tunnel source or Network VNI, Network isolation, a service without
-endpoints), as each node's agent sampled it (at most 100 per second per cause and node), with the
-pods or addresses, protocol and port, the verdict, the deciding object and the table. -f keeps
-following new drops until interrupted. Each node's agent is asked through the API server's node
-proxy (as --node does for the other commands); a node whose agent does not answer is named on stderr.
+flow with a cause dropped or rejected, as each node's agent sampled it (at most 100 per second per
+cause and node), with the pods or addresses, protocol and port, the verdict, the deciding object and
+the table. A pod on another node than the one that dropped is named from the API server's pods (an
+address when it cannot be). -f keeps following new drops until interrupted. Each node's agent is
+asked through the API server's node proxy (as --node does for the other commands); a node whose
+agent does not answer is named on stderr.
+
+The causes:
+` + dropCauseList() + `
 `
+
+// dropCauseList is the causes' words, one a line.
+func dropCauseList() string {
+	var b strings.Builder
+	for _, w := range dropCauseWords() {
+		fmt.Fprintf(&b, "  %s\n", w)
+	}
+	return strings.TrimSuffix(b.String(), "\n")
+}
 
 // RunDrops is flowctl drops.
 func RunDrops(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -47,7 +61,12 @@ func RunDrops(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if len(rest) > 0 {
 		return c.usageErrorf("drops takes no arguments (got %q)", rest)
 	}
-	src, err := newDropClient(&nf)
+	var warnOnce sync.Once // a cluster whose pods cannot be listed is told once, not every few seconds
+	src, err := newDropClient(&nf, func(err error) {
+		warnOnce.Do(func() {
+			fmt.Fprintf(stderr, "flowctl drops: other nodes' pods are shown as addresses: %v\n", err)
+		})
+	})
 	if err != nil {
 		return err
 	}
@@ -130,9 +149,23 @@ func lastTimes(ds []debugapi.Drop) map[string]time.Time {
 type dropClient struct {
 	nodes  func(ctx context.Context) ([]string, error)
 	client func(node string) (*debugapi.Client, error)
+	// names names the far ends that nodes give as addresses (podnames.go); nil: none is named. With
+	// it the agents are asked without the namespace and pod filter, which their names alone would
+	// decide, and the drops are filtered here once named.
+	names *podNames
 }
 
-func newDropClient(nf *nodeFlags) (*dropClient, error) {
+// agentQuery is what the agents are asked for q, and the filter applied here afterwards.
+func (s *dropClient) agentQuery(q debugapi.DropQuery) (asked debugapi.DropQuery, here func(debugapi.Drop) bool) {
+	if s.names == nil || (q.Namespace == "" && q.Pod == "") {
+		return q, func(debugapi.Drop) bool { return true }
+	}
+	local := debugapi.DropQuery{Namespace: q.Namespace, Pod: q.Pod} // Since: the agents applied it
+	q.Namespace, q.Pod = "", ""
+	return q, func(d debugapi.Drop) bool { return local.Match(d, d.Time) }
+}
+
+func newDropClient(nf *nodeFlags, warn func(error)) (*dropClient, error) {
 	if nf.node == "" {
 		if cfg, err := restConfig(nf.kubeconfig); err == nil {
 			kube, err := kubernetes.NewForConfig(cfg)
@@ -142,7 +175,11 @@ func newDropClient(nf *nodeFlags) (*dropClient, error) {
 			if err := nf.initTokens(cfg); err != nil { // before the nodes are asked side by side
 				return nil, err
 			}
-			return clusterDropClient(cfg, kube, nf), nil
+			netc, err := networkclient.NewForConfig(cfg)
+			if err != nil {
+				return nil, err
+			}
+			return clusterDropClient(cfg, kube, netc, nf, warn), nil
 		}
 	}
 	c, err := nf.agent()
@@ -153,17 +190,35 @@ func newDropClient(nf *nodeFlags) (*dropClient, error) {
 	if name == "" {
 		name = "local"
 	}
-	return &dropClient{
+	dc := &dropClient{
 		nodes:  func(context.Context) ([]string, error) { return []string{name}, nil },
 		client: func(string) (*debugapi.Client, error) { return c, nil },
-	}, nil
+	}
+	if nf.node != "" { // through the API server: it names the other nodes' pods too
+		cfg, err := restConfig(nf.kubeconfig)
+		if err != nil {
+			return nil, err
+		}
+		kube, err := kubernetes.NewForConfig(cfg)
+		if err != nil {
+			return nil, err
+		}
+		netc, err := networkclient.NewForConfig(cfg)
+		if err != nil {
+			return nil, err
+		}
+		dc.names = newPodNames(kube, netc, warn)
+	}
+	return dc, nil
 }
 
-// clusterDropClient asks every Node's agent through the API server's node proxy.
-func clusterDropClient(cfg *rest.Config, kube kubernetes.Interface, nf *nodeFlags) *dropClient {
+// clusterDropClient asks every Node's agent through the API server's node proxy, and names the far
+// ends of drops from the API server's pods (warn is told when they cannot be listed).
+func clusterDropClient(cfg *rest.Config, kube kubernetes.Interface, netc networkclient.Interface, nf *nodeFlags, warn func(error)) *dropClient {
 	var mu sync.Mutex
 	clients := map[string]*debugapi.Client{}
 	return &dropClient{
+		names: newPodNames(kube, netc, warn),
 		nodes: func(ctx context.Context) ([]string, error) {
 			list, err := kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 			if err != nil {
@@ -197,7 +252,10 @@ func (s *dropClient) recent(ctx context.Context, q debugapi.DropQuery) ([]debuga
 	if err != nil {
 		return nil, nil, err
 	}
+	primed := make(chan struct{}) // the pods are listed beside the agents' answers
+	go func() { defer close(primed); s.names.prime(ctx) }()
 	q.Follow = false
+	q, keep := s.agentQuery(q)
 	var mu sync.Mutex
 	var all []debugapi.Drop
 	unanswered := map[string]string{}
@@ -224,6 +282,15 @@ func (s *dropClient) recent(ctx context.Context, q debugapi.DropQuery) ([]debuga
 		}()
 	}
 	wg.Wait()
+	<-primed
+	kept := all[:0]
+	for _, d := range all {
+		s.names.enrich(&d)
+		if keep(d) {
+			kept = append(kept, d)
+		}
+	}
+	all = kept
 	sort.SliceStable(all, func(i, j int) bool { return all[i].Time.Before(all[j].Time) })
 	if len(nodes) > 0 && len(unanswered) == len(nodes) {
 		for _, why := range unanswered {
@@ -246,6 +313,7 @@ func (s *dropClient) follow(ctx context.Context, q debugapi.DropQuery, after map
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	q.Follow, q.Since = true, time.Minute
+	q, keep := s.agentQuery(q)
 	errc := make(chan error, 1)
 	var wg sync.WaitGroup
 	for _, n := range nodes {
@@ -264,6 +332,10 @@ func (s *dropClient) follow(ctx context.Context, q debugapi.DropQuery, after map
 							return nil
 						}
 						last = d.Time
+						s.names.enrich(&d)
+						if !keep(d) {
+							return nil
+						}
 						return each(d)
 					})
 				}
@@ -310,7 +382,7 @@ func (a agentDrops) on(node string) *dropClient {
 	if node == "" {
 		return a.c
 	}
-	return &dropClient{client: a.c.client, nodes: func(ctx context.Context) ([]string, error) {
+	return &dropClient{client: a.c.client, names: a.c.names, nodes: func(ctx context.Context) ([]string, error) {
 		nodes, err := a.c.nodes(ctx)
 		if err != nil || !slices.Contains(nodes, node) {
 			return nil, err

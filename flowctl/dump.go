@@ -55,6 +55,13 @@ type DumpedFlow struct {
 	Packets   uint64           `json:"packets"`
 	Bytes     uint64           `json:"bytes"`
 	Flow      string           `json:"flow"`
+	// Sampled is the drop cause of a sampled drop flow (flows/pipeline/drops.go): one whose first
+	// action is the controller action with its cause's meter, which sends the agent a sample and
+	// does not deliver the packet. Text dumps show it as a drop, not as "sent to the controller".
+	Sampled string `json:"sampled,omitempty"`
+	// shown is the text dump's actions of a sampled drop: the flow's own, "drop" when it has none,
+	// and the cause and meter.
+	shown string
 	// Raw is the ofp_flow_stats entry as the switch sent it (JSON dumps).
 	Raw []byte `json:"raw,omitempty"`
 }
@@ -136,12 +143,45 @@ func describe(f openflow.Flow, owners *reconcile.OwnerIndex) DumpedFlow {
 	if cookie != 0 {
 		owner = owners.Name(cookie)
 	}
-	actions := f.String()[strings.Index(f.String(), " actions=")+len(" actions="):]
-	return DumpedFlow{
+	df := DumpedFlow{
 		Table: f.Table, TableName: pipeline.TableName(f.Table), Priority: f.Priority,
-		Match: f.Match.String(), Actions: actions, Cookie: cookie.String(), Round: cookie.Round(),
+		Match: f.Match.String(), Actions: actionsText(f), Cookie: cookie.String(), Round: cookie.Round(),
 		Category: cookie.Category().String(), Owner: owner, Packets: f.Packets, Bytes: f.Bytes, Flow: f.String(),
 	}
+	if cause, meter, rest, ok := sampledDrop(f); ok {
+		df.Sampled = string(cause)
+		df.shown = fmt.Sprintf("%s (sampled: %s, meter %d)", actionsText(rest), cause, meter)
+	}
+	return df
+}
+
+// actionsText is a flow's actions as ovs-ofctl prints them ("drop" for none).
+func actionsText(f openflow.Flow) string {
+	s := f.String()
+	return s[strings.Index(s, " actions=")+len(" actions="):]
+}
+
+// sampledDrop says whether f is a sampled drop (or reject) flow of the drop registry: its first action
+// the controller action with its cause's meter. rest is f without that action.
+func sampledDrop(f openflow.Flow) (cause pipeline.DropCause, meter uint32, rest openflow.Flow, ok bool) {
+	if len(f.Actions) == 0 {
+		return "", 0, f, false
+	}
+	c, isCtl := f.Actions[0].(openflow.Controller)
+	if !isCtl {
+		return "", 0, f, false
+	}
+	r, attributed := pipeline.DropRuleOf(f)
+	if !attributed {
+		return "", 0, f, false
+	}
+	info, known := pipeline.LookupDropCause(r.Cause)
+	if !known || info.Meter != c.MeterID {
+		return "", 0, f, false
+	}
+	rest = f
+	rest.Actions = f.Actions[1:]
+	return r.Cause, c.MeterID, rest, true
 }
 
 // WriteText prints a dump grouped by table, each table headed by its name and purpose.
@@ -165,7 +205,11 @@ func (d *Dump) WriteText(w io.Writer) error {
 		if owner == "" {
 			owner = "-"
 		}
-		fmt.Fprintf(w, "  %-5d %-48s actions=%s\n", f.Priority, match, f.Actions)
+		actions := f.Actions
+		if f.shown != "" {
+			actions = f.shown
+		}
+		fmt.Fprintf(w, "  %-5d %-48s actions=%s\n", f.Priority, match, actions)
 		fmt.Fprintf(w, "        owner=%s round=%d packets=%d bytes=%d cookie=%s\n", owner, f.Round, f.Packets, f.Bytes, f.Cookie)
 	}
 	if len(d.Groups) > 0 {
@@ -195,7 +239,9 @@ const dumpUsage = `usage: flowctl dump [--table T] [--category C] [--owner O] [-
 
 Prints a bridge's flows grouped by table, each table headed by its name and purpose, every flow with
 its owner (decoded from its cookie: round, category, the object it renders), priority, match, actions
-and counters, then the groups. On a node it reads the bridge through Open vSwitch's management socket
+and counters, then the groups. A sampled drop flow (its first action the controller action with its
+cause's meter) reads "drop (sampled: CAUSE, meter M)": the packet is dropped, a sample goes to the
+agent (flowctl drops). On a node it reads the bridge through Open vSwitch's management socket
 in --rundir; --node NAME asks that node's agent through the API server's node proxy instead. With -o
 json every entry keeps its wire encoding and, when the agent answers, the file carries its view of
 the node: what 'flowctl trace --dump' evaluates offline.

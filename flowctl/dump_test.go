@@ -45,6 +45,11 @@ func sampleSource(t *testing.T) (fakeSource, *reconcile.OwnerIndex) {
 		{Table: pipeline.TablePodIngress, Priority: 100, Cookie: uint64(reconcile.MakeCookie(3, pod)), Packets: 17, Bytes: 1666,
 			Match:   openflow.M(append(openflow.IP, openflow.InPort(5), openflow.IPSrc(ip))...),
 			Actions: []openflow.Action{openflow.LoadReg(pipeline.RegSrcVNID, 12), openflow.Goto{Table: pipeline.TableConntrack}}},
+		// Table 20's miss, sampled (anti-spoofing, meter 4), and its IPv6 drop, which is not.
+		{Table: pipeline.TablePodIngress, Priority: 0, Cookie: uint64(reconcile.MakeCookie(3, pipeline.PipelineOwner)), Packets: 2, Bytes: 120,
+			Actions: []openflow.Action{openflow.Controller{MaxLen: pipeline.DropSampleLen, MeterID: 4}}},
+		{Table: pipeline.TablePodIngress, Priority: 1, Cookie: uint64(reconcile.MakeCookie(3, pipeline.PipelineOwner)), Packets: 9, Bytes: 630,
+			Match: openflow.M(openflow.IPv6...)},
 		{Table: pipeline.TableTunnelEgress, Priority: 100, Cookie: uint64(reconcile.MakeCookie(3, node)),
 			Match:   openflow.M(append(openflow.IP, openflow.IPDstNet(netip.MustParsePrefix("10.129.2.0/23")))...),
 			Actions: []openflow.Action{openflow.Move{Src: openflow.Whole(pipeline.RegSrcVNID), Dst: openflow.Bits(openflow.FieldTunID, 0, 31)}, openflow.SetTunDst(netip.MustParseAddr("192.0.2.12")), openflow.Output{Port: 1}}},
@@ -140,5 +145,56 @@ func TestDumpCookieFilterAndErrors(t *testing.T) {
 	err = RunDump(context.Background(), []string{"--table", "nosuch"}, &bytes.Buffer{}, &stderr, nil)
 	if err == nil || !strings.Contains(err.Error(), "unknown table") {
 		t.Fatalf("bad table: %v", err)
+	}
+}
+
+// TestDumpSampledDrops: a text dump shows a sampled drop flow (drops.go: the controller action with
+// its cause's meter first) as the drop it is, with its cause and meter, not as a packet sent to the
+// controller; a reject keeps its own actions; any other controller action is shown as it is.
+func TestDumpSampledDrops(t *testing.T) {
+	reject := openflow.CT{Commit: true, Table: pipeline.TableServiceL2, Zone: pipeline.ZoneService,
+		NAT: &openflow.NAT{Kind: openflow.NATDst, AddrMin: netip.MustParseAddr("10.128.0.1"), PortMin: pipeline.RejectPortMin, PortMax: pipeline.RejectPortMax}}
+	sample := func(meter uint32) openflow.Action {
+		return openflow.Controller{MaxLen: pipeline.DropSampleLen, MeterID: meter}
+	}
+	for _, tc := range []struct {
+		name    string
+		flow    openflow.Flow
+		cause   string // the JSON's sampled
+		actions string // the text dump's
+	}{
+		{"anti-spoofing miss", openflow.F(pipeline.TablePodIngress, 0, openflow.M(), sample(4)),
+			"anti-spoofing", "drop (sampled: anti-spoofing, meter 4)"},
+		{"tenant isolation", openflow.F(pipeline.TableIngressIsolation, 0, openflow.M(), sample(1)),
+			"tenant-isolation", "drop (sampled: tenant-isolation, meter 1)"},
+		{"service reject", openflow.F(pipeline.TableServices, 100, openflow.M(append(openflow.TCP, openflow.TCPDst(80))...), sample(10), reject),
+			"service-no-endpoints", "ct(commit,table=45,zone=65520,nat(dst=10.128.0.1:65400-65499)) (sampled: service-no-endpoints, meter 10)"},
+		{"unsampled IPv6 drop", openflow.F(pipeline.TablePodIngress, 1, openflow.M(openflow.IPv6...)), "", "drop"},
+		{"another meter", openflow.F(pipeline.TablePodIngress, 0, openflow.M(), sample(9)), "", "controller(max_len=128,meter_id=9)"},
+		{"controller in a table of no cause", openflow.F(pipeline.TableOutput, 0, openflow.M(), sample(4)), "", "controller(max_len=128,meter_id=4)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b, err := openflow.EncodeFlowStats(tc.flow)
+			if err != nil {
+				t.Fatal(err)
+			}
+			d, err := ReadDump(context.Background(), fakeSource{flows: [][]byte{b}}, DumpOptions{Bridge: "br0"})
+			if err != nil || len(d.Flows) != 1 {
+				t.Fatalf("dump: %v, %d flows", err, len(d.Flows))
+			}
+			if d.Flows[0].Sampled != tc.cause {
+				t.Errorf("sampled %q, want %q", d.Flows[0].Sampled, tc.cause)
+			}
+			if want := tc.flow.String(); d.Flows[0].Flow != want {
+				t.Errorf("JSON flow %q, want it as it is, %q", d.Flows[0].Flow, want)
+			}
+			var buf bytes.Buffer
+			if err := d.WriteText(&buf); err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(buf.String(), " actions="+tc.actions+"\n") {
+				t.Errorf("text dump, want actions=%s:\n%s", tc.actions, buf.String())
+			}
+		})
 	}
 }

@@ -50,7 +50,7 @@ func RunUI(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if limits.api <= 0 || limits.agent <= 0 || limits.trace <= 0 {
 		return c.usageErrorf("timeouts must be positive")
 	}
-	src, err := liveUISources(nf)
+	src, err := liveUISources(nf, stderr)
 	if err != nil {
 		return err
 	}
@@ -92,7 +92,7 @@ func serveUI(ctx context.Context, ln net.Listener, h http.Handler) error {
 }
 
 // liveUISources reads the cluster of the user's kubeconfig, and its agents through the node proxy.
-func liveUISources(nf nodeFlags) (uiSources, error) {
+func liveUISources(nf nodeFlags, stderr io.Writer) (uiSources, error) {
 	cfg, err := restConfig(nf.kubeconfig)
 	if err != nil {
 		return uiSources{}, err
@@ -113,7 +113,15 @@ func liveUISources(nf nodeFlags) (uiSources, error) {
 	if err := nf.initTokens(cfg); err != nil {
 		return uiSources{}, err
 	}
-	drops := clusterDropClient(cfg, kube, &nf) // drops.go; its per-node clients serve the pages too
+	// drops.go; its per-node clients serve the pages too. A failed list of its pod names (podnames.go)
+	// is logged when it fails otherwise than the last time, not every few seconds.
+	var lastWarn string
+	drops := clusterDropClient(cfg, kube, netc, &nf, func(err error) {
+		if err.Error() != lastWarn { // lists run one at a time
+			lastWarn = err.Error()
+			fmt.Fprintf(stderr, "flowctl ui: drops: other nodes' pods are shown as addresses: %v\n", err)
+		}
+	})
 	return uiSources{
 		kube: kube, net: netc, dyn: dyn, disco: kube.Discovery(), server: cfg.Host,
 		agent: func(node string) (debugapi.Backend, error) {

@@ -10,6 +10,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/ofsdn/ofsdn/flows/pipeline"
 )
 
 // The drops view. Drops come from the agents' drop stream (debugapi.PathDrops): the page and its live
@@ -60,6 +62,8 @@ type DropSource interface {
 }
 
 type uiDrops struct {
+	// Causes are what the page's introduction lists: every cause of the drop registry, in its words.
+	Causes     []string
 	Filter     DropFilter
 	Form       map[string]string
 	FormError  string
@@ -72,6 +76,16 @@ type uiDrops struct {
 
 // maxDropRows bounds the page's table (the live view keeps as many).
 const maxDropRows = 500
+
+// dropCauseWords lists the sampled drop causes in the registry's words (flows/pipeline/drops.go), so
+// the Drops page names every cause the agents can report, and one added later with them.
+func dropCauseWords() []string {
+	out := make([]string, 0, len(pipeline.DropCauses))
+	for _, c := range pipeline.DropCauses {
+		out = append(out, c.Words)
+	}
+	return out
+}
 
 func parseDropFilter(q url.Values) (DropFilter, error) {
 	f := DropFilter{Namespace: strings.TrimSpace(q.Get("namespace")), Pod: strings.TrimSpace(q.Get("pod")), Node: strings.TrimSpace(q.Get("node"))}
@@ -88,7 +102,7 @@ func parseDropFilter(q url.Values) (DropFilter, error) {
 func (s *uiServer) dropsPage(ctx context.Context, r *http.Request, p *uiPage) {
 	p.Title = "Drops"
 	q := r.URL.Query()
-	v := &uiDrops{Form: map[string]string{"namespace": q.Get("namespace"), "pod": q.Get("pod"), "node": q.Get("node"), "since": q.Get("since")}}
+	v := &uiDrops{Causes: dropCauseWords(), Form: map[string]string{"namespace": q.Get("namespace"), "pod": q.Get("pod"), "node": q.Get("node"), "since": q.Get("since")}}
 	if v.Form["since"] == "" {
 		v.Form["since"] = "5m"
 		q.Set("since", "5m")

@@ -774,3 +774,33 @@ current-context: c
 		})
 	}
 }
+
+// TestUIDropsIntroNamesEveryCause: the Drops page's introduction lists every cause of the drop
+// registry (flows/pipeline/drops.go) in its words, whether the agents have drops or not and whether
+// the filter parses: the tunnel guard, the egress firewall and Networks' causes included.
+func TestUIDropsIntroNamesEveryCause(t *testing.T) {
+	for _, tc := range []struct {
+		name, path string
+		src        DropSource
+	}{
+		{"drops", "/drops", &recordedDrops{records: testDrops}},
+		{"no drop stream", "/drops", noDrops{}},
+		{"bad filter", "/drops?since=yesterday", &recordedDrops{records: testDrops}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newUIFixture(t)
+			f.src.drops = tc.src
+			_, body := get(t, f.server(t, testUILimits).Handler(), tc.path)
+			start := strings.Index(body, "Packets the datapath dropped")
+			if start < 0 {
+				t.Fatalf("no introduction:\n%s", body)
+			}
+			intro := text(body[start : start+strings.Index(body[start:], "</p>")])
+			for _, c := range pipeline.DropCauses {
+				if !strings.Contains(intro, c.Words) {
+					t.Errorf("the introduction does not name %s (%q): %s", c.Cause, c.Words, intro)
+				}
+			}
+		})
+	}
+}

@@ -63,7 +63,7 @@ func frame(src, dst string, proto uint8, sport, dport uint16) []byte {
 	return b
 }
 
-// frame6 is an IPv6 frame (an ICMPv6 router solicitation's header) from src to dst.
+// frame6 is an IPv6 frame (an ICMPv6 header's first bytes) from src to dst.
 func frame6(src, dst string) []byte {
 	b := make([]byte, 14+40+8)
 	binary.BigEndian.PutUint16(b[12:], 0x86dd)
@@ -124,8 +124,10 @@ func TestDecode(t *testing.T) {
 			"policy-egress", "blue/a", "192.0.2.9", "NetworkPolicy isolation of pod blue/a", 443, nil, "egress isolation of pod blue/a"},
 		{"anti-spoofing", packetIn(20, cookieOf(pipeline.PipelineOwner), 3, 0, nil, frame("10.128.0.99", "10.128.0.4", 6, 1, 80)),
 			"anti-spoofing", "10.128.0.99", "red/b", "anti-spoofing of pod blue/a", 80, nil, "not the port's own"},
-		{"anti-spoofing, IPv6", packetIn(20, cookieOf(pipeline.PipelineOwner), 3, 0, nil, frame6("fe80::858:aff:fe80:3", "ff02::2")),
-			"anti-spoofing", "fe80::858:aff:fe80:3", "ff02::2", "anti-spoofing of pod blue/a", 0, nil, "IPv6, which ofsdn does not carry"},
+		// A pod's IPv6 is dropped unsampled (table 20, priority 1); IPv6 sent to the uplink still meets
+		// table 15's sampled miss and reads with its addresses.
+		{"uplink source, IPv6", packetIn(15, cookieOf(pipeline.PipelineOwner), 9, 0, nil, frame6("fe80::1", "fe80::2")),
+			"uplink-source", "fe80::1", "fe80::2", "uplink ingress: unknown sender", 0, nil, "dropped by uplink ingress"},
 		{"tunnel guard", packetIn(60, cookieOf(pipeline.TunnelGuardOwner), 3, 0, nil, frame("10.128.0.3", "198.51.100.2", 17, 1, 4789)),
 			"tunnel-guard", "blue/a", "198.51.100.2", "tunnel guard", 4789, nil, "tunnel port 4789"},
 		{"forged network VNI", packetIn(10, cookieOf(pipeline.PipelineOwner), 1, 16773121, nil, frame("10.200.9.9", "10.200.0.3", 17, 1, 9)),

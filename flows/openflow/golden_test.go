@@ -55,6 +55,7 @@ var goldenFlows = []struct {
 		CT{Commit: true, Table: NoTable, ZoneSrc: &SubField{Field: FieldReg5, Start: 0, End: 15}, NAT: &NAT{Kind: NATSrc, AddrMin: nodeIP}, Exec: []Action{Load{Dst: Bits(FieldCtMark, 0, 0), Value: 1}}}, Output{Port: 2}),
 		"table=60, priority=50,pkt_mark=0x1/0x1,ip actions=ct(commit,zone=NXM_NX_REG5[0..15],nat(src=192.0.2.12),exec(load:0x1->NXM_NX_CT_MARK[0])),output:2"},
 	{"drop sample", F(20, 0, M(), Controller{MaxLen: 128, MeterID: 1}), "table=20, priority=0 actions=controller(max_len=128,meter_id=1)"},
+	{"ipv6 drop", F(20, 1, M(IPv6...)), "table=20, priority=1,ipv6 actions=drop"},
 	{"reject sample", F(40, 100, M(append(UDP, UDPDst(53))...), Controller{MaxLen: 128, MeterID: 10}, Output{Port: 2}),
 		"table=40, priority=100,udp,tp_dst=53 actions=controller(max_len=128,meter_id=10),output:2"},
 	{"ct mark state regs", F(80, 11, M(append(IP, CtState(CtEst, CtRel), CtMark(2, 2), Reg(FieldReg3, 1))...), SetField{Field: FieldReg2, Value: 3}, Output{Port: PortInPort}, Output{Port: PortController, MaxLen: 65535}),

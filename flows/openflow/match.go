@@ -13,6 +13,7 @@ import (
 const (
 	EthTypeIPv4 uint16 = 0x0800
 	EthTypeARP  uint16 = 0x0806
+	EthTypeIPv6 uint16 = 0x86dd
 	IPProtoICMP uint8  = 1
 	IPProtoTCP  uint8  = 6
 	IPProtoUDP  uint8  = 17
@@ -114,10 +115,12 @@ func Masked(f Field, v, mask uint64) MatchField {
 	return MatchField{Field: f, Value: v, Mask: mask, Masked: true}
 }
 
-// Protocol shorthands, as ovs-ofctl's "ip", "arp", "tcp", "udp", "sctp", "icmp".
+// Protocol shorthands, as ovs-ofctl's "ip", "arp", "ipv6", "tcp", "udp", "sctp", "icmp". IPv6 is
+// matched only to drop it (ofsdn carries IPv4).
 var (
 	IP   = []MatchField{Exact(FieldEthType, uint64(EthTypeIPv4))}
 	ARP  = []MatchField{Exact(FieldEthType, uint64(EthTypeARP))}
+	IPv6 = []MatchField{Exact(FieldEthType, uint64(EthTypeIPv6))}
 	TCP  = []MatchField{Exact(FieldEthType, uint64(EthTypeIPv4)), Exact(FieldIPProto, uint64(IPProtoTCP))}
 	UDP  = []MatchField{Exact(FieldEthType, uint64(EthTypeIPv4)), Exact(FieldIPProto, uint64(IPProtoUDP))}
 	SCTP = []MatchField{Exact(FieldEthType, uint64(EthTypeIPv4)), Exact(FieldIPProto, uint64(IPProtoSCTP))}
@@ -248,9 +251,11 @@ func (m Match) String() string {
 			}
 		case EthTypeARP:
 			shorthand = "arp"
+		case EthTypeIPv6:
+			shorthand = "ipv6"
 		}
 	}
-	protoConsumed := shorthand != "" && shorthand != "ip" && shorthand != "arp"
+	protoConsumed := shorthand != "" && shorthand != "ip" && shorthand != "arp" && shorthand != "ipv6"
 	emit := func(mf MatchField) {
 		info := fieldTable[mf.Field]
 		if mf.Masked {

@@ -98,7 +98,9 @@ type DropRule struct {
 
 // DropRules is the registry. A flow matches its first rule. Drops of no cause (the table defaults of
 // the services and output stages, a cluster address on no node, a packet that would go back into the
-// tunnel) are not sampled: they say nothing about anyone's policy.
+// tunnel, a pod's IPv6 at table 20's priority 1) are not sampled: they say nothing about anyone's
+// policy. Table 20's rule is its miss alone (priority 0): a pod's kernel sends IPv6 router
+// solicitations and MLD by itself, which would otherwise fill the records as anti-spoofing.
 var DropRules = []DropRule{
 	{Table: TableTunnelIngress, Priority: 0, Cause: CauseTunnelSource},
 	{Table: TableTunnelIngress, Priority: networkTunnelDropPriority, Cause: CauseNetworkVNI},

@@ -18,6 +18,7 @@ func TestDropRules(t *testing.T) {
 	}{
 		{"anti-spoofing default", F(TablePodIngress, 0, M()), CauseAntiSpoofing},
 		{"pod ingress allow", F(TablePodIngress, 100, M(InPort(3)), Goto{Table: TableConntrack}), ""},
+		{"pod IPv6, unsampled", F(TablePodIngress, podIPv6DropPriority, M(IPv6...)), ""},
 		{"tenant isolation default", F(TableIngressIsolation, 0, M()), CauseTenantIsolation},
 		{"ingress default deny", F(TableIngressIsolation, isolationPriority, M(append(IP, Reg(RegOutPort, 3))...)), CausePolicyIngress},
 		{"egress default deny", F(TableEgressPolicy, isolationPriority, M(append(IP, InPort(3))...)), CausePolicyEgress},

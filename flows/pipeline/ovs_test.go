@@ -98,3 +98,57 @@ func TestRenderIsolatesTenantsOnOVS(t *testing.T) {
 		t.Error("a pod sending with another pod's IP reached the global pod")
 	}
 }
+
+// TestPodIPv6DroppedUnsampledOnOVS: a pod's kernel sends IPv6 by itself (router solicitations to
+// ff02::2, MLD reports to ff02::16); ofsdn carries IPv4 only, so table 20 drops it without a sample,
+// while a spoofed IPv4 frame still meets the sampled anti-spoofing miss. Traced through ovs-vswitchd
+// (ofproto/trace), so the test does not wait for the pod's kernel.
+func TestPodIPv6DroppedUnsampledOnOVS(t *testing.T) {
+	b := ofbridge.New(t)
+	ctx := context.Background()
+	a := addPod(b, "a", 2, 11)
+	state := NodeState{
+		Mode: ModeMultitenant, NodeName: "n1", NodeIP: netip.MustParseAddr("192.0.2.11"),
+		LocalSubnet:     netip.MustParsePrefix("10.128.0.0/24"),
+		ClusterNetworks: []netip.Prefix{netip.MustParsePrefix("10.128.0.0/14")},
+		Pods:            []PodState{{Namespace: "t", Name: a.Name, IP: a.IP.Addr(), MAC: a.MAC, OFPort: uint32(a.OFPort), VNID: a.vnid}},
+	}
+	owners, err := Render(state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := install(ctx, newReconciler(b.Switch, 1), nil, owners); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, flow string
+		priority   int  // the table-20 flow that decides
+		sampled    bool // its packet goes to the controller (the agent's drop records)
+	}{
+		{"router solicitation", fmt.Sprintf("in_port=%d,icmp6,dl_src=%s,dl_dst=33:33:00:00:00:02,ipv6_src=fe80::858:aff:fe80:2,ipv6_dst=ff02::2,icmpv6_type=133,icmpv6_code=0",
+			a.OFPort, a.MAC), podIPv6DropPriority, false},
+		{"MLD report", fmt.Sprintf("in_port=%d,icmp6,dl_src=%s,dl_dst=33:33:00:00:00:16,ipv6_src=::,ipv6_dst=ff02::16,icmpv6_type=143,icmpv6_code=0",
+			a.OFPort, a.MAC), podIPv6DropPriority, false},
+		{"spoofed IPv4", fmt.Sprintf("in_port=%d,udp,dl_src=%s,dl_dst=0a:58:0a:80:00:01,nw_src=10.128.0.99,nw_dst=10.128.0.1,udp_src=1,udp_dst=2",
+			a.OFPort, a.MAC), 0, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, err := b.Inst.Output("ovs-appctl", "ofproto/trace", "br0", tc.flow)
+			if err != nil {
+				t.Fatal(err, out)
+			}
+			dp, _, _ := strings.Cut(out[strings.LastIndex(out, "Datapath actions: ")+len("Datapath actions: "):], "\n")
+			decided := false // the trace's table-20 line, "20. [match, ]priority N, cookie C"
+			for _, line := range strings.Split(out, "\n") {
+				if line = strings.TrimSpace(line); strings.HasPrefix(line, fmt.Sprintf("%d. ", TablePodIngress)) {
+					decided = strings.Contains(line, fmt.Sprintf("priority %d,", tc.priority))
+				}
+			}
+			sampled := strings.Contains(dp, "controller(")
+			if !decided || sampled != tc.sampled || (!tc.sampled && dp != "drop") {
+				t.Errorf("want table %d priority %d to drop it, sampled %v; datapath actions %q; trace:\n%s",
+					TablePodIngress, tc.priority, tc.sampled, dp, out)
+			}
+		})
+	}
+}

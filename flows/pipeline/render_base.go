@@ -8,7 +8,11 @@ import (
 // agent that finds another version on its bridge rebuilds the bridge in one bundle instead of
 // diffing against flows it no longer understands. TestPipelineGolden fails when rendering changes
 // without a bump.
-const PipelineVersion uint32 = 14
+const PipelineVersion uint32 = 15
+
+// podIPv6DropPriority is table 20's unsampled IPv6 drop: above the sampled miss (priority 0, anti-spoofing),
+// below a pod's own flows (100), which match IPv4 and ARP only.
+const podIPv6DropPriority = 1
 
 // Fixed OpenFlow port numbers of the node's own ports (requested through OVSDB's ofport_request).
 const (
@@ -25,6 +29,10 @@ func RenderBase() []Flow {
 		// Host traffic is global (VNID 0: registers start zeroed, so reg0 needs no load). Its ARP
 		// goes straight to the ARP table; the rest takes the table's default on to conntrack.
 		F(TableHostIngress, 200, M(ARP...), Goto{Table: TableARP}),
+		// IPv6 from a pod (its kernel's router solicitations and MLD reports, every few seconds): ofsdn
+		// carries IPv4 only, so it is dropped here, above table 20's sampled miss, and not sampled: it
+		// says nothing about anyone's policy and would drown the drop records (drops.go).
+		F(TablePodIngress, podIPv6DropPriority, M(IPv6...)),
 		// Never send a packet that came from the tunnel back into it.
 		F(TableTunnelEgress, 300, M(InPort(PortVXLAN))),
 		// Deliver: the routing and ARP stages leave the output port in reg2.

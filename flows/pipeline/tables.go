@@ -29,7 +29,9 @@
 //	 16 egress-return     from 10/15, what their guard refused from a known node: a reply (or related
 //	                      ICMP) of an egress connection committed here, with a source outside the cluster,
 //	                      sent back by the egress IP's holder (egress.go); else drop
-//	 20 pod-ingress       anti-spoofing: in_port + MAC + IP (and ARP sha/spa) must be the pod's; reg0 = pod VNID
+//	 20 pod-ingress       anti-spoofing: in_port + MAC + IP (and ARP sha/spa) must be the pod's; reg0 = pod VNID;
+//	                      IPv6 (ofsdn carries IPv4 only; pods' kernels send router solicitations and MLD by
+//	                      themselves) is dropped unsampled at priority 1, the rest by the sampled miss
 //	 25 host-ingress      from tun0 (host, hostNetwork pods): reg0 = 0 (global)
 //	 30 conntrack         ct(nat) in ofsdn's zones so replies are un-NATed before routing: replies to the
 //	                      hairpin address through the hairpin zone (un-SNAT), replies to the gateway through
@@ -119,7 +121,8 @@
 //
 // Every table ends in an explicit default (miss) flow, so drop counters in `flowctl dump` show where
 // packets die. A drop with a cause (drops.go's registry) also sends its packet's first bytes to the
-// agent through its cause's meter: controller(max_len=128,meter_id=M) first in its actions.
+// agent through its cause's meter: controller(max_len=128,meter_id=M) first in its actions (`flowctl
+// dump` reads it as "drop (sampled: cause)"). Table 20's IPv6 drop has no cause and is not sampled.
 //
 // Registers: reg0 = source VNID (a tenant's, or a Network's VNI), reg1 = destination VNID, reg2 = output
 // port (openshift-sdn's convention), reg3 = flags, reg4/reg5/reg6 = the chosen endpoint's IP and port
@@ -210,7 +213,7 @@ var Tables = []Table{
 	{TableTunnelIngress, "tunnel-ingress", "accept VXLAN only from known nodes, from their subnet or own address; tun_id becomes the source VNID", NoTable},
 	{TableUplinkIngress, "uplink-ingress", "accept unencapsulated traffic only from known nodes' uplink MACs and their pods' addresses; the address gives the source VNID", NoTable},
 	{TableEgressReturn, "egress-return", "replies from outside the cluster to local pods' egress connections, sent back by the egress IP's holder: replies of connections committed here only", NoTable},
-	{TablePodIngress, "pod-ingress", "anti-spoofing: a pod sends only from its own port, MAC and IP; load its VNID", NoTable},
+	{TablePodIngress, "pod-ingress", "anti-spoofing: a pod sends only from its own port, MAC and IP; load its VNID; IPv6 dropped unsampled (IPv4 only)", NoTable},
 	{TableHostIngress, "host-ingress", "traffic from the host through tun0 is global (VNID 0)", TableConntrack},
 	{TableConntrack, "conntrack", "send IP through conntrack so replies of NATed connections are un-NATed", TableServices},
 	{TableServices, "services", "service VIPs and NodePorts: established traffic bypasses; new picks a load balancer or is rejected", TableAdminEgress},
