@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ofsdn/ofsdn/agent/adminpolicy"
+	"github.com/ofsdn/ofsdn/agent/k8sobj"
 	"github.com/ofsdn/ofsdn/agent/policy"
 	cnp "github.com/ofsdn/ofsdn/apis/policy/v1beta1"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
@@ -40,12 +41,12 @@ func (w *watchAdmin) record(f func(c *adminpolicy.Changes)) {
 		}
 		f(&v.adminChanges)
 	})
-	w.sync.trigger()
+	w.sync.Trigger()
 }
 
 // handlers are the informer handlers; updates that change nothing resolution reads are dropped.
 func (w *watchAdmin) handlers() (pods, namespaces, nodes, policies cache.ResourceEventHandlerFuncs) {
-	nodes = handlers(w.node)
+	nodes = k8sobj.Handlers(w.node)
 	nodes.UpdateFunc = func(old, obj any) {
 		o, ok1 := old.(*corev1.Node)
 		n, ok2 := obj.(*corev1.Node)
@@ -54,7 +55,7 @@ func (w *watchAdmin) handlers() (pods, namespaces, nodes, policies cache.Resourc
 		}
 		w.node(obj, false)
 	}
-	return policyPodHandlers(w.pod), namespaceLabelHandlers(w.namespace), nodes, handlers(w.policy)
+	return policyPodHandlers(w.pod), namespaceLabelHandlers(w.namespace), nodes, k8sobj.Handlers(w.policy)
 }
 
 func (w *watchAdmin) pod(key string, p *policy.Pod) {

@@ -288,7 +288,7 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	}
 	if deps.DB != nil {
 		a.uplink = hostnet.NewUplink(hostnet.UplinkConfig{Bridge: cfg.Bridge, Datapath: cfg.DatapathType, Linger: cfg.UplinkLinger, Logger: log},
-			hostnet.UplinkDeps{View: a.view, Host: hostnet.Node{NetNS: cfg.HostNetNS}, OVS: deps.DB, Changed: a.fs.trigger, Warn: a.nodeEvent})
+			hostnet.UplinkDeps{View: a.view, Host: hostnet.Node{NetNS: cfg.HostNetNS}, OVS: deps.DB, Changed: a.fs.Trigger, Warn: a.nodeEvent})
 	}
 	w := &watchNetwork{view: a.view, sync: a.fs, log: log, newPeer: newPeer, uplink: a.uplink}
 	we := a.newEgress()
@@ -302,29 +302,29 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 		informer cache.SharedIndexInformer
 		handlers cache.ResourceEventHandlerFuncs
 	}{
-		{net.ClusterNetworks().Informer(), handlers(w.clusterNetwork)},
-		{net.HostSubnets().Informer(), handlers(w.hostSubnet)},
-		{net.NetNamespaces().Informer(), handlers(w.netNamespace)},
+		{net.ClusterNetworks().Informer(), k8sobj.Handlers(w.clusterNetwork)},
+		{net.HostSubnets().Informer(), k8sobj.Handlers(w.hostSubnet)},
+		{net.NetNamespaces().Informer(), k8sobj.Handlers(w.netNamespace)},
 		// Networks: their objects, node subnets, and the namespaces' labels their selectors read.
-		{net.Networks().Informer(), handlers(wn.network)},
-		{net.NetworkSubnets().Informer(), handlers(wn.networkSubnet)},
-		{a.kubeInformers.Core().V1().Namespaces().Informer(), handlers(wn.namespace)},
+		{net.Networks().Informer(), k8sobj.Handlers(wn.network)},
+		{net.NetworkSubnets().Informer(), k8sobj.Handlers(wn.networkSubnet)},
+		{a.kubeInformers.Core().V1().Namespaces().Informer(), k8sobj.Handlers(wn.namespace)},
 		// Services and their endpoints: br0 load-balances them, no kube-proxy needed.
-		{a.kubeInformers.Core().V1().Services().Informer(), handlers(ws.service)},
-		{a.kubeInformers.Discovery().V1().EndpointSlices().Informer(), handlers(ws.endpointSlice)},
+		{a.kubeInformers.Core().V1().Services().Informer(), k8sobj.Handlers(ws.service)},
+		{a.kubeInformers.Discovery().V1().EndpointSlices().Informer(), k8sobj.Handlers(ws.endpointSlice)},
 		// The pods bound to this node: their hostPorts.
-		{pods, handlers((&watchHostPorts{view: a.view, sync: a.fs}).pod)},
+		{pods, k8sobj.Handlers((&watchHostPorts{view: a.view, sync: a.fs}).pod)},
 		// NetworkPolicies and what their selectors select (every mode; enforced in networkpolicy mode).
 		{pods, policyPods},
 		// Other nodes' pods: the source VNID of what arrives unencapsulated (encapsulation none).
-		{pods, handlers((&watchRemotePods{view: a.view, sync: a.fs}).pod)},
+		{pods, k8sobj.Handlers((&watchRemotePods{view: a.view, sync: a.fs}).pod)},
 		{a.kubeInformers.Core().V1().Namespaces().Informer(), policyNamespaces},
 		{a.kubeInformers.Networking().V1().NetworkPolicies().Informer(), policies},
 		// Egress IPs and firewalls (egress.go).
-		{net.NetNamespaces().Informer(), handlers(we.netNamespace)},
-		{net.HostSubnets().Informer(), handlers(we.hostSubnet)},
-		{net.EgressNetworkPolicies().Informer(), handlers(we.policy)},
-		{net.ClusterNetworks().Informer(), handlers(we.clusterNetwork)},
+		{net.NetNamespaces().Informer(), k8sobj.Handlers(we.netNamespace)},
+		{net.HostSubnets().Informer(), k8sobj.Handlers(we.hostSubnet)},
+		{net.EgressNetworkPolicies().Informer(), k8sobj.Handlers(we.policy)},
+		{net.ClusterNetworks().Informer(), k8sobj.Handlers(we.clusterNetwork)},
 		// ClusterNetworkPolicies' pods, namespaces and nodes (the policies: below).
 		{pods, adminPods},
 		{a.kubeInformers.Core().V1().Namespaces().Informer(), adminNamespaces},

@@ -183,7 +183,7 @@ func (w *watchEgress) apply(f func(e *egressInputs)) {
 		f(v.egress)
 		v.egress.derive()
 	})
-	w.sync.trigger()
+	w.sync.Trigger()
 	if w.changed != nil {
 		w.changed()
 	}

@@ -117,8 +117,9 @@ func (f *flowSync) useBridge(r *reconcile.Reconciler) {
 	f.r = r
 }
 
-// trigger asks the background loop for a sync; bursts of events coalesce into one.
-func (f *flowSync) trigger() { f.loop.Kick() }
+// Trigger asks the background loop for a sync; bursts of events coalesce into one (the informer
+// watchers' Sync).
+func (f *flowSync) Trigger() { f.loop.Kick() }
 
 // syncThrough returns once the view's generation gen is on the bridge (a CNI ADD returns only once its
 // pod's flows are in). Concurrent callers coalesce: whoever gets the lock first renders the latest view,

@@ -129,7 +129,7 @@ func (w *watchHostPorts) pod(obj any, deleted bool) {
 		}
 	})
 	if changed {
-		w.sync.trigger()
+		w.sync.Trigger()
 	}
 }
 

@@ -31,20 +31,20 @@ func (w *watchPolicies) record(f func(c *policy.Changes)) {
 		enforced = v.mode == pipeline.ModeNetworkPolicy
 	})
 	if enforced {
-		w.sync.trigger()
+		w.sync.Trigger()
 	}
 }
 
 // handlers are the informer handlers: updates that change nothing resolution reads are dropped here.
 func (w *watchPolicies) handlers() (pods, namespaces, policies cache.ResourceEventHandlerFuncs) {
-	return policyPodHandlers(w.pod), namespaceLabelHandlers(w.namespace), handlers(w.networkPolicy)
+	return policyPodHandlers(w.pod), namespaceLabelHandlers(w.namespace), k8sobj.Handlers(w.networkPolicy)
 }
 
 // policyPodHandlers call f with a pod's key and what policy resolution reads of it (nil: deleted), but
 // not for an update that changes none of that (a status heartbeat): NetworkPolicy's and
 // ClusterNetworkPolicy's watchers.
 func policyPodHandlers(f func(key string, p *policy.Pod)) cache.ResourceEventHandlerFuncs {
-	h := handlers(func(obj any, deleted bool) {
+	h := k8sobj.Handlers(func(obj any, deleted bool) {
 		pod, ok := obj.(*k8sobj.Pod)
 		if !ok {
 			return
@@ -72,7 +72,7 @@ func policyPodHandlers(f func(key string, p *policy.Pod)) cache.ResourceEventHan
 // namespaceLabelHandlers call f with a namespace's name and labels, but not for an update that keeps
 // its labels.
 func namespaceLabelHandlers(f func(name string, c policy.NamespaceChange)) cache.ResourceEventHandlerFuncs {
-	h := handlers(func(obj any, deleted bool) {
+	h := k8sobj.Handlers(func(obj any, deleted bool) {
 		if ns, ok := obj.(*corev1.Namespace); ok {
 			f(ns.Name, policy.NamespaceChange{Labels: ns.Labels, Deleted: deleted})
 		}

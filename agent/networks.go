@@ -39,7 +39,7 @@ func (w *watchNetworks) after(err error, what string) {
 	if err != nil {
 		w.log.Error(err, "ignoring a corrupt object: the pods on it carry no traffic until it is fixed", "object", what)
 	}
-	w.sync.trigger()
+	w.sync.Trigger()
 	if w.changed != nil {
 		w.changed()
 	}

@@ -31,7 +31,7 @@ func (w *watchServices) service(obj any, deleted bool) {
 		}
 		v.services[key] = svc
 	})
-	w.sync.trigger()
+	w.sync.Trigger()
 }
 
 func (w *watchServices) endpointSlice(obj any, deleted bool) {
@@ -47,5 +47,5 @@ func (w *watchServices) endpointSlice(obj any, deleted bool) {
 		}
 		v.slices[key] = es
 	})
-	w.sync.trigger()
+	w.sync.Trigger()
 }
