@@ -55,7 +55,7 @@ func (w *watchAdmin) handlers() (pods, namespaces, nodes, policies cache.Resourc
 		}
 		w.node(obj, false)
 	}
-	return policyPodHandlers(w.pod), namespaceLabelHandlers(w.namespace), nodes, k8sobj.Handlers(w.policy)
+	return policy.PodHandlers(w.pod), policy.NamespaceLabelHandlers(w.namespace), nodes, k8sobj.Handlers(w.policy)
 }
 
 func (w *watchAdmin) pod(key string, p *policy.Pod) {

@@ -174,7 +174,7 @@ type Agent struct {
 	eventBroadcaster record.EventBroadcaster
 	// conflicts tells each hostPort conflict once; policyProblems each NetworkPolicy problem.
 	conflicts      *conflictReporter
-	policyProblems *policyProblemReporter
+	policyProblems *policy.ProblemReporter
 	// purger clears the userspace datapath's flow cache after policy changes (hostnet/purge.go); nil
 	// but for netdev.
 	purger *hostnet.DatapathPurger
@@ -242,7 +242,7 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 		a.events = a.eventBroadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "ofsdn-agent", Host: cfg.NodeName})
 	}
 	a.conflicts = &conflictReporter{log: log.WithName("hostports"), recorder: a.events}
-	a.policyProblems = &policyProblemReporter{log: log.WithName("netpol"), recorder: a.events}
+	a.policyProblems = policy.NewProblemReporter(a.events, log.WithName("netpol"))
 	a.healthChecks = services.NewHealthCheckServers(log)
 	var heldStale func(context.Context, pipeline.NodeState) ([]openflow.ConntrackFlush, error)
 	if deps.DialSwitch != nil { // a real bridge: its conntrack can be read
@@ -294,7 +294,7 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	we := a.newEgress()
 	wn := &watchNetworks{view: a.view, sync: a.fs, log: log.WithName("networks"), changed: func() { a.routes.Kick(); a.netReport.Kick() }}
 	ws := &watchServices{view: a.view, sync: a.fs, log: log.WithName("services")}
-	policyPods, policyNamespaces, policies := (&watchPolicies{view: a.view, sync: a.fs}).handlers()
+	policyPods, policyNamespaces, policies := (&policy.Watch{View: a.view, Sync: a.fs}).Handlers()
 	adminPods, adminNamespaces, adminNodes, adminPolicies := (&watchAdmin{view: a.view, sync: a.fs, log: log.WithName("cnp")}).handlers()
 	net := a.netInformers.Network().V1()
 	pods := a.kubeInformers.Core().V1().Pods().Informer()
@@ -672,7 +672,7 @@ func (a *Agent) serveCNI(ctx context.Context) error {
 // applyHost carries a synced state to the host: conntrack flushes, forwards, hostPort conflicts; and
 // reports the NetworkPolicy problems the sync found.
 func (a *Agent) applyHost(ctx context.Context, st pipeline.NodeState, problems map[string][]policy.Problem, stale []openflow.ConntrackFlush) error {
-	a.policyProblems.report(problems)
+	a.policyProblems.Report(problems)
 	// UDP and SCTP entries towards endpoints a service no longer uses would keep their clients on
 	// them: flush them in br0's service zone.
 	if len(stale) > 0 && a.sess != nil {

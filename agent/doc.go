@@ -19,10 +19,10 @@
 //   - policy/ (its own package): NetworkPolicy resolution — policies, every pod of the cluster and
 //     namespaces into pipeline.PolicyState for the policies that select a local pod, and the pods'
 //     isolation; incremental, so one pod's change resolves only the policies it can affect. The flow
-//     loop owns its index and resolves there, outside the view's lock (networkpolicy mode).
-//     netpol_watch.go: their informers (pods cluster-wide, kept as compact k8sobj.Pods by the informers'
-//     transform k8sobj.Trim) filing changes in the view, and the Warning Events of policies enforced
-//     only in part.
+//     loop owns its index and resolves there, outside the view's lock (networkpolicy mode). Its Watch
+//     is their informers' handlers (pods cluster-wide, kept as compact k8sobj.Pods by the informers'
+//     transform k8sobj.Trim), filing changes in the view through policy.View (view.go); its
+//     ProblemReporter, the Warning Events of policies enforced only in part.
 //   - adminpolicy/ (its own package): ClusterNetworkPolicy resolution — policies (read through the
 //     dynamic client into apis/policy/v1beta1), pods, namespaces and nodes into
 //     pipeline.AdminPolicyState, incremental like policy/, in every mode; adminpolicy_watch.go: their

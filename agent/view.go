@@ -369,13 +369,29 @@ type policyInput struct {
 	admin     adminpolicy.Changes
 }
 
-// recordPolicyChange files an informer's change for the next snapshot (latest per object wins).
-func (v *nodeView) recordPolicyChange(f func(c *policy.Changes)) {
-	c := &v.policyChanges
-	if c.Pods == nil {
-		c.Pods, c.Namespaces, c.Policies = map[string]*policy.Pod{}, map[string]policy.NamespaceChange{}, map[string]*networkingv1.NetworkPolicy{}
-	}
-	f(c)
+// RecordPolicyChange files an informer's NetworkPolicy change for the next snapshot (latest per
+// object wins) and says whether policies are enforced (policy.View).
+func (v *nodeView) RecordPolicyChange(f func(c *policy.Changes)) (enforced bool) {
+	v.update(func(v *nodeView) {
+		c := &v.policyChanges
+		if c.Pods == nil {
+			c.Pods, c.Namespaces, c.Policies = map[string]*policy.Pod{}, map[string]policy.NamespaceChange{}, map[string]*networkingv1.NetworkPolicy{}
+		}
+		f(c)
+		enforced = v.mode == pipeline.ModeNetworkPolicy
+	})
+	return enforced
+}
+
+// RecordAdminChange files an informer's ClusterNetworkPolicy change for the next snapshot
+// (adminpolicy.View).
+func (v *nodeView) RecordAdminChange(f func(c *adminpolicy.Changes)) {
+	v.update(func(v *nodeView) {
+		if v.adminChanges.Pods == nil {
+			v.adminChanges = adminpolicy.NewChanges()
+		}
+		f(&v.adminChanges)
+	})
 }
 
 // snapshot copies the state to render. Pods whose namespace has no VNID yet are left out (they get no
