@@ -13,6 +13,7 @@ import (
 
 	nadclient "github.com/k8snetworkplumbingwg/network-attachment-definition-client/pkg/client/clientset/versioned"
 	nadinformers "github.com/k8snetworkplumbingwg/network-attachment-definition-client/pkg/client/informers/externalversions"
+	"github.com/ofsdn/ofsdn/agent/adminpolicy"
 	"github.com/ofsdn/ofsdn/agent/attach"
 	"github.com/ofsdn/ofsdn/agent/drops"
 	"github.com/ofsdn/ofsdn/agent/egress"
@@ -148,7 +149,7 @@ type Deps struct {
 	NAD nadclient.Interface
 	// Events records Warning Events on API objects; nil: Agent.Run records through Kube.
 	Events record.EventRecorder
-	// Dynamic reads ClusterNetworkPolicies (adminpolicy_watch.go); nil: they are not watched.
+	// Dynamic reads ClusterNetworkPolicies (adminpolicy.Watch); nil: they are not watched.
 	Dynamic dynamic.Interface
 	// Metrics; nil: a fresh registry.
 	Metrics *Metrics
@@ -205,7 +206,7 @@ type Agent struct {
 	// handlersSynced report whether each handler has seen every object its informer listed at start.
 	handlersSynced []cache.InformerSynced
 	// adminInformers watch ClusterNetworkPolicies (nil without Deps.Dynamic); started only when the API
-	// server serves them (adminpolicy_watch.go); adminSynced like handlersSynced.
+	// server serves them (adminpolicy.Watch); adminSynced like handlersSynced.
 	adminInformers dynamicinformer.DynamicSharedInformerFactory
 	adminSynced    []cache.InformerSynced
 
@@ -251,7 +252,7 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	a.hostFwd = newHostSync(log, a.applyHost, heldStale)
 	// The flow sync's reconciler comes with the bridge (openBridge); everything that feeds it exists now.
 	a.fs = newFlowSync(a.view, nil, flowSyncHooks{metrics: deps.Metrics, host: a.hostFwd, onFailure: a.ownerFailed,
-		onIndexChanged: a.saveOwnerIndex, onAdmin: (&adminReporter{node: cfg.NodeName, recorder: a.events, log: log.WithName("cnp"), clock: time.Now}).report}, log)
+		onIndexChanged: a.saveOwnerIndex, onAdmin: adminpolicy.NewReporter(cfg.NodeName, a.events, log.WithName("cnp"), time.Now).Report}, log)
 	a.health = newHealth(a.view.Ready, a.fs.loop)
 	a.drops = drops.NewSampler(deps.Metrics.Registry, a.dropSnapshot)
 	if err := deps.Metrics.Registry.Register(newStateCollector(a.counts)); err != nil {
@@ -295,7 +296,7 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	wn := &watchNetworks{view: a.view, sync: a.fs, log: log.WithName("networks"), changed: func() { a.routes.Kick(); a.netReport.Kick() }}
 	ws := &watchServices{view: a.view, sync: a.fs, log: log.WithName("services")}
 	policyPods, policyNamespaces, policies := (&policy.Watch{View: a.view, Sync: a.fs}).Handlers()
-	adminPods, adminNamespaces, adminNodes, adminPolicies := (&watchAdmin{view: a.view, sync: a.fs, log: log.WithName("cnp")}).handlers()
+	adminPods, adminNamespaces, adminNodes, adminPolicies := (&adminpolicy.Watch{View: a.view, Sync: a.fs, Log: log.WithName("cnp")}).Handlers()
 	net := a.netInformers.Network().V1()
 	pods := a.kubeInformers.Core().V1().Pods().Informer()
 	for _, h := range []struct {
@@ -531,7 +532,7 @@ func (a *Agent) syncAdminInformers(ctx context.Context) error {
 	if a.adminInformers == nil {
 		return nil
 	}
-	served, err := adminServed(ctx, a.deps.Kube.Discovery())
+	served, err := adminpolicy.Served(ctx, a.deps.Kube.Discovery())
 	if err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}

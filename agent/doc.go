@@ -25,8 +25,9 @@
 //     ProblemReporter, the Warning Events of policies enforced only in part.
 //   - adminpolicy/ (its own package): ClusterNetworkPolicy resolution — policies (read through the
 //     dynamic client into apis/policy/v1beta1), pods, namespaces and nodes into
-//     pipeline.AdminPolicyState, incremental like policy/, in every mode; adminpolicy_watch.go: their
-//     informers (the policies' only when the API server serves them), and the NotEnforced / Enforced
+//     pipeline.AdminPolicyState, incremental like policy/, in every mode; its Watch (watch.go) is their
+//     informers' handlers (the policies' informer runs only when the API server serves them: Served),
+//     filing changes through adminpolicy.View; its Reporter (report.go), the NotEnforced / Enforced
 //     Events on each policy that the controller aggregates into its status.
 //   - hostside.go: the node's own side through nodenet — routes, tun0, nf_tables SNAT, NodePort and
 //     hostPort forwards (of this node's pods, from the cluster-wide pod informer), HostPortConflict Events — and hostSync, the loop that carries synced states there

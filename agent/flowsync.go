@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -31,10 +32,10 @@ type flowSync struct {
 	renderer pipeline.Renderer // remembers each service's render: one endpoint change renders one service
 	// policies resolves NetworkPolicy from what the informers saw, here, outside the view's lock.
 	policies *policy.Index
-	// admin resolves ClusterNetworkPolicy likewise (adminpolicy_watch.go); onAdmin, when set, is told
+	// admin resolves ClusterNetworkPolicy likewise (adminpolicy.Watch fills the view's changes); onAdmin, when set, is told
 	// each sync's ClusterNetworkPolicy problems on this node.
 	admin   *adminpolicy.Index
-	onAdmin func(adminReport)
+	onAdmin func(adminpolicy.Report)
 	// last is the last state synced and the policy problems found with it (the debug API reads it).
 	last atomic.Pointer[syncedState]
 	log  klog.Logger
@@ -97,7 +98,7 @@ type flowSyncHooks struct {
 	// index flowctl reads).
 	onIndexChanged func(*reconcile.OwnerIndex)
 	// onAdmin is told each sync's ClusterNetworkPolicy problems on this node.
-	onAdmin func(adminReport)
+	onAdmin func(adminpolicy.Report)
 }
 
 // newFlowSync makes the flow sync of view. r is the bridge's reconciler; an agent gets it only once
@@ -418,4 +419,35 @@ func (f *flowSync) pass(ctx context.Context) (time.Duration, error) {
 func (f *flowSync) driftChecks(period time.Duration) *loop.Loop {
 	return loop.New(loop.Config{Name: "drift-check", Period: period, FirstAfter: period, Log: f.log},
 		func(ctx context.Context) (time.Duration, error) { return 0, f.resync(ctx, resyncPeriodic) })
+}
+
+// resolveAdmin brings the ClusterNetworkPolicy index up to date and resolves the policies into st
+// (every mode).
+func (f *flowSync) resolveAdmin(st *pipeline.NodeState, in policyInput) {
+	f.admin.Apply(in.admin)
+	f.admin.SetLocal(in.local)
+	st.AdminPolicies = f.admin.Resolve()
+}
+
+// reportAdmin tells onAdmin the problems of every policy that selects a local pod, its flows' render or
+// install failures among them.
+func (f *flowSync) reportAdmin(renderFailed map[reconcile.Owner]error) {
+	if f.onAdmin == nil {
+		return
+	}
+	rep := adminpolicy.Report{}
+	for name, ps := range f.admin.Problems() {
+		if !f.admin.Selects(name) {
+			continue
+		}
+		ps = slices.Clone(ps)
+		o := pipeline.AdminPolicyOwner(name)
+		if fail := f.failing[o]; fail != nil {
+			ps = append(ps, adminpolicy.Problem{Reason: adminpolicy.ReasonRenderFailed, Message: fmt.Sprintf("its flows are not installed: %v", fail.err)})
+		} else if err := renderFailed[o]; err != nil {
+			ps = append(ps, adminpolicy.Problem{Reason: adminpolicy.ReasonRenderFailed, Message: fmt.Sprintf("its flows cannot be rendered: %v", err)})
+		}
+		rep[name] = ps
+	}
+	f.onAdmin(rep)
 }
