@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -185,12 +186,9 @@ type Agent struct {
 	health *health
 	// uplink keeps br0's uplink port for encapsulation none (hostnet/uplink.go); nil without OVSDB (unit tests).
 	uplink *hostnet.Uplink
-	// egressIPs holds and moves egress IPs with the other nodes; egressStatus records them (egress.go).
-	egressIPs    *egress.Job
-	egressStatus *egress.StatusWriter
-	egressDNS    *egress.Resolver
-	// egressResolved takes the DNS names' addresses into the view (the resolver's output).
-	egressResolved func(map[string][]netip.Addr)
+	// egress holds and moves egress IPs with the other nodes, records them, resolves the firewalls'
+	// names (agent/egress).
+	egress *egress.Node
 	// netReport writes NetworkSubnet status and pods' network-status (agent/networks); routes keeps
 	// running pods' cross-talk routes in step with their Networks (networks.go).
 	netReport *networks.Reporter
@@ -235,7 +233,7 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 		deps.Metrics = NewMetrics(nil)
 	}
 	log := cfg.Logger.WithName("agent").WithValues("node", cfg.NodeName)
-	a := &Agent{cfg: cfg, deps: deps, log: log, view: newNodeView(cfg.NodeName), host: &hostSide{}, metrics: deps.Metrics,
+	a := &Agent{cfg: cfg, deps: deps, log: log, view: newNodeView(cfg.NodeName, egress.NewInputs(uint16(cmp.Or(cfg.EgressPort, egress.DefaultPort)))), host: &hostSide{}, metrics: deps.Metrics,
 		events: deps.Events}
 	if a.events == nil {
 		// Recorded to the API server once Run starts the broadcaster.
@@ -261,6 +259,14 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	a.netInformers = networkinformers.NewSharedInformerFactory(deps.Net, 0)
 	// Every pod of the cluster (NetworkPolicy peers), trimmed to what the agent reads (k8sobj.Trim).
 	a.kubeInformers = kubeinformers.NewSharedInformerFactoryWithOptions(deps.Kube, 0, kubeinformers.WithTransform(k8sobj.Trim))
+	var ovs *unixctl.Client // the userspace datapath's tunnels' next hops
+	if cfg.DatapathType == "netdev" {
+		ovs = unixctl.New(cfg.OVSRunDir, "ovs-vswitchd")
+	}
+	a.egress = egress.NewNode(egress.NodeConfig{NodeName: cfg.NodeName, HostNetNS: cfg.HostNetNS, StateDir: cfg.StateDir,
+		Interval: cfg.EgressInterval, DeadAfter: cfg.EgressDeadAfter, DNSServer: cfg.EgressDNSServer, OVS: ovs, Logger: log},
+		egress.NodeDeps{Inputs: a.view.egress, View: a.view, Sync: a.fs, Net: deps.Net, Events: a.events,
+			NetNamespaces: a.netInformers.Network().V1().NetNamespaces().Lister()})
 	a.netReport = networks.NewReporter(cfg.NodeName, deps.Net, deps.Kube, a.view, log)
 	requests := &networkRequests{view: a.view, pods: a.kubeInformers.Core().V1().Pods().Informer().GetStore(), kube: deps.Kube, nad: deps.NAD,
 		log: log.WithName("networks")}
@@ -272,7 +278,7 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	a.pods = attach.New(attach.Config{Bridge: cfg.Bridge, HostNetNS: cfg.HostNetNS, Netdev: cfg.DatapathType == "netdev",
 		StateDir: filepath.Join(cfg.StateDir, "ipam"), NetworksDir: filepath.Join(cfg.StateDir, "networks"),
 		PendingDeletes: cni.PendingDeletesDirFor(cfg.CNISocket), AbsentGrace: cfg.AbsentPodGrace, Logger: log.WithName("cni")},
-		attach.Deps{Node: a.view, Flows: egressAwareFlows{a.fs, a.view.egress}, DB: deps.DB, Readiness: a.health.Ready,
+		attach.Deps{Node: a.view, Flows: a.egress.PodFlows(), DB: deps.DB, Readiness: a.health.Ready,
 			BridgeUp: func() bool { return a.sess != nil && a.sess.Connected() },
 			// Restore asks the pod informer (then the API server) whether a restored attachment's pod exists.
 			Pods:     attach.APIPods{Cache: a.kubeInformers.Core().V1().Pods().Informer().GetStore(), Client: deps.Kube.CoreV1(), NodeName: cfg.NodeName},
@@ -281,7 +287,7 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 		Quiet: func(err error) bool { return errors.Is(err, errNotReady) }}, a.syncRoutes)
 	var newPeer func(netip.Addr)
 	if cfg.DatapathType == "netdev" {
-		a.neighbors = hostnet.NewTunnelNeighbors(hostnet.Node{NetNS: cfg.HostNetNS}, unixctl.New(cfg.OVSRunDir, "ovs-vswitchd"), a.view.peers, log)
+		a.neighbors = hostnet.NewTunnelNeighbors(hostnet.Node{NetNS: cfg.HostNetNS}, ovs, a.view.peers, log)
 		newPeer = func(netip.Addr) { a.neighbors.Kick() }
 		if deps.DialSwitch != nil { // a real ovs-vswitchd to purge
 			a.purger = hostnet.NewDatapathPurger(cfg.OVSRunDir)
@@ -292,9 +298,9 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 			hostnet.UplinkDeps{View: a.view, Host: hostnet.Node{NetNS: cfg.HostNetNS}, OVS: deps.DB, Changed: a.fs.Trigger, Warn: a.nodeEvent})
 	}
 	w := &watchNetwork{view: a.view, sync: a.fs, log: log, newPeer: newPeer, uplink: a.uplink}
-	we := a.newEgress()
 	wn := &watchNetworks{view: a.view, sync: a.fs, log: log.WithName("networks"), changed: func() { a.routes.Kick(); a.netReport.Kick() }}
 	ws := &watchServices{view: a.view, sync: a.fs, log: log.WithName("services")}
+	egressNetNamespaces, egressHostSubnets, egressPolicies, egressClusterNetworks := a.egress.Handlers()
 	policyPods, policyNamespaces, policies := (&policy.Watch{View: a.view, Sync: a.fs}).Handlers()
 	adminPods, adminNamespaces, adminNodes, adminPolicies := (&adminpolicy.Watch{View: a.view, Sync: a.fs, Log: log.WithName("cnp")}).Handlers()
 	net := a.netInformers.Network().V1()
@@ -321,11 +327,11 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 		{pods, k8sobj.Handlers((&watchRemotePods{view: a.view, sync: a.fs}).pod)},
 		{a.kubeInformers.Core().V1().Namespaces().Informer(), policyNamespaces},
 		{a.kubeInformers.Networking().V1().NetworkPolicies().Informer(), policies},
-		// Egress IPs and firewalls (egress.go).
-		{net.NetNamespaces().Informer(), k8sobj.Handlers(we.netNamespace)},
-		{net.HostSubnets().Informer(), k8sobj.Handlers(we.hostSubnet)},
-		{net.EgressNetworkPolicies().Informer(), k8sobj.Handlers(we.policy)},
-		{net.ClusterNetworks().Informer(), k8sobj.Handlers(we.clusterNetwork)},
+		// Egress IPs and firewalls (agent/egress).
+		{net.NetNamespaces().Informer(), egressNetNamespaces},
+		{net.HostSubnets().Informer(), egressHostSubnets},
+		{net.EgressNetworkPolicies().Informer(), egressPolicies},
+		{net.ClusterNetworks().Informer(), egressClusterNetworks},
 		// ClusterNetworkPolicies' pods, namespaces and nodes (the policies: below).
 		{pods, adminPods},
 		{a.kubeInformers.Core().V1().Namespaces().Informer(), adminNamespaces},
@@ -427,7 +433,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		{"wait for the node's subnet", a.waitForNode},
 		{"set up the node", a.setUpNode},
 		{"restore pods", a.pods.Restore},
-		{"restore egress IPs", a.egressIPs.Restore},
+		{"restore egress IPs", a.egress.Restore},
 		{"install this round", a.installRound},
 		{"serve CNI", a.serveCNI},
 	}
@@ -662,9 +668,7 @@ func (a *Agent) serveCNI(ctx context.Context) error {
 	go a.netReport.Run(ctx)
 	go a.routes.Run(ctx)
 	go a.health.watch(ctx)
-	go a.egressIPs.Run(ctx)
-	go a.egressStatus.Run(ctx)
-	go a.egressDNS.Run(ctx)
+	go a.egress.Run(ctx)
 	a.health.setStep("")
 	a.log.Info("agent running", "bridge", a.cfg.Bridge, "cniSocket", a.cfg.CNISocket)
 	return srv.Serve(ctx)

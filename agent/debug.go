@@ -425,3 +425,22 @@ func (d debugBackend) Trace(ctx context.Context, req debugapi.TraceRequest) (*de
 	}
 	return &debugapi.TraceResponse{Node: d.a.cfg.NodeName, Args: slices.Clone(args), Output: out}, nil
 }
+
+// egressInfo is the debug API's picture of a node's egress state (nil when there is none).
+func egressInfo(e pipeline.EgressState) *debugapi.Egress {
+	if len(e.Namespaces) == 0 && len(e.Held) == 0 {
+		return nil
+	}
+	out := &debugapi.Egress{Held: slices.Clone(e.Held)}
+	for _, ns := range e.Namespaces {
+		en := debugapi.EgressNamespace{Name: ns.Name, IPs: slices.Clone(ns.IPs), NoUsableIP: ns.NoUsableIP}
+		if fw := ns.Firewall; fw != nil {
+			en.Policy, en.DenyAll = fw.Policy, fw.DenyAll
+			for _, r := range fw.Rules {
+				en.Rules = append(en.Rules, debugapi.EgressRule{Allow: r.Allow, DNSName: r.DNSName, Addresses: slices.Clone(r.Dsts)})
+			}
+		}
+		out.Namespaces = append(out.Namespaces, en)
+	}
+	return out
+}

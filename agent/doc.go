@@ -54,15 +54,17 @@
 //     vswitchd's tunnel neighbours checked against the kernel's (userspace datapath), and the datapath
 //     flow cache purged after policy changes (userspace datapath); informers.go's watchRemotePods keeps
 //     other nodes' pods' addresses for the source VNID of unencapsulated traffic (multitenant).
-//   - egress.go: egress IPs and the egress firewall — NetNamespaces, HostSubnets and
-//     EgressNetworkPolicies into an egressplan.Plan and pipeline.EgressState (under their own lock, filled
-//     into each snapshot), the Warning Events of unheld IPs (EgressIPUnheld); a CNI ADD of a pod of an
-//     egress namespace waits for the egress owners too. egress/ (its own package): the membership that
-//     decides without the API server which node holds each egress IP (heartbeats over the node network,
-//     epochs, a majority for new claims), the claim (SNAT, then flows and the address on the uplink, then
-//     gratuitous ARP; carried out in a loop of its own, so a slow claim never delays the heartbeats),
-//     the tunnels' next hop to the holder, the firewalls' DNS names resolved with TTL
-//     re-resolution, and the holder written to NetNamespace status after the move.
+//   - egress/ (its own package): egress IPs and the egress firewall — its Node (node.go) is the
+//     informers' handlers putting NetNamespaces, HostSubnets and EgressNetworkPolicies into Inputs, an
+//     egressplan.Plan and pipeline.EgressState under their own lock that the view holds and fills into
+//     each snapshot (egress.View: the view's generation, the node's address), the Warning Events of
+//     unheld IPs (EgressIPUnheld), and PodFlows, so a CNI ADD of a pod of an egress namespace waits for
+//     the egress owners too; the membership that decides without the API server which node holds each
+//     egress IP (heartbeats over the node network, epochs, a majority for new claims), the claim (SNAT,
+//     then flows and the address on the uplink, then gratuitous ARP; carried out in a loop of its own,
+//     so a slow claim never delays the heartbeats), the tunnels' next hop to the holder, the
+//     firewalls' DNS names resolved with TTL re-resolution, and the holder written to NetNamespace
+//     status after the move.
 //   - round.go: the reconciliation round stamped in cookies (kept in br0's external_ids), so a restarted
 //     agent installs its flows beside the previous round's and only then deletes those: no datapath gap.
 //   - metrics.go: the agent's Prometheus metrics (counters where things happen, gauges of the node's

@@ -13,6 +13,7 @@ import (
 	nadv1 "github.com/k8snetworkplumbingwg/network-attachment-definition-client/pkg/apis/k8s.cni.cncf.io/v1"
 	"github.com/ofsdn/ofsdn/agent/adminpolicy"
 	"github.com/ofsdn/ofsdn/agent/attach"
+	"github.com/ofsdn/ofsdn/agent/egress"
 	"github.com/ofsdn/ofsdn/agent/k8sobj"
 	"github.com/ofsdn/ofsdn/agent/networks"
 	"github.com/ofsdn/ofsdn/agent/nodenet"
@@ -61,8 +62,9 @@ type nodeView struct {
 	// remotePods are the other nodes' pods (pod informer), whose addresses give the source VNID of
 	// traffic that arrives unencapsulated in multitenant mode.
 	remotePods map[string]remotePod
-	// egress are egress IPs' and firewalls' inputs and derived state (egress.go), under a lock of their own.
-	egress *egressInputs
+	// egress are egress IPs' and firewalls' inputs and derived state (agent/egress), under a lock of
+	// their own; egress.Node changes them through Change.
+	egress *egress.Inputs
 	// networks are the Networks, their node subnets and the namespaces' labels (agent/networks);
 	// netAttachments the pods' interfaces on them, by attach.NetAttachmentKey.
 	networks       *networks.Index
@@ -77,12 +79,13 @@ type remotePod struct {
 	IP              netip.Addr
 }
 
-func newNodeView(nodeName string) *nodeView {
+// newNodeView is an empty view of node nodeName; egress are the egress inputs its snapshots read.
+func newNodeView(nodeName string, egressInputs *egress.Inputs) *nodeView {
 	return &nodeView{nodeName: nodeName, mode: pipeline.ModeSubnet, remote: map[string]pipeline.RemoteNode{},
 		vnids: map[string]uint32{}, pods: map[string]attach.Pod{}, services: map[string]*corev1.Service{},
 		slices: map[string]*discoveryv1.EndpointSlice{}, hostPorts: map[string]hostPortPod{}, converted: services.Cache{},
 		encap: pipeline.EncapVXLAN, remotePods: map[string]remotePod{}, networks: networks.NewIndex(), netAttachments: map[string]attach.NetAttachment{},
-		egress: newEgressInputs()}
+		egress: egressInputs}
 }
 
 // The view as attachments see it (attach.Node).
@@ -223,6 +226,17 @@ func (v *nodeView) addressing() (nodeIP netip.Addr, subnet netip.Prefix, cluster
 	defer v.mu.Unlock()
 	return v.nodeIP, v.localSubnet, slices.Clone(v.clusterNets)
 }
+
+// NodeIP is the node's address (egress.View).
+func (v *nodeView) NodeIP() netip.Addr {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.nodeIP
+}
+
+// Change runs f, a change of state the snapshots read but others keep (egress.Inputs), under the
+// view's lock and returns the generation that holds it (egress.View).
+func (v *nodeView) Change(f func()) uint64 { return v.update(func(*nodeView) { f() }) }
 
 // Peers is the encapsulation, the node's address and the other nodes by address.
 func (v *nodeView) Peers() (pipeline.Encapsulation, netip.Addr, map[netip.Addr][]string) {
@@ -457,7 +471,7 @@ func (v *nodeView) snapshotLocked() viewSnapshot {
 		}
 	}
 	st.Services = services.States(v.services, v.slices, v.nodeName, v.vnids, v.converted)
-	v.egress.fill(&st)
+	v.egress.Fill(&st)
 	st.NodePortAddresses = []netip.Addr{pipeline.ServiceNodePortIP}
 	in := policyInput{local: make(map[string]policy.Attachment, len(v.pods))}
 	for key, p := range v.pods {
