@@ -190,7 +190,7 @@ type Agent struct {
 	// names (agent/egress).
 	egress *egress.Node
 	// netReport writes NetworkSubnet status and pods' network-status (agent/networks); routes keeps
-	// running pods' cross-talk routes in step with their Networks (networks.go).
+	// running pods' cross-talk routes in step with their Networks (syncRoutes).
 	netReport *networks.Reporter
 	routes    *loop.Loop
 	// nadInformers watch NetworkAttachmentDefinitions when the cluster has them; the agent does not wait
@@ -268,12 +268,12 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 		egress.NodeDeps{Inputs: a.view.egress, View: a.view, Sync: a.fs, Net: deps.Net, Events: a.events,
 			NetNamespaces: a.netInformers.Network().V1().NetNamespaces().Lister()})
 	a.netReport = networks.NewReporter(cfg.NodeName, deps.Net, deps.Kube, a.view, log)
-	requests := &networkRequests{view: a.view, pods: a.kubeInformers.Core().V1().Pods().Informer().GetStore(), kube: deps.Kube, nad: deps.NAD,
-		log: log.WithName("networks")}
+	requests := &networks.PodRequests{Placements: a.view, Pods: a.kubeInformers.Core().V1().Pods().Informer().GetStore(), Kube: deps.Kube,
+		NAD: deps.NAD, Log: log.WithName("networks")}
 	if deps.NAD != nil {
 		a.nadInformers = nadinformers.NewSharedInformerFactory(deps.NAD, 0)
 		nads := a.nadInformers.K8sCniCncfIo().V1().NetworkAttachmentDefinitions()
-		requests.nads, requests.nadReady = nads.Lister(), nads.Informer().HasSynced
+		requests.NADs, requests.NADsSynced = nads.Lister(), nads.Informer().HasSynced
 	}
 	a.pods = attach.New(attach.Config{Bridge: cfg.Bridge, HostNetNS: cfg.HostNetNS, Netdev: cfg.DatapathType == "netdev",
 		StateDir: filepath.Join(cfg.StateDir, "ipam"), NetworksDir: filepath.Join(cfg.StateDir, "networks"),
@@ -298,7 +298,8 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 			hostnet.UplinkDeps{View: a.view, Host: hostnet.Node{NetNS: cfg.HostNetNS}, OVS: deps.DB, Changed: a.fs.Trigger, Warn: a.nodeEvent})
 	}
 	w := &watchNetwork{view: a.view, sync: a.fs, log: log, newPeer: newPeer, uplink: a.uplink}
-	wn := &watchNetworks{view: a.view, sync: a.fs, log: log.WithName("networks"), changed: func() { a.routes.Kick(); a.netReport.Kick() }}
+	netObjects, netSubnets, netNamespaces := (&networks.Watch{View: a.view, Sync: a.fs, Log: log.WithName("networks"),
+		Changed: func() { a.routes.Kick(); a.netReport.Kick() }}).Handlers()
 	ws := &watchServices{view: a.view, sync: a.fs, log: log.WithName("services")}
 	egressNetNamespaces, egressHostSubnets, egressPolicies, egressClusterNetworks := a.egress.Handlers()
 	policyPods, policyNamespaces, policies := (&policy.Watch{View: a.view, Sync: a.fs}).Handlers()
@@ -313,9 +314,9 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 		{net.HostSubnets().Informer(), k8sobj.Handlers(w.hostSubnet)},
 		{net.NetNamespaces().Informer(), k8sobj.Handlers(w.netNamespace)},
 		// Networks: their objects, node subnets, and the namespaces' labels their selectors read.
-		{net.Networks().Informer(), k8sobj.Handlers(wn.network)},
-		{net.NetworkSubnets().Informer(), k8sobj.Handlers(wn.networkSubnet)},
-		{a.kubeInformers.Core().V1().Namespaces().Informer(), k8sobj.Handlers(wn.namespace)},
+		{net.Networks().Informer(), netObjects},
+		{net.NetworkSubnets().Informer(), netSubnets},
+		{a.kubeInformers.Core().V1().Namespaces().Informer(), netNamespaces},
 		// Services and their endpoints: br0 load-balances them, no kube-proxy needed.
 		{a.kubeInformers.Core().V1().Services().Informer(), k8sobj.Handlers(ws.service)},
 		{a.kubeInformers.Discovery().V1().EndpointSlices().Informer(), k8sobj.Handlers(ws.endpointSlice)},
@@ -515,7 +516,7 @@ func (a *Agent) syncInformers(ctx context.Context) error {
 	a.netInformers.Start(ctx.Done())
 	a.kubeInformers.Start(ctx.Done())
 	if a.nadInformers != nil {
-		a.nadInformers.Start(ctx.Done()) // not waited for: see networkRequests
+		a.nadInformers.Start(ctx.Done()) // not waited for: see networks.PodRequests
 	}
 	for _, wait := range []func(<-chan struct{}) map[reflect.Type]bool{a.netInformers.WaitForCacheSync, a.kubeInformers.WaitForCacheSync} {
 		for typ, ok := range wait(ctx.Done()) {
@@ -786,4 +787,24 @@ func (a *Agent) nodeEvent(reason, message string) {
 		return
 	}
 	a.events.Eventf(&corev1.ObjectReference{Kind: "Node", APIVersion: "v1", Name: a.cfg.NodeName}, corev1.EventTypeWarning, reason, "%s", message)
+}
+
+// podEvent records an Event on a pod.
+func (a *Agent) podEvent(namespace, name, reason, message string) {
+	if a.events == nil {
+		return
+	}
+	a.events.Eventf(&corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: namespace, Name: name}, corev1.EventTypeWarning, reason, "%s", message)
+}
+
+// syncRoutes is the routes loop's job.
+func (a *Agent) syncRoutes(ctx context.Context) (time.Duration, error) {
+	if err := a.view.Ready(); err != nil {
+		return 0, err
+	}
+	err := a.pods.SyncRoutes(ctx)
+	if errors.Is(err, context.Canceled) {
+		return 0, nil
+	}
+	return 0, err
 }

@@ -39,13 +39,13 @@
 //     DEL) are checked against its netns, the API server and newer sandboxes: the live ones come back,
 //     the rest are released; the janitor serves the DELs the plugin left while no agent could take
 //     them. It sees the view through attach.Node (view.go) and the flow loop through attach.Flows.
-//   - networks/ (its own package) and networks.go: Networks (network.ofsdn.io) — the Networks, their
-//     node subnets and the namespaces' labels into the view's networks.Index (watchNetworks), which
-//     gives the pipeline its NetworkStates and the attachments that carry traffic (admitted); a pod's
-//     k8s.v1.cni.cncf.io/networks annotation resolved through its NetworkAttachmentDefinitions
-//     (networkRequests) for attach/, which plumbs each interface (attach/networks.go); the Reporter
-//     writing NetworkSubnet status and the pods' network-status; the routes loop keeping running pods'
-//     cross-talk routes in step (attach.Handler.SyncRoutes).
+//   - networks/ (its own package): Networks (network.ofsdn.io) — the Networks, their node subnets and
+//     the namespaces' labels into the view's networks.Index (networks.Watch, through networks.View),
+//     which gives the pipeline its NetworkStates and the attachments that carry traffic (admitted); a
+//     pod's k8s.v1.cni.cncf.io/networks annotation resolved through its NetworkAttachmentDefinitions
+//     (networks.PodRequests) for attach/, which plumbs each interface (attach/networks.go); the
+//     Reporter writing NetworkSubnet status and the pods' network-status. The routes loop keeping
+//     running pods' cross-talk routes in step (attach.Handler.SyncRoutes) is agent.go's syncRoutes.
 //   - flowsync.go: render, diff per owner, one Apply; concurrent callers coalesce; failing owners keep
 //     their last good flows and are retried with back-off; resyncs (reconnect, periodic) run in its loop.
 //   - hostnet/ (its own package): the node's host-side jobs beyond nodenet's plumbing — encapsulation

@@ -166,6 +166,11 @@ func (v *nodeView) netAttachmentStatuses() []netAttachmentStatus {
 	return out
 }
 
+// UpdateNetworks runs f on the view's Networks (networks.View).
+func (v *nodeView) UpdateNetworks(f func(ix *networks.Index)) {
+	v.update(func(v *nodeView) { f(v.networks) })
+}
+
 // Placement says how a pod of namespace attaches to a Network on this node (attach.Networks).
 func (v *nodeView) Placement(network, namespace string) (networks.Placement, error) {
 	v.mu.Lock()
