@@ -21,6 +21,7 @@ import (
 	"github.com/ofsdn/ofsdn/agent/hostnet"
 	"github.com/ofsdn/ofsdn/agent/k8sobj"
 	"github.com/ofsdn/ofsdn/agent/networks"
+	"github.com/ofsdn/ofsdn/agent/nodeapi"
 	"github.com/ofsdn/ofsdn/agent/nodenet"
 	"github.com/ofsdn/ofsdn/agent/policy"
 	"github.com/ofsdn/ofsdn/agent/services"
@@ -29,6 +30,7 @@ import (
 	networkclient "github.com/ofsdn/ofsdn/client/clientset/versioned"
 	networkinformers "github.com/ofsdn/ofsdn/client/informers/externalversions"
 	"github.com/ofsdn/ofsdn/cni"
+	"github.com/ofsdn/ofsdn/debugapi"
 	"github.com/ofsdn/ofsdn/flows/openflow"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
 	"github.com/ofsdn/ofsdn/flows/reconcile"
@@ -128,7 +130,7 @@ func (c *Config) defaults() error {
 		c.AbsentPodGrace = attach.DefaultAbsentPodGrace
 	}
 	if c.DebugSocket == "" {
-		c.DebugSocket = DefaultDebugSocket(c.OVSRunDir, c.Bridge)
+		c.DebugSocket = nodeapi.DefaultDebugSocket(c.OVSRunDir, c.Bridge)
 	}
 	if c.Logger.GetSink() == nil {
 		c.Logger = klog.Background()
@@ -209,9 +211,11 @@ type Agent struct {
 	adminSynced    []cache.InformerSynced
 
 	// Where the metrics and debug servers listen (serveObservability), "" when not served.
-	metricsAddr, debugAddr string
+	listening nodeapi.Listening
 
-	// drops turns the drop flows' samples into records (dropsample.go).
+	// drops turns the drop flows' samples into records (agent/drops): the OpenFlow session hands it
+	// packet-ins, it decodes them against the last synced state (dropSnapshot), the debug API streams
+	// its ring.
 	drops *drops.Sampler
 
 	// Set by Run's first step.
@@ -397,7 +401,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("agent: %w", err)
 	}
 	rr := rest.CopyConfig(cfg.RestConfig)
-	rr.QPS, rr.Burst = reviewQPS, reviewBurst
+	rr.QPS, rr.Burst = nodeapi.ReviewQPS, nodeapi.ReviewBurst
 	reviews, err := kubernetes.NewForConfig(rr)
 	if err != nil {
 		return fmt.Errorf("agent: %w", err)
@@ -405,7 +409,7 @@ func Run(ctx context.Context, cfg Config) error {
 	var a *Agent
 	a, err = New(cfg, Deps{Kube: kube, Net: net, NAD: nad, Dynamic: dyn, DB: db, Reviews: reviews, DialSwitch: func(ctx context.Context) (*ofswitch.Session, error) {
 		return ofswitch.Dial(ctx, ofswitch.Config{Socket: filepath.Join(cfg.OVSRunDir, cfg.Bridge+".mgmt"), Bridge: cfg.Bridge, Logger: cfg.Logger,
-			OnPacketIn: a.packetIn})
+			OnPacketIn: a.drops.PacketIn}) // never blocks the OpenFlow reader
 	}})
 	if err != nil {
 		return err
@@ -450,6 +454,80 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.log.V(1).Info("start-up step done", "step", s.name, "took", time.Since(start))
 	}
 	return nil
+}
+
+// serveObservability binds the metrics and debug listeners and serves them until ctx ends
+// (agent/nodeapi). It is the first start-up step: liveness answers while the rest starts, and a port
+// taken is a clear error.
+func (a *Agent) serveObservability(ctx context.Context) error {
+	reviews := a.deps.Reviews
+	if reviews == nil {
+		reviews = a.deps.Kube
+	}
+	var ports nodeapi.PortDB
+	if a.deps.DB != nil {
+		ports = a.deps.DB
+	}
+	var dropStream debugapi.DropStreamer
+	if a.drops != nil {
+		dropStream = a.drops
+	}
+	var err error
+	a.listening, err = nodeapi.Serve(ctx, nodeapi.Config{NodeName: a.cfg.NodeName, Bridge: a.cfg.Bridge, OVSRunDir: a.cfg.OVSRunDir,
+		StateDir: a.cfg.StateDir, MetricsAddress: a.cfg.MetricsAddress, DebugAddress: a.cfg.DebugAddress, DebugSocket: a.cfg.DebugSocket,
+		TLSCertFile: a.cfg.TLSCertFile, TLSKeyFile: a.cfg.TLSKeyFile, Logger: a.log},
+		nodeapi.Deps{Metrics: a.metricsHandler(), Agent: nodeAPIAgent{a}, Ports: ports, Drops: dropStream, Reviews: reviews})
+	if err == nil && a.listening.Metrics != "" && a.cfg.Profiling {
+		a.log.Info("serving /debug/pprof/ on the metrics address", "address", a.listening.Metrics)
+	}
+	return err
+}
+
+// nodeAPIAgent is the agent as the debug API reads it (nodeapi.Agent).
+type nodeAPIAgent struct{ a *Agent }
+
+func (n nodeAPIAgent) Bridge() (*ofswitch.Session, *reconcile.Reconciler, string) {
+	sess, r, _ := n.a.health.parts()
+	return sess, r, n.a.health.currentStep()
+}
+
+func (n nodeAPIAgent) State() (pipeline.NodeState, error) {
+	if err := n.a.view.Ready(); err != nil {
+		return pipeline.NodeState{}, err
+	}
+	if last, ok := n.a.fs.lastSynced(); ok {
+		return last.state, nil // what br0 holds, policies resolved
+	}
+	return n.a.view.snapshot().state, nil
+}
+
+func (n nodeAPIAgent) VNIDs() map[string]uint32 { return n.a.view.namespaceVNIDs() }
+
+func (n nodeAPIAgent) ServiceNetwork() netip.Prefix {
+	cn, err := n.a.netInformers.Network().V1().ClusterNetworks().Lister().Get(networkv1.ClusterNetworkName)
+	if err != nil {
+		return netip.Prefix{}
+	}
+	sn, _ := netip.ParsePrefix(string(cn.Spec.ServiceNetwork))
+	return sn
+}
+
+func (n nodeAPIAgent) NetAttachments() []nodeapi.NetAttachment {
+	return n.a.view.netAttachmentStatuses()
+}
+
+// dropSnapshot is what the next sample is decoded against; nil before the first sync.
+func (a *Agent) dropSnapshot() *drops.Snapshot {
+	last, ok := a.fs.lastSynced()
+	if !ok {
+		return nil
+	}
+	snap := &drops.Snapshot{Node: a.cfg.NodeName, State: last.state}
+	if _, r, _ := a.health.parts(); r != nil {
+		idx := r.OwnerIndex()
+		snap.Owners = func(c reconcile.Cookie) []reconcile.Owner { return idx.Lookup(c) }
+	}
+	return snap
 }
 
 // openBridge makes sure br0 exists, picks this run's round, opens the OpenFlow session and reads what

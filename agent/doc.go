@@ -71,20 +71,24 @@
 //     state read at scrape time) and the CNI handler wrapper that counts and times each verb.
 //   - health.go: /healthz (the flow sync loop answers a ping, OVS sessions up or reconnecting) and
 //     /readyz, which CNI STATUS shares (first full sync done, CNI socket listening, sessions up).
-//   - debug.go: the read-only debug API flowctl asks (debugapi/): the node's view with OVSDB's ports,
-//     desired flows by owner, the drift report, the bridge's dump, ofproto/trace through unixctl; served
-//     on a root-only socket beside the bridge and on the node's address for the API server's node proxy.
-//     The node's addresses (debug API, metrics, pprof) speak TLS and go through nodeauth/ (its own
-//     package): a bearer token reviewed by the API server, a SubjectAccessReview for what the path needs,
-//     and why the token travels in a header of its own through the node proxy.
-//   - drops/ (its own package) and dropsample.go: drop attribution — the drop flows' samples
+//   - nodeapi/ (its own package): the node API — the metrics and health server (health.go's handler)
+//     and the read-only debug API flowctl asks (debugapi/): the node's view with OVSDB's ports, desired
+//     flows by owner, the drift report, the bridge's dump, ofproto/trace through unixctl, the drop
+//     stream; served on a root-only socket beside the bridge and on the node's address for the API
+//     server's node proxy. It reads the agent through nodeapi.Agent (agent.go's nodeAPIAgent: the view,
+//     the flow loop's last synced state, the bridge once open). The node's addresses (debug API,
+//     metrics, pprof) speak TLS and go through nodeauth/ (its own package): a bearer token reviewed by
+//     the API server, a SubjectAccessReview for what the path needs, and why the token travels in a
+//     header of its own through the node proxy.
+//   - drops/ (its own package): drop attribution — the drop flows' samples
 //     (flows/pipeline/drops.go: controller(max_len=128, meter_id=<the cause's meter>)) arrive as
 //     packet-ins on the OpenFlow session (ofswitch asks OVS for them with OFPT_SET_ASYNC), handed over
 //     without blocking the session's reader; drops.Decode turns each, against the last synced state and
 //     the owner index, into a record (cause, pods or addresses, protocol and port, the deciding object,
 //     the policies that isolate a pod for a default deny); a ring of drops.RingSize records, per-cause
 //     sample counters (ofsdn_agent_drop_samples_total), and the debug API's NDJSON stream (PathDrops).
-//     openBridge installs the meters (and the reconnect hook again) before any flow names them.
+//     openBridge installs the meters (and the reconnect hook again) before any flow names them; agent.go's
+//     dropSnapshot is what each sample is decoded against.
 //
 // Tests: informers_test.go and services_test.go run the agent's own informers on fake clientsets and
 // check the view (make unit); flowsync_ovs_test.go runs flowSync against a real bridge.

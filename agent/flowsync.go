@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"reflect"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -450,4 +451,24 @@ func (f *flowSync) reportAdmin(renderFailed map[reconcile.Owner]error) {
 		rep[name] = ps
 	}
 	f.onAdmin(rep)
+}
+
+// repairedOwners lists the owners a resync repaired with what it sent each, for the log.
+func repairedOwners(m map[reconcile.Owner]reconcile.SyncStats) []string {
+	out := make([]string, 0, len(m))
+	for _, o := range reconcile.SortedOwnerKeys(m) {
+		st := m[o]
+		var parts []string
+		for _, c := range []struct {
+			n    int
+			what string
+		}{{st.FlowAdds, "+%d flows"}, {st.FlowModifies, "~%d flows"}, {st.FlowDeletes, "-%d flows"},
+			{st.GroupAdds, "+%d groups"}, {st.GroupModifies, "~%d groups"}, {st.GroupDeletes, "-%d groups"}} {
+			if c.n > 0 {
+				parts = append(parts, fmt.Sprintf(c.what, c.n))
+			}
+		}
+		out = append(out, o.String()+" ("+strings.Join(parts, ", ")+")")
+	}
+	return out
 }

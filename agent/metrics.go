@@ -232,3 +232,23 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.ofConns, prometheus.CounterValue, float64(n.OpenFlowConnections))
 	ch <- prometheus.MustNewConstMetric(c.ready, prometheus.GaugeValue, b(n.Ready))
 }
+
+// counts reads the state gauges.
+func (a *Agent) counts() nodeCounts {
+	n := nodeCounts{Flows: map[reconcile.Category]int{}, Groups: map[reconcile.Category]int{}}
+	sess, r, db := a.health.parts()
+	if r != nil {
+		for cat, c := range r.Counts() {
+			n.Flows[cat], n.Groups[cat] = c.Flows, c.Groups
+		}
+	}
+	if sess != nil {
+		n.OpenFlowUp, n.OpenFlowConnections = sess.Connected(), 1+sess.Reconnects()
+	}
+	if db != nil {
+		n.OVSDBUp = db.Connected()
+	}
+	n.Pods, n.Services, n.RemoteNodes = a.view.sizes()
+	n.Ready = a.health.Ready() == nil
+	return n
+}

@@ -92,7 +92,7 @@ func TestNodeAPIServersAreGuarded(t *testing.T) {
 		body, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(body)
 	}
-	metrics, debug := "https://"+a.metricsAddr, "https://"+a.debugAddr
+	metrics, debug := "https://"+a.listening.Metrics, "https://"+a.listening.Debug
 	// The backend answers Desired with 503 "not available yet" (no bridge): it was reached.
 	const reached = "not available yet"
 	for _, tc := range []struct {
@@ -118,7 +118,7 @@ func TestNodeAPIServersAreGuarded(t *testing.T) {
 	}
 	// Plain HTTP gets nothing but the TLS server's complaint, which is the caller's business: no error
 	// in the agent's log.
-	if code, body := get(http.DefaultClient, "http://"+a.debugAddr+debugapi.PathDesired, "reader-token"); code != 400 || strings.Contains(body, reached) {
+	if code, body := get(http.DefaultClient, "http://"+a.listening.Debug+debugapi.PathDesired, "reader-token"); code != 400 || strings.Contains(body, reached) {
 		t.Errorf("plain HTTP to the debug address: HTTP %d %q", code, body)
 	}
 	logMu.Lock()

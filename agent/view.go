@@ -16,6 +16,7 @@ import (
 	"github.com/ofsdn/ofsdn/agent/egress"
 	"github.com/ofsdn/ofsdn/agent/k8sobj"
 	"github.com/ofsdn/ofsdn/agent/networks"
+	"github.com/ofsdn/ofsdn/agent/nodeapi"
 	"github.com/ofsdn/ofsdn/agent/nodenet"
 	"github.com/ofsdn/ofsdn/agent/policy"
 	"github.com/ofsdn/ofsdn/agent/services"
@@ -148,20 +149,14 @@ func (v *nodeView) AllNetAttachments() []attach.NetAttachment {
 	return slices.Collect(maps.Values(v.netAttachments))
 }
 
-// netAttachmentStatus is a pod's interface on a Network and, when it carries no traffic, why.
-type netAttachmentStatus struct {
-	attach.NetAttachment
-	whyNot string // "" when its Network renders and admits it
-}
-
 // netAttachmentStatuses lists the attachments with why each carries no traffic, for the debug API.
-func (v *nodeView) netAttachmentStatuses() []netAttachmentStatus {
+func (v *nodeView) netAttachmentStatuses() []nodeapi.NetAttachment {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	out := make([]netAttachmentStatus, 0, len(v.netAttachments))
+	out := make([]nodeapi.NetAttachment, 0, len(v.netAttachments))
 	for _, a := range v.netAttachments {
 		why := v.networks.WhyNotCarrying(networks.Attachment{Namespace: a.Namespace, Name: a.Name, Interface: a.IfName, Network: a.Network})
-		out = append(out, netAttachmentStatus{NetAttachment: a, whyNot: why})
+		out = append(out, nodeapi.NetAttachment{NetAttachment: a, WhyNot: why})
 	}
 	return out
 }
