@@ -24,6 +24,7 @@ import (
 	"github.com/ofsdn/ofsdn/agent/nodeapi"
 	"github.com/ofsdn/ofsdn/agent/nodenet"
 	"github.com/ofsdn/ofsdn/agent/policy"
+	"github.com/ofsdn/ofsdn/agent/preflight"
 	"github.com/ofsdn/ofsdn/agent/services"
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
 	cnp "github.com/ofsdn/ofsdn/apis/policy/v1beta1"
@@ -368,7 +369,8 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.RestConfig == nil {
 		return errors.New("agent: API server configuration required")
 	}
-	if err := checkPrerequisites(ctx, cfg, cfg.Logger.WithName("agent").WithValues("node", cfg.NodeName)); err != nil {
+	pc := preflight.Config{OVSDBEndpoint: cfg.OVSDBEndpoint, OVSRunDir: cfg.OVSRunDir, Bridge: cfg.Bridge, DatapathType: cfg.DatapathType}
+	if err := preflight.Check(ctx, pc, cfg.Logger.WithName("agent").WithValues("node", cfg.NodeName)); err != nil {
 		return err
 	}
 	rc := rest.CopyConfig(cfg.RestConfig)

@@ -65,6 +65,10 @@
 //     so a slow claim never delays the heartbeats), the tunnels' next hop to the holder, the
 //     firewalls' DNS names resolved with TTL re-resolution, and the holder written to NetNamespace
 //     status after the move.
+//   - preflight/ (its own package): the node's prerequisites (Open vSwitch's database and switch, the
+//     datapath and interface types, OpenFlow 1.3, bundles, the pipeline's features probed in a
+//     discarded bundle), checked by the package-level Run before anything else; a missing one stops the
+//     agent with one line naming it and the fix (preflight.Error).
 //   - round.go: the reconciliation round stamped in cookies (kept in br0's external_ids), so a restarted
 //     agent installs its flows beside the previous round's and only then deletes those: no datapath gap.
 //   - metrics.go: the agent's Prometheus metrics (counters where things happen, gauges of the node's
