@@ -20,6 +20,7 @@ import (
 	"github.com/ofsdn/ofsdn/agent/egress"
 	"github.com/ofsdn/ofsdn/agent/hostnet"
 	"github.com/ofsdn/ofsdn/agent/k8sobj"
+	"github.com/ofsdn/ofsdn/agent/metrics"
 	"github.com/ofsdn/ofsdn/agent/networks"
 	"github.com/ofsdn/ofsdn/agent/nodeapi"
 	"github.com/ofsdn/ofsdn/agent/nodenet"
@@ -156,7 +157,7 @@ type Deps struct {
 	// Dynamic reads ClusterNetworkPolicies (adminpolicy.Watch); nil: they are not watched.
 	Dynamic dynamic.Interface
 	// Metrics; nil: a fresh registry.
-	Metrics *Metrics
+	Metrics *metrics.Metrics
 	// Reviews makes the TokenReviews and SubjectAccessReviews that guard the node API; nil: Kube. Run
 	// gives it a client of its own, so callers with bad tokens cannot use up the agent's request rate.
 	Reviews kubernetes.Interface
@@ -173,7 +174,7 @@ type Agent struct {
 	host    *hostSide
 	hostFwd *hostSync
 	pods    *attach.Handler
-	metrics *Metrics
+	metrics *metrics.Metrics
 	events  record.EventRecorder
 	// eventBroadcaster sends events to the API server once Run starts it (nil: Deps.Events records).
 	eventBroadcaster record.EventBroadcaster
@@ -235,7 +236,7 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 		return nil, errors.New("agent: Kubernetes and ofsdn API clients required")
 	}
 	if deps.Metrics == nil {
-		deps.Metrics = NewMetrics(nil)
+		deps.Metrics = metrics.New(nil)
 	}
 	log := cfg.Logger.WithName("agent").WithValues("node", cfg.NodeName)
 	a := &Agent{cfg: cfg, deps: deps, log: log, view: newNodeView(cfg.NodeName, egress.NewInputs(uint16(cmp.Or(cfg.EgressPort, egress.DefaultPort)))), host: &hostSide{}, metrics: deps.Metrics,
@@ -258,7 +259,7 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 		onIndexChanged: a.saveOwnerIndex, onAdmin: adminpolicy.NewReporter(cfg.NodeName, a.events, log.WithName("cnp"), time.Now).Report}, log)
 	a.health = newHealth(a.view.Ready, a.fs.loop)
 	a.drops = drops.NewSampler(deps.Metrics.Registry, a.dropSnapshot)
-	if err := deps.Metrics.Registry.Register(newStateCollector(a.counts)); err != nil {
+	if err := deps.Metrics.Registry.Register(metrics.NewStateCollector(a.counts)); err != nil {
 		return nil, fmt.Errorf("agent: metrics: %w", err)
 	}
 	a.netInformers = networkinformers.NewSharedInformerFactory(deps.Net, 0)
@@ -556,7 +557,7 @@ func (a *Agent) openBridge(ctx context.Context) error {
 		a.log.Error(err, "drop sampling runs unmetered: the bridge refused the drop flows' meters", "agentLimit", drops.MaxSampleRate)
 	}
 	go a.drops.Run(ctx)
-	a.recon = reconcile.New(meteredSwitch{ofswitch.FlowsSwitch(a.sess), a.metrics}, reconcile.Config{Round: round,
+	a.recon = reconcile.New(metrics.Switch{Switch: ofswitch.FlowsSwitch(a.sess), M: a.metrics}, reconcile.Config{Round: round,
 		PipelineVersion: pipeline.PipelineVersion, VersionOf: pipeline.VersionOf})
 	a.fs.useBridge(a.recon)
 	a.health.setSession(a.sess, a.recon, a.deps.DB)
@@ -714,7 +715,7 @@ func (a *Agent) installRound(ctx context.Context) error {
 	}
 	start := time.Now()
 	res, err := a.recon.FinishRound(ctx)
-	a.metrics.observeSync("round", res.Stats, time.Since(start))
+	a.metrics.ObserveSync("round", res.Stats, time.Since(start))
 	if err != nil {
 		return fmt.Errorf("finish round: %w", err)
 	}
@@ -731,7 +732,7 @@ func (a *Agent) installRound(ctx context.Context) error {
 
 // serveCNI starts the sync loops and serves the CNI plugin until ctx ends.
 func (a *Agent) serveCNI(ctx context.Context) error {
-	srv := &cni.Server{Socket: a.cfg.CNISocket, Handler: meteredCNI{a.pods, a.metrics}, Logger: a.log.WithName("cni-server")}
+	srv := &cni.Server{Socket: a.cfg.CNISocket, Handler: metrics.CNIHandler{Handler: a.pods, M: a.metrics}, Logger: a.log.WithName("cni-server")}
 	if err := srv.Listen(); err != nil {
 		return err
 	}
@@ -887,4 +888,24 @@ func (a *Agent) syncRoutes(ctx context.Context) (time.Duration, error) {
 		return 0, nil
 	}
 	return 0, err
+}
+
+// counts reads the state gauges.
+func (a *Agent) counts() metrics.NodeCounts {
+	n := metrics.NodeCounts{Flows: map[reconcile.Category]int{}, Groups: map[reconcile.Category]int{}}
+	sess, r, db := a.health.parts()
+	if r != nil {
+		for cat, c := range r.Counts() {
+			n.Flows[cat], n.Groups[cat] = c.Flows, c.Groups
+		}
+	}
+	if sess != nil {
+		n.OpenFlowUp, n.OpenFlowConnections = sess.Connected(), 1+sess.Reconnects()
+	}
+	if db != nil {
+		n.OVSDBUp = db.Connected()
+	}
+	n.Pods, n.Services, n.RemoteNodes = a.view.sizes()
+	n.Ready = a.health.Ready() == nil
+	return n
 }

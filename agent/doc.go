@@ -71,8 +71,9 @@
 //     agent with one line naming it and the fix (preflight.Error).
 //   - round.go: the reconciliation round stamped in cookies (kept in br0's external_ids), so a restarted
 //     agent installs its flows beside the previous round's and only then deletes those: no datapath gap.
-//   - metrics.go: the agent's Prometheus metrics (counters where things happen, gauges of the node's
-//     state read at scrape time) and the CNI handler wrapper that counts and times each verb.
+//   - metrics/ (its own package): the agent's Prometheus metrics (counters where things happen, gauges
+//     of the node's state read at scrape time from agent.go's counts), the bundle counter around the
+//     reconciler's switch and the CNI handler wrapper that counts and times each verb.
 //   - health.go: /healthz (the flow sync loop answers a ping, OVS sessions up or reconnecting) and
 //     /readyz, which CNI STATUS shares (first full sync done, CNI socket listening, sessions up).
 //   - nodeapi/ (its own package): the node API — the metrics and health server (health.go's handler)

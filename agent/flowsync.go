@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ofsdn/ofsdn/agent/adminpolicy"
+	"github.com/ofsdn/ofsdn/agent/metrics"
 	"github.com/ofsdn/ofsdn/agent/policy"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
 	"github.com/ofsdn/ofsdn/flows/reconcile"
@@ -61,7 +62,7 @@ type flowSync struct {
 	// the owner index flowctl reads).
 	onIndexChanged func(*reconcile.OwnerIndex)
 	indexGen       uint64
-	metrics        *Metrics // optional
+	metrics        *metrics.Metrics // optional
 	clock          func() time.Time
 	// injected owners are added to every render: tests use it to make an owner the switch refuses.
 	injected map[reconcile.Owner]reconcile.OwnerState
@@ -90,7 +91,7 @@ type syncedState struct {
 
 // flowSyncHooks are the parts of the agent a flow sync reports to; each is optional.
 type flowSyncHooks struct {
-	metrics *Metrics
+	metrics *metrics.Metrics
 	// host receives every synced state (port forwards, conntrack flushes) without the sync waiting.
 	host *hostSync
 	// onFailure is told that an owner failed (again).
@@ -249,7 +250,7 @@ func (f *flowSync) syncLocked(ctx context.Context) (reconcile.SyncStats, error) 
 		if f.onSynced != nil {
 			f.onSynced(res.Stats, f.clock().Sub(start))
 		}
-		f.metrics.observeSync("apply", res.Stats, f.clock().Sub(start))
+		f.metrics.ObserveSync("apply", res.Stats, f.clock().Sub(start))
 	}
 	return res.Stats, nil
 }
@@ -339,8 +340,8 @@ func (f *flowSync) indexChanged() {
 
 // Triggers of a full resync (drift check), as the metrics label them.
 const (
-	resyncPeriodic  = "periodic"
-	resyncReconnect = "reconnect"
+	resyncPeriodic  = metrics.DriftPeriodic
+	resyncReconnect = metrics.DriftReconnect
 )
 
 type resyncRequest struct {
@@ -355,7 +356,7 @@ func (f *flowSync) resyncLocked(ctx context.Context, trigger string) error {
 	if f.metrics != nil {
 		f.metrics.DriftChecks.WithLabelValues(trigger).Inc()
 		f.metrics.DriftRepairs.WithLabelValues(trigger).Add(float64(res.Stats.Messages))
-		f.metrics.observeSync("resync", res.Stats, f.clock().Sub(start))
+		f.metrics.ObserveSync("resync", res.Stats, f.clock().Sub(start))
 	}
 	if err != nil {
 		return err

@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/go-logr/logr/funcr"
+	"github.com/ofsdn/ofsdn/agent/metrics"
 	"github.com/ofsdn/ofsdn/debugapi"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
@@ -63,7 +64,7 @@ func TestNodeAPIServersAreGuarded(t *testing.T) {
 	}, funcr.Options{})
 	a := &Agent{cfg: Config{NodeName: "n1", StateDir: dir, MetricsAddress: "127.0.0.1:0", DebugAddress: "127.0.0.1:0",
 		DebugSocket: filepath.Join(dir, "br0.ofsdn.sock"), Profiling: true},
-		log: log, health: newHealth(nil, nil), metrics: NewMetrics(nil), deps: Deps{Kube: kube}}
+		log: log, health: newHealth(nil, nil), metrics: metrics.New(nil), deps: Deps{Kube: kube}}
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	if err := a.serveObservability(ctx); err != nil {
