@@ -306,7 +306,7 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	w := &watchNetwork{view: a.view, sync: a.fs, log: log, newPeer: newPeer, uplink: a.uplink}
 	netObjects, netSubnets, netNamespaces := (&networks.Watch{View: a.view, Sync: a.fs, Log: log.WithName("networks"),
 		Changed: func() { a.routes.Kick(); a.netReport.Kick() }}).Handlers()
-	ws := &watchServices{view: a.view, sync: a.fs, log: log.WithName("services")}
+	svcHandlers, sliceHandlers := (&services.Watch{View: a.view, Sync: a.fs}).Handlers()
 	egressNetNamespaces, egressHostSubnets, egressPolicies, egressClusterNetworks := a.egress.Handlers()
 	policyPods, policyNamespaces, policies := (&policy.Watch{View: a.view, Sync: a.fs}).Handlers()
 	adminPods, adminNamespaces, adminNodes, adminPolicies := (&adminpolicy.Watch{View: a.view, Sync: a.fs, Log: log.WithName("cnp")}).Handlers()
@@ -324,8 +324,8 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 		{net.NetworkSubnets().Informer(), netSubnets},
 		{a.kubeInformers.Core().V1().Namespaces().Informer(), netNamespaces},
 		// Services and their endpoints: br0 load-balances them, no kube-proxy needed.
-		{a.kubeInformers.Core().V1().Services().Informer(), k8sobj.Handlers(ws.service)},
-		{a.kubeInformers.Discovery().V1().EndpointSlices().Informer(), k8sobj.Handlers(ws.endpointSlice)},
+		{a.kubeInformers.Core().V1().Services().Informer(), svcHandlers},
+		{a.kubeInformers.Discovery().V1().EndpointSlices().Informer(), sliceHandlers},
 		// The pods bound to this node: their hostPorts.
 		{pods, k8sobj.Handlers((&watchHostPorts{view: a.view, sync: a.fs}).pod)},
 		// NetworkPolicies and what their selectors select (every mode; enforced in networkpolicy mode).

@@ -12,8 +12,8 @@
 //   - view.go: nodeView, the one picture of the node every flow is rendered from; its generation counter
 //     lets a CNI ADD wait for exactly its own change.
 //   - informers.go: ClusterNetwork, HostSubnets and NetNamespaces into the view.
-//   - services.go: the Services and EndpointSlices informers into the view; services/ (its own
-//     package) turns them into pipeline.ServiceState (with a conversion cache, so one endpoint change
+//   - services/ (its own package): its Watch files the Services and EndpointSlices informers' objects
+//     in the view (services.View), which keeps them as the cache gave them; it turns them into pipeline.ServiceState (with a conversion cache, so one endpoint change
 //     converts one service) and serves LoadBalancer services' health check node ports, which hostSync
 //     keeps in step with each synced state.
 //   - policy/ (its own package): NetworkPolicy resolution — policies, every pod of the cluster and

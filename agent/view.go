@@ -218,6 +218,29 @@ func (v *nodeView) PodNetworkStatuses() map[string][]nadv1.NetworkStatus {
 	return out
 }
 
+// SetService and SetEndpointSlice file the informers' objects by namespace/name, nil deleting
+// (services.View).
+
+func (v *nodeView) SetService(key string, svc *corev1.Service) {
+	v.update(func(v *nodeView) {
+		if svc == nil {
+			delete(v.services, key)
+			return
+		}
+		v.services[key] = svc
+	})
+}
+
+func (v *nodeView) SetEndpointSlice(key string, es *discoveryv1.EndpointSlice) {
+	v.update(func(v *nodeView) {
+		if es == nil {
+			delete(v.slices, key)
+			return
+		}
+		v.slices[key] = es
+	})
+}
+
 // Reads of the view for the rest of the agent: each takes the lock and copies.
 
 // addressing is the node's address, subnet and cluster networks.
