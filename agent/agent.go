@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"reflect"
 	"time"
@@ -740,7 +739,8 @@ func (a *Agent) serveCNI(ctx context.Context) error {
 	a.health.setCNIListening(true)
 	defer a.health.setCNIListening(false)
 	_, _, mtu := a.view.Subnet()
-	if err := installCNI(a.cfg, mtu); err != nil {
+	install := cni.Install{ConfDir: a.cfg.CNIConfDir, BinDir: a.cfg.CNIBinDir, Plugin: a.cfg.PluginBinary, Socket: a.cfg.CNISocket, MTU: mtu}
+	if err := install.Write(); err != nil {
 		return err
 	}
 	go a.fs.run(ctx)
@@ -836,30 +836,6 @@ func ownerObject(o reconcile.Owner) *corev1.ObjectReference {
 		return nil
 	}
 	return &corev1.ObjectReference{Kind: string(obj.Kind), APIVersion: obj.Kind.APIVersion(), Namespace: obj.Namespace, Name: obj.Name}
-}
-
-// installCNI writes the conflist and copies the plugin binary into the CNI directories, atomically.
-// The conflist offers CNI 1.1 through cniVersions (runtimes whose libcni knows 1.1 take it, with STATUS
-// and GC) and says 1.0.0 in cniVersion for the others: containerd 1.6 and 1.7 (libcni 1.1) refuse a
-// 1.1.0 result ("unsupported CNI result version"), which broke every pod on a real kubelet.
-func installCNI(cfg Config, mtu int) error {
-	if cfg.CNIConfDir != "" {
-		conf := fmt.Sprintf(`{"cniVersion":"1.0.0","cniVersions":["1.0.0","1.1.0"],"name":"ofsdn","plugins":[{"type":"ofsdn","agentSocket":%q,"pendingDeletesDir":%q,"mtu":%d}]}`+"\n",
-			cfg.CNISocket, cni.PendingDeletesDirFor(cfg.CNISocket), mtu)
-		if err := atomicfile.Write(filepath.Join(cfg.CNIConfDir, "80-ofsdn.conflist"), []byte(conf), 0o644); err != nil {
-			return fmt.Errorf("install CNI config: %w", err)
-		}
-	}
-	if cfg.CNIBinDir != "" && cfg.PluginBinary != "" {
-		data, err := os.ReadFile(cfg.PluginBinary)
-		if err != nil {
-			return fmt.Errorf("install CNI plugin: %w", err)
-		}
-		if err := atomicfile.Write(filepath.Join(cfg.CNIBinDir, "ofsdn"), data, 0o755); err != nil {
-			return fmt.Errorf("install CNI plugin: %w", err)
-		}
-	}
-	return nil
 }
 
 // nodeEvent records a Warning Event on this node's Node object.
