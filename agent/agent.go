@@ -178,7 +178,7 @@ type Agent struct {
 	// eventBroadcaster sends events to the API server once Run starts it (nil: Deps.Events records).
 	eventBroadcaster record.EventBroadcaster
 	// conflicts tells each hostPort conflict once; policyProblems each NetworkPolicy problem.
-	conflicts      *conflictReporter
+	conflicts      *hostnet.HostPortConflicts
 	policyProblems *policy.ProblemReporter
 	// purger clears the userspace datapath's flow cache after policy changes (hostnet/purge.go); nil
 	// but for netdev.
@@ -245,7 +245,7 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 		a.eventBroadcaster = record.NewBroadcaster()
 		a.events = a.eventBroadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "ofsdn-agent", Host: cfg.NodeName})
 	}
-	a.conflicts = &conflictReporter{log: log.WithName("hostports"), recorder: a.events}
+	a.conflicts = hostnet.NewHostPortConflicts(a.events, log.WithName("hostports"))
 	a.policyProblems = policy.NewProblemReporter(a.events, log.WithName("netpol"))
 	a.healthChecks = services.NewHealthCheckServers(log)
 	var heldStale func(context.Context, pipeline.NodeState) ([]openflow.ConntrackFlush, error)
@@ -326,7 +326,7 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 		{a.kubeInformers.Core().V1().Services().Informer(), svcHandlers},
 		{a.kubeInformers.Discovery().V1().EndpointSlices().Informer(), sliceHandlers},
 		// The pods bound to this node: their hostPorts.
-		{pods, k8sobj.Handlers((&watchHostPorts{view: a.view, sync: a.fs}).pod)},
+		{pods, (&hostnet.WatchHostPorts{View: a.view, Sync: a.fs}).Handlers()},
 		// NetworkPolicies and what their selectors select (every mode; enforced in networkpolicy mode).
 		{pods, policyPods},
 		// Other nodes' pods: the source VNID of what arrives unencapsulated (encapsulation none).
@@ -781,7 +781,7 @@ func (a *Agent) applyHost(ctx context.Context, st pipeline.NodeState, problems m
 		}
 	}
 	hostPorts, found := a.view.resolvedHostPorts()
-	a.conflicts.report(found)
+	a.conflicts.Report(found)
 	if err := a.host.setForwards(nodePortsOf(st.Services), hostPorts); err != nil {
 		return fmt.Errorf("NodePort and hostPort forwarding: %w", err)
 	}

@@ -30,9 +30,10 @@
 //     filing changes through adminpolicy.View; its Reporter (report.go), the NotEnforced / Enforced
 //     Events on each policy that the controller aggregates into its status.
 //   - hostside.go: the node's own side through nodenet — routes, tun0, nf_tables SNAT, NodePort and
-//     hostPort forwards (of this node's pods, from the cluster-wide pod informer), HostPortConflict Events — and hostSync, the loop that carries synced states there
-//     (and flushes stale UDP conntrack, at start those conntrack holds against the first state, then
-//     reads conntrack again to verify each flush) off the flow path.
+//     hostPort forwards (hostnet resolves this node's pods' hostPorts and tells HostPortConflict
+//     Events) — and hostSync, the loop that carries synced states there (agent.go's applyHost; it
+//     flushes stale UDP conntrack, at start those conntrack holds against the first state, then reads
+//     conntrack again to verify each flush) off the flow path.
 //   - attach/ (its own package): the CNI verbs (IPAM in ipam/, the veth in podnet/, the OVS port with
 //     its external_ids); a repeated ADD of an intact attachment answers with its result and changes
 //     nothing; after a restart every attachment's pieces (OVS port, reservation, marked veth, pending
@@ -51,9 +52,11 @@
 //   - hostnet/ (its own package): the node's host-side jobs beyond nodenet's plumbing — encapsulation
 //     none's uplink port (br0's patch port into the OVS bridge holding the node's address, which peers
 //     are on its segment, an EncapsulationFallback Event when the node cannot, tun0's MAC), ovs-
-//     vswitchd's tunnel neighbours checked against the kernel's (userspace datapath), and the datapath
-//     flow cache purged after policy changes (userspace datapath); informers.go's watchRemotePods keeps
-//     other nodes' pods' addresses for the source VNID of unencapsulated traffic (multitenant).
+//     vswitchd's tunnel neighbours checked against the kernel's (userspace datapath), the datapath flow
+//     cache purged after policy changes (userspace datapath), and the local pods' hostPorts from the
+//     pod informer (WatchHostPorts, through hostnet.HostPortView) resolved oldest first, each conflict
+//     told once. informers.go's watchRemotePods keeps other nodes' pods' addresses for the source VNID
+//     of unencapsulated traffic (multitenant).
 //   - egress/ (its own package): egress IPs and the egress firewall — its Node (node.go) is the
 //     informers' handlers putting NetNamespaces, HostSubnets and EgressNetworkPolicies into Inputs, an
 //     egressplan.Plan and pipeline.EgressState under their own lock that the view holds and fills into

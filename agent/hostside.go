@@ -4,22 +4,16 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"net/netip"
 	"reflect"
 	"slices"
 	"sync"
 	"time"
 
-	"github.com/ofsdn/ofsdn/agent/attach"
-	"github.com/ofsdn/ofsdn/agent/k8sobj"
 	"github.com/ofsdn/ofsdn/agent/nodenet"
 	"github.com/ofsdn/ofsdn/agent/policy"
 	"github.com/ofsdn/ofsdn/flows/openflow"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
 	"github.com/ofsdn/ofsdn/internal/loop"
-	corev1 "k8s.io/api/core/v1"
-	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 )
 
@@ -86,137 +80,6 @@ func nodePortsOf(services []pipeline.ServiceState) []nodenet.NodePort {
 		return cmp.Or(cmp.Compare(a.Port, b.Port), cmp.Compare(a.Protocol, b.Protocol))
 	})
 	return out
-}
-
-// hostPortPod is what the agent keeps of a local pod that publishes hostPorts.
-type hostPortPod struct {
-	created time.Time
-	ports   []corev1.ContainerPort // those with a hostPort
-}
-
-// watchHostPorts follows the pods bound to this node for their hostPorts: kubelet leaves hostPort to
-// the network plugin when a CNI plugin networks the pod.
-type watchHostPorts struct {
-	view *nodeView
-	sync *flowSync
-}
-
-func (w *watchHostPorts) pod(obj any, deleted bool) {
-	pod, ok := obj.(*k8sobj.Pod)
-	if !ok {
-		return
-	}
-	key := k8sobj.PodKey(pod.Namespace, pod.Name)
-	var ports []corev1.ContainerPort
-	// The informer holds every pod of the cluster: only this node's publish hostPorts here.
-	if !deleted && pod.NodeName == w.view.nodeName && pod.Phase != corev1.PodSucceeded && pod.Phase != corev1.PodFailed && !pod.HostNetwork {
-		for _, p := range pod.Ports {
-			if p.HostPort > 0 {
-				ports = append(ports, p)
-			}
-		}
-	}
-	changed := false
-	w.view.update(func(v *nodeView) {
-		prev, had := v.hostPorts[key]
-		switch {
-		case len(ports) == 0 && had:
-			delete(v.hostPorts, key)
-			changed = true
-		case len(ports) > 0 && (!had || !reflect.DeepEqual(prev.ports, ports)):
-			v.hostPorts[key] = hostPortPod{created: pod.CreationTimestamp.Time, ports: ports}
-			changed = true
-		}
-	})
-	if changed {
-		w.sync.Trigger()
-	}
-}
-
-// hostPortConflict is a hostPort a pod asked for that an older pod holds.
-type hostPortConflict struct {
-	Pod, Holder string
-	Port        corev1.ContainerPort
-}
-
-// hostPortsOf resolves the local pods' hostPorts: oldest pod first, so a port never changes hands while
-// its holder lives; a later pod asking for a held port (same protocol and port, on an overlapping host
-// IP) is reported, not given it. Pods not attached yet (no IP) wait.
-func hostPortsOf(pods map[string]attach.Pod, hp map[string]hostPortPod) ([]nodenet.HostPort, []hostPortConflict) {
-	keys := make([]string, 0, len(hp))
-	for k := range hp {
-		keys = append(keys, k)
-	}
-	slices.SortFunc(keys, func(a, b string) int { return cmp.Or(hp[a].created.Compare(hp[b].created), cmp.Compare(a, b)) })
-	type claim struct {
-		proto uint8
-		port  uint16
-	}
-	holders := map[claim][]struct {
-		ip  netip.Addr
-		pod string
-	}{}
-	var out []nodenet.HostPort
-	var conflicts []hostPortConflict
-	for _, key := range keys {
-		pod, attached := pods[key]
-		if !attached {
-			continue
-		}
-		for _, p := range hp[key].ports {
-			proto, ok := k8sobj.ProtocolNumber(p.Protocol)
-			if !ok || p.HostPort <= 0 || p.HostPort > 65535 || p.ContainerPort <= 0 || p.ContainerPort > 65535 {
-				continue
-			}
-			hostIP, _ := netip.ParseAddr(p.HostIP)
-			c := claim{proto, uint16(p.HostPort)}
-			holder := ""
-			for _, h := range holders[c] {
-				if !h.ip.IsValid() || h.ip.IsUnspecified() || !hostIP.IsValid() || hostIP.IsUnspecified() || h.ip == hostIP {
-					holder = h.pod
-					break
-				}
-			}
-			if holder != "" {
-				if holder != key {
-					conflicts = append(conflicts, hostPortConflict{Pod: key, Holder: holder, Port: p})
-				}
-				continue
-			}
-			holders[c] = append(holders[c], struct {
-				ip  netip.Addr
-				pod string
-			}{hostIP, key})
-			out = append(out, nodenet.HostPort{Protocol: proto, HostIP: hostIP, HostPort: uint16(p.HostPort), PodIP: pod.IP,
-				PodPort: uint16(p.ContainerPort), Pod: key})
-		}
-	}
-	return out, conflicts
-}
-
-// conflictReporter tells each conflict once: a Warning Event on the pod that did not get its port.
-type conflictReporter struct {
-	recorder record.EventRecorder
-	log      klog.Logger
-	told     map[hostPortConflict]bool
-}
-
-func (r *conflictReporter) report(conflicts []hostPortConflict) {
-	now := map[hostPortConflict]bool{}
-	for _, c := range conflicts {
-		now[c] = true
-		if r.told[c] {
-			continue
-		}
-		msg := fmt.Sprintf("hostPort %s/%d is held by pod %s on this node; this pod's port is not published", c.Port.Protocol, c.Port.HostPort, c.Holder)
-		r.log.Info("hostPort conflict", "pod", c.Pod, "holder", c.Holder, "protocol", c.Port.Protocol, "hostPort", c.Port.HostPort)
-		if r.recorder != nil {
-			ns, name, _ := cache.SplitMetaNamespaceKey(c.Pod)
-			ref := &corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: ns, Name: name}
-			r.recorder.Event(ref, corev1.EventTypeWarning, "HostPortConflict", msg)
-		}
-	}
-	r.told = now
 }
 
 // hostSync carries synced node states to the host side — UDP/SCTP conntrack flushes for endpoints

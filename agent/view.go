@@ -6,6 +6,7 @@ import (
 	"maps"
 	"net"
 	"net/netip"
+	"reflect"
 	"slices"
 	"sort"
 	"sync"
@@ -14,6 +15,7 @@ import (
 	"github.com/ofsdn/ofsdn/agent/adminpolicy"
 	"github.com/ofsdn/ofsdn/agent/attach"
 	"github.com/ofsdn/ofsdn/agent/egress"
+	"github.com/ofsdn/ofsdn/agent/hostnet"
 	"github.com/ofsdn/ofsdn/agent/k8sobj"
 	"github.com/ofsdn/ofsdn/agent/networks"
 	"github.com/ofsdn/ofsdn/agent/nodeapi"
@@ -44,7 +46,7 @@ type nodeView struct {
 	slices    map[string]*discoveryv1.EndpointSlice
 	converted services.Cache // the last conversion of each service, reused while its objects stay
 	// hostPorts of the pods bound to this node, by namespace/name (pod informer).
-	hostPorts map[string]hostPortPod
+	hostPorts map[string]hostnet.HostPortPod
 	// policyChanges are the NetworkPolicies, pods and namespaces the informers changed since the last
 	// snapshot, which hands them to the flow loop's policy index (agent/policy): resolution happens
 	// there, not under this lock.
@@ -84,7 +86,7 @@ type remotePod struct {
 func newNodeView(nodeName string, egressInputs *egress.Inputs) *nodeView {
 	return &nodeView{nodeName: nodeName, mode: pipeline.ModeSubnet, remote: map[string]pipeline.RemoteNode{},
 		vnids: map[string]uint32{}, pods: map[string]attach.Pod{}, services: map[string]*corev1.Service{},
-		slices: map[string]*discoveryv1.EndpointSlice{}, hostPorts: map[string]hostPortPod{}, converted: services.Cache{},
+		slices: map[string]*discoveryv1.EndpointSlice{}, hostPorts: map[string]hostnet.HostPortPod{}, converted: services.Cache{},
 		encap: pipeline.EncapVXLAN, remotePods: map[string]remotePod{}, networks: networks.NewIndex(), netAttachments: map[string]attach.NetAttachment{},
 		egress: egressInputs}
 }
@@ -374,10 +376,31 @@ func (v *nodeView) nodeAddresses() map[string][]netip.Addr {
 }
 
 // resolvedHostPorts returns the hostPorts to publish and the conflicts to report.
-func (v *nodeView) resolvedHostPorts() ([]nodenet.HostPort, []hostPortConflict) {
+func (v *nodeView) resolvedHostPorts() ([]nodenet.HostPort, []hostnet.HostPortConflict) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	return hostPortsOf(v.pods, v.hostPorts)
+	podIP := func(key string) (netip.Addr, bool) {
+		p, ok := v.pods[key]
+		return p.IP, ok
+	}
+	return hostnet.ResolveHostPorts(podIP, v.hostPorts)
+}
+
+// SetHostPorts files a local pod's hostPorts (nil: none) and says whether that changed anything
+// (hostnet.HostPortView).
+func (v *nodeView) SetHostPorts(key string, p *hostnet.HostPortPod) (changed bool) {
+	v.update(func(v *nodeView) {
+		prev, had := v.hostPorts[key]
+		switch {
+		case p == nil && had:
+			delete(v.hostPorts, key)
+			changed = true
+		case p != nil && (!had || !reflect.DeepEqual(prev.Ports, p.Ports)):
+			v.hostPorts[key] = *p
+			changed = true
+		}
+	})
+	return changed
 }
 
 // healthChecks returns the health check node ports this node serves, with their local ready endpoints.
