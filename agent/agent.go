@@ -3,7 +3,6 @@ package agent
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -35,7 +34,6 @@ import (
 	"github.com/ofsdn/ofsdn/flows/openflow"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
 	"github.com/ofsdn/ofsdn/flows/reconcile"
-	"github.com/ofsdn/ofsdn/internal/atomicfile"
 	"github.com/ofsdn/ofsdn/internal/loop"
 	"github.com/ofsdn/ofsdn/ofswitch"
 	"github.com/ofsdn/ofsdn/ovsdb"
@@ -754,88 +752,6 @@ func (a *Agent) serveCNI(ctx context.Context) error {
 	a.health.setStep("")
 	a.log.Info("agent running", "bridge", a.cfg.Bridge, "cniSocket", a.cfg.CNISocket)
 	return srv.Serve(ctx)
-}
-
-// applyHost carries a synced state to the host: conntrack flushes, forwards, hostPort conflicts; and
-// reports the NetworkPolicy problems the sync found.
-func (a *Agent) applyHost(ctx context.Context, st pipeline.NodeState, problems map[string][]policy.Problem, stale []openflow.ConntrackFlush) error {
-	a.policyProblems.Report(problems)
-	// UDP and SCTP entries towards endpoints a service no longer uses would keep their clients on
-	// them: flush them in br0's service zone.
-	if len(stale) > 0 && a.sess != nil {
-		msgs := make([][]byte, 0, len(stale))
-		for _, c := range stale {
-			msgs = append(msgs, openflow.EncodeConntrackFlush(pipeline.ZoneService, c))
-		}
-		if err := a.sess.Send(ctx, msgs); err != nil {
-			a.log.Error(err, "flush stale service conntrack entries", "entries", len(stale))
-		} else {
-			a.log.V(2).Info("flushed stale service conntrack entries", "entries", stale)
-		}
-	}
-	if a.purger != nil {
-		if purged, err := a.purger.Synced(ctx, st); err != nil {
-			a.log.Error(err, "policy verdicts may lag in the datapath cache")
-		} else if purged {
-			a.log.V(2).Info("purged the datapath flow cache after a policy change")
-		}
-	}
-	hostPorts, found := a.view.resolvedHostPorts()
-	a.conflicts.Report(found)
-	if err := a.host.setForwards(nodePortsOf(st.Services), hostPorts); err != nil {
-		return fmt.Errorf("NodePort and hostPort forwarding: %w", err)
-	}
-	// A port another process holds is told, and tried again at the next sync; it fails no flow sync.
-	if err := a.healthChecks.Sync(a.view.healthChecks()); err != nil {
-		a.log.Error(err, "health check node ports")
-	}
-	return nil
-}
-
-// staleHeld reads what br0's conntrack holds in the service zone and returns the DNATed UDP and SCTP
-// entries st no longer DNATs to (the start-up half of the stale-entry flush; hostSync does the rest).
-func (a *Agent) staleHeld(ctx context.Context, st pipeline.NodeState) ([]openflow.ConntrackFlush, error) {
-	entries, err := unixctl.New(a.cfg.OVSRunDir, "ovs-vswitchd").Conntrack(ctx, pipeline.ZoneService)
-	if err != nil {
-		return nil, err
-	}
-	held := make([]openflow.ConntrackFlush, 0, len(entries))
-	for _, e := range entries {
-		held = append(held, openflow.ConntrackFlush{Protocol: e.Protocol, Dst: e.Orig.Dst, DstPort: e.Orig.DstPort, ReplySrc: e.Reply.Src})
-	}
-	return pipeline.StaleConntrackHeld(st, held), nil
-}
-
-// saveOwnerIndex writes the owner index flowctl names flows' owners with.
-func (a *Agent) saveOwnerIndex(x *reconcile.OwnerIndex) {
-	data, err := json.Marshal(x)
-	if err == nil {
-		err = atomicfile.Write(filepath.Join(a.cfg.OVSRunDir, a.cfg.Bridge+".owners.json"), data, 0o644)
-	}
-	if err != nil {
-		a.log.Error(err, "saving the owner index (flowctl shows owner hashes instead of names meanwhile)")
-	}
-}
-
-// ownerFailed reports an owner that keeps its last good flows with a Warning Event on the API object
-// it renders, if it has one (flowSync logs it and counts it in the metrics).
-func (a *Agent) ownerFailed(o reconcile.Owner, fail *ownerFailure) {
-	if fail.attempts > 1 || a.events == nil {
-		return // one Event per failure, not per retry
-	}
-	if ref := ownerObject(o); ref != nil {
-		a.events.Eventf(ref, corev1.EventTypeWarning, "FlowsNotInstalled",
-			"ofsdn could not install this object's flows on node %s; it keeps its previous flows and retries: %v", a.cfg.NodeName, fail.err)
-	}
-}
-
-// ownerObject is the API object an owner's flows render, when there is one.
-func ownerObject(o reconcile.Owner) *corev1.ObjectReference {
-	obj, ok := pipeline.ObjectOf(o)
-	if !ok {
-		return nil
-	}
-	return &corev1.ObjectReference{Kind: string(obj.Kind), APIVersion: obj.Kind.APIVersion(), Namespace: obj.Namespace, Name: obj.Name}
 }
 
 // nodeEvent records a Warning Event on this node's Node object.

@@ -31,7 +31,7 @@
 //     Events on each policy that the controller aggregates into its status.
 //   - hostside.go: the node's own side through nodenet — routes, tun0, nf_tables SNAT, NodePort and
 //     hostPort forwards (hostnet resolves this node's pods' hostPorts and tells HostPortConflict
-//     Events) — and hostSync, the loop that carries synced states there (agent.go's applyHost; it
+//     Events) — and hostSync, the loop that carries synced states there (applyHost; it
 //     flushes stale UDP conntrack, at start those conntrack holds against the first state, then reads
 //     conntrack again to verify each flush) off the flow path.
 //   - attach/ (its own package): the CNI verbs (IPAM in ipam/, the veth in podnet/, the OVS port with

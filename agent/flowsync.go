@@ -2,8 +2,10 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
@@ -16,7 +18,9 @@ import (
 	"github.com/ofsdn/ofsdn/agent/policy"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
 	"github.com/ofsdn/ofsdn/flows/reconcile"
+	"github.com/ofsdn/ofsdn/internal/atomicfile"
 	"github.com/ofsdn/ofsdn/internal/loop"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 )
 
@@ -472,4 +476,36 @@ func repairedOwners(m map[reconcile.Owner]reconcile.SyncStats) []string {
 		out = append(out, o.String()+" ("+strings.Join(parts, ", ")+")")
 	}
 	return out
+}
+
+// saveOwnerIndex writes the owner index flowctl names flows' owners with.
+func (a *Agent) saveOwnerIndex(x *reconcile.OwnerIndex) {
+	data, err := json.Marshal(x)
+	if err == nil {
+		err = atomicfile.Write(filepath.Join(a.cfg.OVSRunDir, a.cfg.Bridge+".owners.json"), data, 0o644)
+	}
+	if err != nil {
+		a.log.Error(err, "saving the owner index (flowctl shows owner hashes instead of names meanwhile)")
+	}
+}
+
+// ownerFailed reports an owner that keeps its last good flows with a Warning Event on the API object
+// it renders, if it has one (flowSync logs it and counts it in the metrics).
+func (a *Agent) ownerFailed(o reconcile.Owner, fail *ownerFailure) {
+	if fail.attempts > 1 || a.events == nil {
+		return // one Event per failure, not per retry
+	}
+	if ref := ownerObject(o); ref != nil {
+		a.events.Eventf(ref, corev1.EventTypeWarning, "FlowsNotInstalled",
+			"ofsdn could not install this object's flows on node %s; it keeps its previous flows and retries: %v", a.cfg.NodeName, fail.err)
+	}
+}
+
+// ownerObject is the API object an owner's flows render, when there is one.
+func ownerObject(o reconcile.Owner) *corev1.ObjectReference {
+	obj, ok := pipeline.ObjectOf(o)
+	if !ok {
+		return nil
+	}
+	return &corev1.ObjectReference{Kind: string(obj.Kind), APIVersion: obj.Kind.APIVersion(), Namespace: obj.Namespace, Name: obj.Name}
 }

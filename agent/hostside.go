@@ -14,6 +14,7 @@ import (
 	"github.com/ofsdn/ofsdn/flows/openflow"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
 	"github.com/ofsdn/ofsdn/internal/loop"
+	"github.com/ofsdn/ofsdn/unixctl"
 	"k8s.io/klog/v2"
 )
 
@@ -209,4 +210,54 @@ func (h *hostSync) untilVerify() time.Duration {
 		return 0
 	}
 	return max(time.Until(h.verifyAt), time.Millisecond)
+}
+
+// applyHost carries a synced state to the host: conntrack flushes, forwards, hostPort conflicts; and
+// reports the NetworkPolicy problems the sync found.
+func (a *Agent) applyHost(ctx context.Context, st pipeline.NodeState, problems map[string][]policy.Problem, stale []openflow.ConntrackFlush) error {
+	a.policyProblems.Report(problems)
+	// UDP and SCTP entries towards endpoints a service no longer uses would keep their clients on
+	// them: flush them in br0's service zone.
+	if len(stale) > 0 && a.sess != nil {
+		msgs := make([][]byte, 0, len(stale))
+		for _, c := range stale {
+			msgs = append(msgs, openflow.EncodeConntrackFlush(pipeline.ZoneService, c))
+		}
+		if err := a.sess.Send(ctx, msgs); err != nil {
+			a.log.Error(err, "flush stale service conntrack entries", "entries", len(stale))
+		} else {
+			a.log.V(2).Info("flushed stale service conntrack entries", "entries", stale)
+		}
+	}
+	if a.purger != nil {
+		if purged, err := a.purger.Synced(ctx, st); err != nil {
+			a.log.Error(err, "policy verdicts may lag in the datapath cache")
+		} else if purged {
+			a.log.V(2).Info("purged the datapath flow cache after a policy change")
+		}
+	}
+	hostPorts, found := a.view.resolvedHostPorts()
+	a.conflicts.Report(found)
+	if err := a.host.setForwards(nodePortsOf(st.Services), hostPorts); err != nil {
+		return fmt.Errorf("NodePort and hostPort forwarding: %w", err)
+	}
+	// A port another process holds is told, and tried again at the next sync; it fails no flow sync.
+	if err := a.healthChecks.Sync(a.view.healthChecks()); err != nil {
+		a.log.Error(err, "health check node ports")
+	}
+	return nil
+}
+
+// staleHeld reads what br0's conntrack holds in the service zone and returns the DNATed UDP and SCTP
+// entries st no longer DNATs to (the start-up half of the stale-entry flush; hostSync does the rest).
+func (a *Agent) staleHeld(ctx context.Context, st pipeline.NodeState) ([]openflow.ConntrackFlush, error) {
+	entries, err := unixctl.New(a.cfg.OVSRunDir, "ovs-vswitchd").Conntrack(ctx, pipeline.ZoneService)
+	if err != nil {
+		return nil, err
+	}
+	held := make([]openflow.ConntrackFlush, 0, len(entries))
+	for _, e := range entries {
+		held = append(held, openflow.ConntrackFlush{Protocol: e.Protocol, Dst: e.Orig.Dst, DstPort: e.Orig.DstPort, ReplySrc: e.Reply.Src})
+	}
+	return pipeline.StaleConntrackHeld(st, held), nil
 }
