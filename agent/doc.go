@@ -7,14 +7,20 @@
 //   - agent.go: New wires the view, informers and handlers from its Deps (clients, OVSDB, a way to
 //     dial the bridge) without I/O; Run takes the named start-up steps in order (open the bridge, sync
 //     informers, wait for the node's subnet, set up the node, restore pods, install this round, serve
-//     CNI); the package-level Run makes real Deps from a Config. Owner failures become Warning Events
-//     (FlowsNotInstalled, on the Pod, Service, NetworkPolicy or Node the owner renders).
+//     CNI); the package-level Run checks the node's prerequisites (preflight/) and makes real Deps from
+//     a Config. Each feature's package gets its dependencies at construction and sees the agent through
+//     small interfaces of its own (a View the nodeView implements, the flow loop as a Sync); agent.go
+//     also holds the few adapters over several parts (nodeAPIAgent, counts, dropSnapshot, the Events
+//     on pods and the Node, the routes loop's syncRoutes).
 //   - view.go: nodeView, the one picture of the node every flow is rendered from; its generation counter
-//     lets a CNI ADD wait for exactly its own change.
-//   - informers.go: ClusterNetwork, HostSubnets and NetNamespaces into the view.
+//     lets a CNI ADD wait for exactly its own change. Its lock stays in view.go: the features change it
+//     through methods (RecordPolicyChange, UpdateNetworks, Change, SetService, SetHostPorts, ...).
+//   - informers.go: ClusterNetwork, HostSubnets and NetNamespaces into the view's own fields (mode,
+//     addressing, remote nodes, VNIDs), and other nodes' pods (watchRemotePods).
 //   - services/ (its own package): its Watch files the Services and EndpointSlices informers' objects
-//     in the view (services.View), which keeps them as the cache gave them; it turns them into pipeline.ServiceState (with a conversion cache, so one endpoint change
-//     converts one service) and serves LoadBalancer services' health check node ports, which hostSync
+//     in the view (services.View), which keeps them as the cache gave them; it turns them into
+//     pipeline.ServiceState (with a conversion cache, so one endpoint change converts one service) and
+//     serves LoadBalancer services' health check node ports, which hostSync
 //     keeps in step with each synced state.
 //   - policy/ (its own package): NetworkPolicy resolution — policies, every pod of the cluster and
 //     namespaces into pipeline.PolicyState for the policies that select a local pod, and the pods'
@@ -49,6 +55,8 @@
 //     running pods' cross-talk routes in step (attach.Handler.SyncRoutes) is agent.go's syncRoutes.
 //   - flowsync.go: render, diff per owner, one Apply; concurrent callers coalesce; failing owners keep
 //     their last good flows and are retried with back-off; resyncs (reconnect, periodic) run in its loop.
+//     Owner failures become Warning Events (FlowsNotInstalled, on the Pod, Service, NetworkPolicy or
+//     Node the owner renders); the owner index is saved for flowctl.
 //   - hostnet/ (its own package): the node's host-side jobs beyond nodenet's plumbing — encapsulation
 //     none's uplink port (br0's patch port into the OVS bridge holding the node's address, which peers
 //     are on its segment, an EncapsulationFallback Event when the node cannot, tun0's MAC), ovs-
@@ -95,8 +103,8 @@
 //     the owner index, into a record (cause, pods or addresses, protocol and port, the deciding object,
 //     the policies that isolate a pod for a default deny); a ring of drops.RingSize records, per-cause
 //     sample counters (ofsdn_agent_drop_samples_total), and the debug API's NDJSON stream (PathDrops).
-//     openBridge installs the meters (and the reconnect hook again) before any flow names them; agent.go's
-//     dropSnapshot is what each sample is decoded against.
+//     openBridge installs the meters (and the reconnect hook again) before any flow names them;
+//     agent.go's dropSnapshot is what each sample is decoded against.
 //
 // Tests: informers_test.go and services_test.go run the agent's own informers on fake clientsets and
 // check the view (make unit); flowsync_ovs_test.go runs flowSync against a real bridge.
