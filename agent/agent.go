@@ -12,6 +12,7 @@ import (
 
 	nadclient "github.com/k8snetworkplumbingwg/network-attachment-definition-client/pkg/client/clientset/versioned"
 	nadinformers "github.com/k8snetworkplumbingwg/network-attachment-definition-client/pkg/client/informers/externalversions"
+	nadlisters "github.com/k8snetworkplumbingwg/network-attachment-definition-client/pkg/client/listers/k8s.cni.cncf.io/v1"
 	"github.com/ofsdn/ofsdn/agent/adminpolicy"
 	"github.com/ofsdn/ofsdn/agent/attach"
 	"github.com/ofsdn/ofsdn/agent/drops"
@@ -236,7 +237,9 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 		deps.Metrics = metrics.New(nil)
 	}
 	log := cfg.Logger.WithName("agent").WithValues("node", cfg.NodeName)
-	a := &Agent{cfg: cfg, deps: deps, log: log, view: newNodeView(cfg.NodeName, egress.NewInputs(uint16(cmp.Or(cfg.EgressPort, egress.DefaultPort)))), host: &hostSide{}, metrics: deps.Metrics,
+	// The egress inputs come first: the view fills its snapshots from them, egress.Node changes them.
+	egressInputs := egress.NewInputs(uint16(cmp.Or(cfg.EgressPort, egress.DefaultPort)))
+	a := &Agent{cfg: cfg, deps: deps, log: log, view: newNodeView(cfg.NodeName, egressInputs), host: &hostSide{}, metrics: deps.Metrics,
 		events: deps.Events}
 	if a.events == nil {
 		// Recorded to the API server once Run starts the broadcaster.
@@ -268,16 +271,18 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	}
 	a.egress = egress.NewNode(egress.NodeConfig{NodeName: cfg.NodeName, HostNetNS: cfg.HostNetNS, StateDir: cfg.StateDir,
 		Interval: cfg.EgressInterval, DeadAfter: cfg.EgressDeadAfter, DNSServer: cfg.EgressDNSServer, OVS: ovs, Logger: log},
-		egress.NodeDeps{Inputs: a.view.egress, View: a.view, Sync: a.fs, Net: deps.Net, Events: a.events,
+		egress.NodeDeps{Inputs: egressInputs, View: a.view, Sync: a.fs, Net: deps.Net, Events: a.events,
 			NetNamespaces: a.netInformers.Network().V1().NetNamespaces().Lister()})
 	a.netReport = networks.NewReporter(cfg.NodeName, deps.Net, deps.Kube, a.view, log)
-	requests := &networks.PodRequests{Placements: a.view, Pods: a.kubeInformers.Core().V1().Pods().Informer().GetStore(), Kube: deps.Kube,
-		NAD: deps.NAD, Log: log.WithName("networks")}
+	var nads nadlisters.NetworkAttachmentDefinitionLister
+	var nadsSynced cache.InformerSynced
 	if deps.NAD != nil {
 		a.nadInformers = nadinformers.NewSharedInformerFactory(deps.NAD, 0)
-		nads := a.nadInformers.K8sCniCncfIo().V1().NetworkAttachmentDefinitions()
-		requests.NADs, requests.NADsSynced = nads.Lister(), nads.Informer().HasSynced
+		informer := a.nadInformers.K8sCniCncfIo().V1().NetworkAttachmentDefinitions()
+		nads, nadsSynced = informer.Lister(), informer.Informer().HasSynced
 	}
+	requests := &networks.PodRequests{Placements: a.view, Pods: a.kubeInformers.Core().V1().Pods().Informer().GetStore(), Kube: deps.Kube,
+		NAD: deps.NAD, NADs: nads, NADsSynced: nadsSynced, Log: log.WithName("networks")}
 	a.pods = attach.New(attach.Config{Bridge: cfg.Bridge, HostNetNS: cfg.HostNetNS, Netdev: cfg.DatapathType == "netdev",
 		StateDir: filepath.Join(cfg.StateDir, "ipam"), NetworksDir: filepath.Join(cfg.StateDir, "networks"),
 		PendingDeletes: cni.PendingDeletesDirFor(cfg.CNISocket), AbsentGrace: cfg.AbsentPodGrace, Logger: log.WithName("cni")},
