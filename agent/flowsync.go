@@ -150,8 +150,8 @@ func (f *flowSync) syncThrough(ctx context.Context, gen uint64, owners ...reconc
 	return st, nil
 }
 
-// SyncThrough is syncThrough for attachments (attach.Flows): they wait for their pod's flows, not for
-// the statistics.
+// SyncThrough is syncThrough for attachments and egress claims (attach.Flows, egress.Sync): they wait
+// for their owners' flows, not for the statistics.
 func (f *flowSync) SyncThrough(ctx context.Context, gen uint64, owners ...reconcile.Owner) error {
 	_, err := f.syncThrough(ctx, gen, owners...)
 	return err
