@@ -1,36 +1,40 @@
 package agent
 
 import (
+	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"reflect"
 	"time"
 
 	nadclient "github.com/k8snetworkplumbingwg/network-attachment-definition-client/pkg/client/clientset/versioned"
 	nadinformers "github.com/k8snetworkplumbingwg/network-attachment-definition-client/pkg/client/informers/externalversions"
+	nadlisters "github.com/k8snetworkplumbingwg/network-attachment-definition-client/pkg/client/listers/k8s.cni.cncf.io/v1"
+	"github.com/ofsdn/ofsdn/agent/adminpolicy"
 	"github.com/ofsdn/ofsdn/agent/attach"
 	"github.com/ofsdn/ofsdn/agent/drops"
 	"github.com/ofsdn/ofsdn/agent/egress"
 	"github.com/ofsdn/ofsdn/agent/hostnet"
 	"github.com/ofsdn/ofsdn/agent/k8sobj"
+	"github.com/ofsdn/ofsdn/agent/metrics"
 	"github.com/ofsdn/ofsdn/agent/networks"
+	"github.com/ofsdn/ofsdn/agent/nodeapi"
 	"github.com/ofsdn/ofsdn/agent/nodenet"
 	"github.com/ofsdn/ofsdn/agent/policy"
+	"github.com/ofsdn/ofsdn/agent/preflight"
 	"github.com/ofsdn/ofsdn/agent/services"
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
 	cnp "github.com/ofsdn/ofsdn/apis/policy/v1beta1"
 	networkclient "github.com/ofsdn/ofsdn/client/clientset/versioned"
 	networkinformers "github.com/ofsdn/ofsdn/client/informers/externalversions"
 	"github.com/ofsdn/ofsdn/cni"
+	"github.com/ofsdn/ofsdn/debugapi"
 	"github.com/ofsdn/ofsdn/flows/openflow"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
 	"github.com/ofsdn/ofsdn/flows/reconcile"
-	"github.com/ofsdn/ofsdn/internal/atomicfile"
 	"github.com/ofsdn/ofsdn/internal/loop"
 	"github.com/ofsdn/ofsdn/ofswitch"
 	"github.com/ofsdn/ofsdn/ovsdb"
@@ -126,7 +130,7 @@ func (c *Config) defaults() error {
 		c.AbsentPodGrace = attach.DefaultAbsentPodGrace
 	}
 	if c.DebugSocket == "" {
-		c.DebugSocket = DefaultDebugSocket(c.OVSRunDir, c.Bridge)
+		c.DebugSocket = nodeapi.DefaultDebugSocket(c.OVSRunDir, c.Bridge)
 	}
 	if c.Logger.GetSink() == nil {
 		c.Logger = klog.Background()
@@ -148,10 +152,10 @@ type Deps struct {
 	NAD nadclient.Interface
 	// Events records Warning Events on API objects; nil: Agent.Run records through Kube.
 	Events record.EventRecorder
-	// Dynamic reads ClusterNetworkPolicies (adminpolicy_watch.go); nil: they are not watched.
+	// Dynamic reads ClusterNetworkPolicies (adminpolicy.Watch); nil: they are not watched.
 	Dynamic dynamic.Interface
 	// Metrics; nil: a fresh registry.
-	Metrics *Metrics
+	Metrics *metrics.Metrics
 	// Reviews makes the TokenReviews and SubjectAccessReviews that guard the node API; nil: Kube. Run
 	// gives it a client of its own, so callers with bad tokens cannot use up the agent's request rate.
 	Reviews kubernetes.Interface
@@ -168,13 +172,13 @@ type Agent struct {
 	host    *hostSide
 	hostFwd *hostSync
 	pods    *attach.Handler
-	metrics *Metrics
+	metrics *metrics.Metrics
 	events  record.EventRecorder
 	// eventBroadcaster sends events to the API server once Run starts it (nil: Deps.Events records).
 	eventBroadcaster record.EventBroadcaster
 	// conflicts tells each hostPort conflict once; policyProblems each NetworkPolicy problem.
-	conflicts      *conflictReporter
-	policyProblems *policyProblemReporter
+	conflicts      *hostnet.HostPortConflicts
+	policyProblems *policy.ProblemReporter
 	// purger clears the userspace datapath's flow cache after policy changes (hostnet/purge.go); nil
 	// but for netdev.
 	purger *hostnet.DatapathPurger
@@ -184,14 +188,11 @@ type Agent struct {
 	health *health
 	// uplink keeps br0's uplink port for encapsulation none (hostnet/uplink.go); nil without OVSDB (unit tests).
 	uplink *hostnet.Uplink
-	// egressIPs holds and moves egress IPs with the other nodes; egressStatus records them (egress.go).
-	egressIPs    *egress.Job
-	egressStatus *egress.StatusWriter
-	egressDNS    *egress.Resolver
-	// egressResolved takes the DNS names' addresses into the view (the resolver's output).
-	egressResolved func(map[string][]netip.Addr)
+	// egress holds and moves egress IPs with the other nodes, records them, resolves the firewalls'
+	// names (agent/egress).
+	egress *egress.Node
 	// netReport writes NetworkSubnet status and pods' network-status (agent/networks); routes keeps
-	// running pods' cross-talk routes in step with their Networks (networks.go).
+	// running pods' cross-talk routes in step with their Networks (syncRoutes).
 	netReport *networks.Reporter
 	routes    *loop.Loop
 	// nadInformers watch NetworkAttachmentDefinitions when the cluster has them; the agent does not wait
@@ -205,14 +206,16 @@ type Agent struct {
 	// handlersSynced report whether each handler has seen every object its informer listed at start.
 	handlersSynced []cache.InformerSynced
 	// adminInformers watch ClusterNetworkPolicies (nil without Deps.Dynamic); started only when the API
-	// server serves them (adminpolicy_watch.go); adminSynced like handlersSynced.
+	// server serves them (adminpolicy.Watch); adminSynced like handlersSynced.
 	adminInformers dynamicinformer.DynamicSharedInformerFactory
 	adminSynced    []cache.InformerSynced
 
 	// Where the metrics and debug servers listen (serveObservability), "" when not served.
-	metricsAddr, debugAddr string
+	listening nodeapi.Listening
 
-	// drops turns the drop flows' samples into records (dropsample.go).
+	// drops turns the drop flows' samples into records (agent/drops): the OpenFlow session hands it
+	// packet-ins, it decodes them against the last synced state (dropSnapshot), the debug API streams
+	// its ring.
 	drops *drops.Sampler
 
 	// Set by Run's first step.
@@ -231,18 +234,20 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 		return nil, errors.New("agent: Kubernetes and ofsdn API clients required")
 	}
 	if deps.Metrics == nil {
-		deps.Metrics = NewMetrics(nil)
+		deps.Metrics = metrics.New(nil)
 	}
 	log := cfg.Logger.WithName("agent").WithValues("node", cfg.NodeName)
-	a := &Agent{cfg: cfg, deps: deps, log: log, view: newNodeView(cfg.NodeName), host: &hostSide{}, metrics: deps.Metrics,
+	// The egress inputs come first: the view fills its snapshots from them, egress.Node changes them.
+	egressInputs := egress.NewInputs(uint16(cmp.Or(cfg.EgressPort, egress.DefaultPort)))
+	a := &Agent{cfg: cfg, deps: deps, log: log, view: newNodeView(cfg.NodeName, egressInputs), host: &hostSide{}, metrics: deps.Metrics,
 		events: deps.Events}
 	if a.events == nil {
 		// Recorded to the API server once Run starts the broadcaster.
 		a.eventBroadcaster = record.NewBroadcaster()
 		a.events = a.eventBroadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "ofsdn-agent", Host: cfg.NodeName})
 	}
-	a.conflicts = &conflictReporter{log: log.WithName("hostports"), recorder: a.events}
-	a.policyProblems = &policyProblemReporter{log: log.WithName("netpol"), recorder: a.events}
+	a.conflicts = hostnet.NewHostPortConflicts(a.events, log.WithName("hostports"))
+	a.policyProblems = policy.NewProblemReporter(a.events, log.WithName("netpol"))
 	a.healthChecks = services.NewHealthCheckServers(log)
 	var heldStale func(context.Context, pipeline.NodeState) ([]openflow.ConntrackFlush, error)
 	if deps.DialSwitch != nil { // a real bridge: its conntrack can be read
@@ -251,27 +256,37 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	a.hostFwd = newHostSync(log, a.applyHost, heldStale)
 	// The flow sync's reconciler comes with the bridge (openBridge); everything that feeds it exists now.
 	a.fs = newFlowSync(a.view, nil, flowSyncHooks{metrics: deps.Metrics, host: a.hostFwd, onFailure: a.ownerFailed,
-		onIndexChanged: a.saveOwnerIndex, onAdmin: (&adminReporter{node: cfg.NodeName, recorder: a.events, log: log.WithName("cnp"), clock: time.Now}).report}, log)
+		onIndexChanged: a.saveOwnerIndex, onAdmin: adminpolicy.NewReporter(cfg.NodeName, a.events, log.WithName("cnp"), time.Now).Report}, log)
 	a.health = newHealth(a.view.Ready, a.fs.loop)
 	a.drops = drops.NewSampler(deps.Metrics.Registry, a.dropSnapshot)
-	if err := deps.Metrics.Registry.Register(newStateCollector(a.counts)); err != nil {
+	if err := deps.Metrics.Registry.Register(metrics.NewStateCollector(a.counts)); err != nil {
 		return nil, fmt.Errorf("agent: metrics: %w", err)
 	}
 	a.netInformers = networkinformers.NewSharedInformerFactory(deps.Net, 0)
 	// Every pod of the cluster (NetworkPolicy peers), trimmed to what the agent reads (k8sobj.Trim).
 	a.kubeInformers = kubeinformers.NewSharedInformerFactoryWithOptions(deps.Kube, 0, kubeinformers.WithTransform(k8sobj.Trim))
+	var ovs *unixctl.Client // the userspace datapath's tunnels' next hops
+	if cfg.DatapathType == "netdev" {
+		ovs = unixctl.New(cfg.OVSRunDir, "ovs-vswitchd")
+	}
+	a.egress = egress.NewNode(egress.NodeConfig{NodeName: cfg.NodeName, HostNetNS: cfg.HostNetNS, StateDir: cfg.StateDir,
+		Interval: cfg.EgressInterval, DeadAfter: cfg.EgressDeadAfter, DNSServer: cfg.EgressDNSServer, OVS: ovs, Logger: log},
+		egress.NodeDeps{Inputs: egressInputs, View: a.view, Sync: a.fs, Net: deps.Net, Events: a.events,
+			NetNamespaces: a.netInformers.Network().V1().NetNamespaces().Lister()})
 	a.netReport = networks.NewReporter(cfg.NodeName, deps.Net, deps.Kube, a.view, log)
-	requests := &networkRequests{view: a.view, pods: a.kubeInformers.Core().V1().Pods().Informer().GetStore(), kube: deps.Kube, nad: deps.NAD,
-		log: log.WithName("networks")}
+	var nads nadlisters.NetworkAttachmentDefinitionLister
+	var nadsSynced cache.InformerSynced
 	if deps.NAD != nil {
 		a.nadInformers = nadinformers.NewSharedInformerFactory(deps.NAD, 0)
-		nads := a.nadInformers.K8sCniCncfIo().V1().NetworkAttachmentDefinitions()
-		requests.nads, requests.nadReady = nads.Lister(), nads.Informer().HasSynced
+		informer := a.nadInformers.K8sCniCncfIo().V1().NetworkAttachmentDefinitions()
+		nads, nadsSynced = informer.Lister(), informer.Informer().HasSynced
 	}
+	requests := &networks.PodRequests{Placements: a.view, Pods: a.kubeInformers.Core().V1().Pods().Informer().GetStore(), Kube: deps.Kube,
+		NAD: deps.NAD, NADs: nads, NADsSynced: nadsSynced, Log: log.WithName("networks")}
 	a.pods = attach.New(attach.Config{Bridge: cfg.Bridge, HostNetNS: cfg.HostNetNS, Netdev: cfg.DatapathType == "netdev",
 		StateDir: filepath.Join(cfg.StateDir, "ipam"), NetworksDir: filepath.Join(cfg.StateDir, "networks"),
 		PendingDeletes: cni.PendingDeletesDirFor(cfg.CNISocket), AbsentGrace: cfg.AbsentPodGrace, Logger: log.WithName("cni")},
-		attach.Deps{Node: a.view, Flows: egressAwareFlows{a.fs, a.view.egress}, DB: deps.DB, Readiness: a.health.Ready,
+		attach.Deps{Node: a.view, Flows: a.egress.PodFlows(), DB: deps.DB, Readiness: a.health.Ready,
 			BridgeUp: func() bool { return a.sess != nil && a.sess.Connected() },
 			// Restore asks the pod informer (then the API server) whether a restored attachment's pod exists.
 			Pods:     attach.APIPods{Cache: a.kubeInformers.Core().V1().Pods().Informer().GetStore(), Client: deps.Kube.CoreV1(), NodeName: cfg.NodeName},
@@ -280,7 +295,7 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 		Quiet: func(err error) bool { return errors.Is(err, errNotReady) }}, a.syncRoutes)
 	var newPeer func(netip.Addr)
 	if cfg.DatapathType == "netdev" {
-		a.neighbors = hostnet.NewTunnelNeighbors(hostnet.Node{NetNS: cfg.HostNetNS}, unixctl.New(cfg.OVSRunDir, "ovs-vswitchd"), a.view.peers, log)
+		a.neighbors = hostnet.NewTunnelNeighbors(hostnet.Node{NetNS: cfg.HostNetNS}, ovs, a.view.peers, log)
 		newPeer = func(netip.Addr) { a.neighbors.Kick() }
 		if deps.DialSwitch != nil { // a real ovs-vswitchd to purge
 			a.purger = hostnet.NewDatapathPurger(cfg.OVSRunDir)
@@ -288,43 +303,44 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	}
 	if deps.DB != nil {
 		a.uplink = hostnet.NewUplink(hostnet.UplinkConfig{Bridge: cfg.Bridge, Datapath: cfg.DatapathType, Linger: cfg.UplinkLinger, Logger: log},
-			hostnet.UplinkDeps{View: a.view, Host: hostnet.Node{NetNS: cfg.HostNetNS}, OVS: deps.DB, Changed: a.fs.trigger, Warn: a.nodeEvent})
+			hostnet.UplinkDeps{View: a.view, Host: hostnet.Node{NetNS: cfg.HostNetNS}, OVS: deps.DB, Changed: a.fs.Trigger, Warn: a.nodeEvent})
 	}
 	w := &watchNetwork{view: a.view, sync: a.fs, log: log, newPeer: newPeer, uplink: a.uplink}
-	we := a.newEgress()
-	wn := &watchNetworks{view: a.view, sync: a.fs, log: log.WithName("networks"), changed: func() { a.routes.Kick(); a.netReport.Kick() }}
-	ws := &watchServices{view: a.view, sync: a.fs, log: log.WithName("services")}
-	policyPods, policyNamespaces, policies := (&watchPolicies{view: a.view, sync: a.fs}).handlers()
-	adminPods, adminNamespaces, adminNodes, adminPolicies := (&watchAdmin{view: a.view, sync: a.fs, log: log.WithName("cnp")}).handlers()
+	netObjects, netSubnets, netNamespaces := (&networks.Watch{View: a.view, Sync: a.fs, Log: log.WithName("networks"),
+		Changed: func() { a.routes.Kick(); a.netReport.Kick() }}).Handlers()
+	svcHandlers, sliceHandlers := (&services.Watch{View: a.view, Sync: a.fs}).Handlers()
+	egressNetNamespaces, egressHostSubnets, egressPolicies, egressClusterNetworks := a.egress.Handlers()
+	policyPods, policyNamespaces, policies := (&policy.Watch{View: a.view, Sync: a.fs}).Handlers()
+	adminPods, adminNamespaces, adminNodes, adminPolicies := (&adminpolicy.Watch{View: a.view, Sync: a.fs, Log: log.WithName("cnp")}).Handlers()
 	net := a.netInformers.Network().V1()
 	pods := a.kubeInformers.Core().V1().Pods().Informer()
 	for _, h := range []struct {
 		informer cache.SharedIndexInformer
 		handlers cache.ResourceEventHandlerFuncs
 	}{
-		{net.ClusterNetworks().Informer(), handlers(w.clusterNetwork)},
-		{net.HostSubnets().Informer(), handlers(w.hostSubnet)},
-		{net.NetNamespaces().Informer(), handlers(w.netNamespace)},
+		{net.ClusterNetworks().Informer(), k8sobj.Handlers(w.clusterNetwork)},
+		{net.HostSubnets().Informer(), k8sobj.Handlers(w.hostSubnet)},
+		{net.NetNamespaces().Informer(), k8sobj.Handlers(w.netNamespace)},
 		// Networks: their objects, node subnets, and the namespaces' labels their selectors read.
-		{net.Networks().Informer(), handlers(wn.network)},
-		{net.NetworkSubnets().Informer(), handlers(wn.networkSubnet)},
-		{a.kubeInformers.Core().V1().Namespaces().Informer(), handlers(wn.namespace)},
+		{net.Networks().Informer(), netObjects},
+		{net.NetworkSubnets().Informer(), netSubnets},
+		{a.kubeInformers.Core().V1().Namespaces().Informer(), netNamespaces},
 		// Services and their endpoints: br0 load-balances them, no kube-proxy needed.
-		{a.kubeInformers.Core().V1().Services().Informer(), handlers(ws.service)},
-		{a.kubeInformers.Discovery().V1().EndpointSlices().Informer(), handlers(ws.endpointSlice)},
+		{a.kubeInformers.Core().V1().Services().Informer(), svcHandlers},
+		{a.kubeInformers.Discovery().V1().EndpointSlices().Informer(), sliceHandlers},
 		// The pods bound to this node: their hostPorts.
-		{pods, handlers((&watchHostPorts{view: a.view, sync: a.fs}).pod)},
+		{pods, (&hostnet.WatchHostPorts{View: a.view, Sync: a.fs}).Handlers()},
 		// NetworkPolicies and what their selectors select (every mode; enforced in networkpolicy mode).
 		{pods, policyPods},
 		// Other nodes' pods: the source VNID of what arrives unencapsulated (encapsulation none).
-		{pods, handlers((&watchRemotePods{view: a.view, sync: a.fs}).pod)},
+		{pods, k8sobj.Handlers((&watchRemotePods{view: a.view, sync: a.fs}).pod)},
 		{a.kubeInformers.Core().V1().Namespaces().Informer(), policyNamespaces},
 		{a.kubeInformers.Networking().V1().NetworkPolicies().Informer(), policies},
-		// Egress IPs and firewalls (egress.go).
-		{net.NetNamespaces().Informer(), handlers(we.netNamespace)},
-		{net.HostSubnets().Informer(), handlers(we.hostSubnet)},
-		{net.EgressNetworkPolicies().Informer(), handlers(we.policy)},
-		{net.ClusterNetworks().Informer(), handlers(we.clusterNetwork)},
+		// Egress IPs and firewalls (agent/egress).
+		{net.NetNamespaces().Informer(), egressNetNamespaces},
+		{net.HostSubnets().Informer(), egressHostSubnets},
+		{net.EgressNetworkPolicies().Informer(), egressPolicies},
+		{net.ClusterNetworks().Informer(), egressClusterNetworks},
 		// ClusterNetworkPolicies' pods, namespaces and nodes (the policies: below).
 		{pods, adminPods},
 		{a.kubeInformers.Core().V1().Namespaces().Informer(), adminNamespaces},
@@ -356,7 +372,8 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.RestConfig == nil {
 		return errors.New("agent: API server configuration required")
 	}
-	if err := checkPrerequisites(ctx, cfg, cfg.Logger.WithName("agent").WithValues("node", cfg.NodeName)); err != nil {
+	pc := preflight.Config{OVSDBEndpoint: cfg.OVSDBEndpoint, OVSRunDir: cfg.OVSRunDir, Bridge: cfg.Bridge, DatapathType: cfg.DatapathType}
+	if err := preflight.Check(ctx, pc, cfg.Logger.WithName("agent").WithValues("node", cfg.NodeName)); err != nil {
 		return err
 	}
 	rc := rest.CopyConfig(cfg.RestConfig)
@@ -389,7 +406,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("agent: %w", err)
 	}
 	rr := rest.CopyConfig(cfg.RestConfig)
-	rr.QPS, rr.Burst = reviewQPS, reviewBurst
+	rr.QPS, rr.Burst = nodeapi.ReviewQPS, nodeapi.ReviewBurst
 	reviews, err := kubernetes.NewForConfig(rr)
 	if err != nil {
 		return fmt.Errorf("agent: %w", err)
@@ -397,7 +414,7 @@ func Run(ctx context.Context, cfg Config) error {
 	var a *Agent
 	a, err = New(cfg, Deps{Kube: kube, Net: net, NAD: nad, Dynamic: dyn, DB: db, Reviews: reviews, DialSwitch: func(ctx context.Context) (*ofswitch.Session, error) {
 		return ofswitch.Dial(ctx, ofswitch.Config{Socket: filepath.Join(cfg.OVSRunDir, cfg.Bridge+".mgmt"), Bridge: cfg.Bridge, Logger: cfg.Logger,
-			OnPacketIn: a.packetIn})
+			OnPacketIn: a.drops.PacketIn}) // never blocks the OpenFlow reader
 	}})
 	if err != nil {
 		return err
@@ -426,7 +443,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		{"wait for the node's subnet", a.waitForNode},
 		{"set up the node", a.setUpNode},
 		{"restore pods", a.pods.Restore},
-		{"restore egress IPs", a.egressIPs.Restore},
+		{"restore egress IPs", a.egress.Restore},
 		{"install this round", a.installRound},
 		{"serve CNI", a.serveCNI},
 	}
@@ -442,6 +459,80 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.log.V(1).Info("start-up step done", "step", s.name, "took", time.Since(start))
 	}
 	return nil
+}
+
+// serveObservability binds the metrics and debug listeners and serves them until ctx ends
+// (agent/nodeapi). It is the first start-up step: liveness answers while the rest starts, and a port
+// taken is a clear error.
+func (a *Agent) serveObservability(ctx context.Context) error {
+	reviews := a.deps.Reviews
+	if reviews == nil {
+		reviews = a.deps.Kube
+	}
+	var ports nodeapi.PortDB
+	if a.deps.DB != nil {
+		ports = a.deps.DB
+	}
+	var dropStream debugapi.DropStreamer
+	if a.drops != nil {
+		dropStream = a.drops
+	}
+	var err error
+	a.listening, err = nodeapi.Serve(ctx, nodeapi.Config{NodeName: a.cfg.NodeName, Bridge: a.cfg.Bridge, OVSRunDir: a.cfg.OVSRunDir,
+		StateDir: a.cfg.StateDir, MetricsAddress: a.cfg.MetricsAddress, DebugAddress: a.cfg.DebugAddress, DebugSocket: a.cfg.DebugSocket,
+		TLSCertFile: a.cfg.TLSCertFile, TLSKeyFile: a.cfg.TLSKeyFile, Logger: a.log},
+		nodeapi.Deps{Metrics: a.metricsHandler(), Agent: nodeAPIAgent{a}, Ports: ports, Drops: dropStream, Reviews: reviews})
+	if err == nil && a.listening.Metrics != "" && a.cfg.Profiling {
+		a.log.Info("serving /debug/pprof/ on the metrics address", "address", a.listening.Metrics)
+	}
+	return err
+}
+
+// nodeAPIAgent is the agent as the debug API reads it (nodeapi.Agent).
+type nodeAPIAgent struct{ a *Agent }
+
+func (n nodeAPIAgent) Bridge() (*ofswitch.Session, *reconcile.Reconciler, string) {
+	sess, r, _ := n.a.health.parts()
+	return sess, r, n.a.health.currentStep()
+}
+
+func (n nodeAPIAgent) State() (pipeline.NodeState, error) {
+	if err := n.a.view.Ready(); err != nil {
+		return pipeline.NodeState{}, err
+	}
+	if last, ok := n.a.fs.lastSynced(); ok {
+		return last.state, nil // what br0 holds, policies resolved
+	}
+	return n.a.view.snapshot().state, nil
+}
+
+func (n nodeAPIAgent) VNIDs() map[string]uint32 { return n.a.view.namespaceVNIDs() }
+
+func (n nodeAPIAgent) ServiceNetwork() netip.Prefix {
+	cn, err := n.a.netInformers.Network().V1().ClusterNetworks().Lister().Get(networkv1.ClusterNetworkName)
+	if err != nil {
+		return netip.Prefix{}
+	}
+	sn, _ := netip.ParsePrefix(string(cn.Spec.ServiceNetwork))
+	return sn
+}
+
+func (n nodeAPIAgent) NetAttachments() []nodeapi.NetAttachment {
+	return n.a.view.netAttachmentStatuses()
+}
+
+// dropSnapshot is what the next sample is decoded against; nil before the first sync.
+func (a *Agent) dropSnapshot() *drops.Snapshot {
+	last, ok := a.fs.lastSynced()
+	if !ok {
+		return nil
+	}
+	snap := &drops.Snapshot{Node: a.cfg.NodeName, State: last.state}
+	if _, r, _ := a.health.parts(); r != nil {
+		idx := r.OwnerIndex()
+		snap.Owners = func(c reconcile.Cookie) []reconcile.Owner { return idx.Lookup(c) }
+	}
+	return snap
 }
 
 // openBridge makes sure br0 exists, picks this run's round, opens the OpenFlow session and reads what
@@ -468,7 +559,7 @@ func (a *Agent) openBridge(ctx context.Context) error {
 		a.log.Error(err, "drop sampling runs unmetered: the bridge refused the drop flows' meters", "agentLimit", drops.MaxSampleRate)
 	}
 	go a.drops.Run(ctx)
-	a.recon = reconcile.New(meteredSwitch{ofswitch.FlowsSwitch(a.sess), a.metrics}, reconcile.Config{Round: round,
+	a.recon = reconcile.New(metrics.Switch{Switch: ofswitch.FlowsSwitch(a.sess), M: a.metrics}, reconcile.Config{Round: round,
 		PipelineVersion: pipeline.PipelineVersion, VersionOf: pipeline.VersionOf})
 	a.fs.useBridge(a.recon)
 	a.health.setSession(a.sess, a.recon, a.deps.DB)
@@ -508,7 +599,7 @@ func (a *Agent) syncInformers(ctx context.Context) error {
 	a.netInformers.Start(ctx.Done())
 	a.kubeInformers.Start(ctx.Done())
 	if a.nadInformers != nil {
-		a.nadInformers.Start(ctx.Done()) // not waited for: see networkRequests
+		a.nadInformers.Start(ctx.Done()) // not waited for: see networks.PodRequests
 	}
 	for _, wait := range []func(<-chan struct{}) map[reflect.Type]bool{a.netInformers.WaitForCacheSync, a.kubeInformers.WaitForCacheSync} {
 		for typ, ok := range wait(ctx.Done()) {
@@ -531,7 +622,7 @@ func (a *Agent) syncAdminInformers(ctx context.Context) error {
 	if a.adminInformers == nil {
 		return nil
 	}
-	served, err := adminServed(ctx, a.deps.Kube.Discovery())
+	served, err := adminpolicy.Served(ctx, a.deps.Kube.Discovery())
 	if err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}
@@ -626,7 +717,7 @@ func (a *Agent) installRound(ctx context.Context) error {
 	}
 	start := time.Now()
 	res, err := a.recon.FinishRound(ctx)
-	a.metrics.observeSync("round", res.Stats, time.Since(start))
+	a.metrics.ObserveSync("round", res.Stats, time.Since(start))
 	if err != nil {
 		return fmt.Errorf("finish round: %w", err)
 	}
@@ -643,7 +734,7 @@ func (a *Agent) installRound(ctx context.Context) error {
 
 // serveCNI starts the sync loops and serves the CNI plugin until ctx ends.
 func (a *Agent) serveCNI(ctx context.Context) error {
-	srv := &cni.Server{Socket: a.cfg.CNISocket, Handler: meteredCNI{a.pods, a.metrics}, Logger: a.log.WithName("cni-server")}
+	srv := &cni.Server{Socket: a.cfg.CNISocket, Handler: metrics.CNIHandler{Handler: a.pods, M: a.metrics}, Logger: a.log.WithName("cni-server")}
 	if err := srv.Listen(); err != nil {
 		return err
 	}
@@ -651,7 +742,8 @@ func (a *Agent) serveCNI(ctx context.Context) error {
 	a.health.setCNIListening(true)
 	defer a.health.setCNIListening(false)
 	_, _, mtu := a.view.Subnet()
-	if err := installCNI(a.cfg, mtu); err != nil {
+	install := cni.Install{ConfDir: a.cfg.CNIConfDir, BinDir: a.cfg.CNIBinDir, Plugin: a.cfg.PluginBinary, Socket: a.cfg.CNISocket, MTU: mtu}
+	if err := install.Write(); err != nil {
 		return err
 	}
 	go a.fs.run(ctx)
@@ -661,118 +753,10 @@ func (a *Agent) serveCNI(ctx context.Context) error {
 	go a.netReport.Run(ctx)
 	go a.routes.Run(ctx)
 	go a.health.watch(ctx)
-	go a.egressIPs.Run(ctx)
-	go a.egressStatus.Run(ctx)
-	go a.egressDNS.Run(ctx)
+	go a.egress.Run(ctx)
 	a.health.setStep("")
 	a.log.Info("agent running", "bridge", a.cfg.Bridge, "cniSocket", a.cfg.CNISocket)
 	return srv.Serve(ctx)
-}
-
-// applyHost carries a synced state to the host: conntrack flushes, forwards, hostPort conflicts; and
-// reports the NetworkPolicy problems the sync found.
-func (a *Agent) applyHost(ctx context.Context, st pipeline.NodeState, problems map[string][]policy.Problem, stale []openflow.ConntrackFlush) error {
-	a.policyProblems.report(problems)
-	// UDP and SCTP entries towards endpoints a service no longer uses would keep their clients on
-	// them: flush them in br0's service zone.
-	if len(stale) > 0 && a.sess != nil {
-		msgs := make([][]byte, 0, len(stale))
-		for _, c := range stale {
-			msgs = append(msgs, openflow.EncodeConntrackFlush(pipeline.ZoneService, c))
-		}
-		if err := a.sess.Send(ctx, msgs); err != nil {
-			a.log.Error(err, "flush stale service conntrack entries", "entries", len(stale))
-		} else {
-			a.log.V(2).Info("flushed stale service conntrack entries", "entries", stale)
-		}
-	}
-	if a.purger != nil {
-		if purged, err := a.purger.Synced(ctx, st); err != nil {
-			a.log.Error(err, "policy verdicts may lag in the datapath cache")
-		} else if purged {
-			a.log.V(2).Info("purged the datapath flow cache after a policy change")
-		}
-	}
-	hostPorts, found := a.view.resolvedHostPorts()
-	a.conflicts.report(found)
-	if err := a.host.setForwards(nodePortsOf(st.Services), hostPorts); err != nil {
-		return fmt.Errorf("NodePort and hostPort forwarding: %w", err)
-	}
-	// A port another process holds is told, and tried again at the next sync; it fails no flow sync.
-	if err := a.healthChecks.Sync(a.view.healthChecks()); err != nil {
-		a.log.Error(err, "health check node ports")
-	}
-	return nil
-}
-
-// staleHeld reads what br0's conntrack holds in the service zone and returns the DNATed UDP and SCTP
-// entries st no longer DNATs to (the start-up half of the stale-entry flush; hostSync does the rest).
-func (a *Agent) staleHeld(ctx context.Context, st pipeline.NodeState) ([]openflow.ConntrackFlush, error) {
-	entries, err := unixctl.New(a.cfg.OVSRunDir, "ovs-vswitchd").Conntrack(ctx, pipeline.ZoneService)
-	if err != nil {
-		return nil, err
-	}
-	held := make([]openflow.ConntrackFlush, 0, len(entries))
-	for _, e := range entries {
-		held = append(held, openflow.ConntrackFlush{Protocol: e.Protocol, Dst: e.Orig.Dst, DstPort: e.Orig.DstPort, ReplySrc: e.Reply.Src})
-	}
-	return pipeline.StaleConntrackHeld(st, held), nil
-}
-
-// saveOwnerIndex writes the owner index flowctl names flows' owners with.
-func (a *Agent) saveOwnerIndex(x *reconcile.OwnerIndex) {
-	data, err := json.Marshal(x)
-	if err == nil {
-		err = atomicfile.Write(filepath.Join(a.cfg.OVSRunDir, a.cfg.Bridge+".owners.json"), data, 0o644)
-	}
-	if err != nil {
-		a.log.Error(err, "saving the owner index (flowctl shows owner hashes instead of names meanwhile)")
-	}
-}
-
-// ownerFailed reports an owner that keeps its last good flows with a Warning Event on the API object
-// it renders, if it has one (flowSync logs it and counts it in the metrics).
-func (a *Agent) ownerFailed(o reconcile.Owner, fail *ownerFailure) {
-	if fail.attempts > 1 || a.events == nil {
-		return // one Event per failure, not per retry
-	}
-	if ref := ownerObject(o); ref != nil {
-		a.events.Eventf(ref, corev1.EventTypeWarning, "FlowsNotInstalled",
-			"ofsdn could not install this object's flows on node %s; it keeps its previous flows and retries: %v", a.cfg.NodeName, fail.err)
-	}
-}
-
-// ownerObject is the API object an owner's flows render, when there is one.
-func ownerObject(o reconcile.Owner) *corev1.ObjectReference {
-	obj, ok := pipeline.ObjectOf(o)
-	if !ok {
-		return nil
-	}
-	return &corev1.ObjectReference{Kind: string(obj.Kind), APIVersion: obj.Kind.APIVersion(), Namespace: obj.Namespace, Name: obj.Name}
-}
-
-// installCNI writes the conflist and copies the plugin binary into the CNI directories, atomically.
-// The conflist offers CNI 1.1 through cniVersions (runtimes whose libcni knows 1.1 take it, with STATUS
-// and GC) and says 1.0.0 in cniVersion for the others: containerd 1.6 and 1.7 (libcni 1.1) refuse a
-// 1.1.0 result ("unsupported CNI result version"), which broke every pod on a real kubelet.
-func installCNI(cfg Config, mtu int) error {
-	if cfg.CNIConfDir != "" {
-		conf := fmt.Sprintf(`{"cniVersion":"1.0.0","cniVersions":["1.0.0","1.1.0"],"name":"ofsdn","plugins":[{"type":"ofsdn","agentSocket":%q,"pendingDeletesDir":%q,"mtu":%d}]}`+"\n",
-			cfg.CNISocket, cni.PendingDeletesDirFor(cfg.CNISocket), mtu)
-		if err := atomicfile.Write(filepath.Join(cfg.CNIConfDir, "80-ofsdn.conflist"), []byte(conf), 0o644); err != nil {
-			return fmt.Errorf("install CNI config: %w", err)
-		}
-	}
-	if cfg.CNIBinDir != "" && cfg.PluginBinary != "" {
-		data, err := os.ReadFile(cfg.PluginBinary)
-		if err != nil {
-			return fmt.Errorf("install CNI plugin: %w", err)
-		}
-		if err := atomicfile.Write(filepath.Join(cfg.CNIBinDir, "ofsdn"), data, 0o755); err != nil {
-			return fmt.Errorf("install CNI plugin: %w", err)
-		}
-	}
-	return nil
 }
 
 // nodeEvent records a Warning Event on this node's Node object.
@@ -781,4 +765,44 @@ func (a *Agent) nodeEvent(reason, message string) {
 		return
 	}
 	a.events.Eventf(&corev1.ObjectReference{Kind: "Node", APIVersion: "v1", Name: a.cfg.NodeName}, corev1.EventTypeWarning, reason, "%s", message)
+}
+
+// podEvent records an Event on a pod.
+func (a *Agent) podEvent(namespace, name, reason, message string) {
+	if a.events == nil {
+		return
+	}
+	a.events.Eventf(&corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: namespace, Name: name}, corev1.EventTypeWarning, reason, "%s", message)
+}
+
+// syncRoutes is the routes loop's job.
+func (a *Agent) syncRoutes(ctx context.Context) (time.Duration, error) {
+	if err := a.view.Ready(); err != nil {
+		return 0, err
+	}
+	err := a.pods.SyncRoutes(ctx)
+	if errors.Is(err, context.Canceled) {
+		return 0, nil
+	}
+	return 0, err
+}
+
+// counts reads the state gauges.
+func (a *Agent) counts() metrics.NodeCounts {
+	n := metrics.NodeCounts{Flows: map[reconcile.Category]int{}, Groups: map[reconcile.Category]int{}}
+	sess, r, db := a.health.parts()
+	if r != nil {
+		for cat, c := range r.Counts() {
+			n.Flows[cat], n.Groups[cat] = c.Flows, c.Groups
+		}
+	}
+	if sess != nil {
+		n.OpenFlowUp, n.OpenFlowConnections = sess.Connected(), 1+sess.Reconnects()
+	}
+	if db != nil {
+		n.OVSDBUp = db.Connected()
+	}
+	n.Pods, n.Services, n.RemoteNodes = a.view.sizes()
+	n.Ready = a.health.Ready() == nil
+	return n
 }

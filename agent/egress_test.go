@@ -21,7 +21,8 @@ func egressPolicy(ns, name string, rules ...networkv1.EgressNetworkPolicyRule) *
 // EgressState as their meaning says: usable IPs (a), none usable (b: outside every range), a firewall
 // whose DNS name has no address until resolved and then has the resolver's (c), two policies in one
 // namespace (d: deny all); the membership's port joins the guarded ports once anything egress exists,
-// and a CNI ADD of a pod waits for its namespace's egress owners.
+// and a CNI ADD of a pod waits for its namespace's egress owners. (The held IPs' way into the state:
+// agent/egress's TestHeldReachTheSnapshot.)
 func TestEgressInSnapshot(t *testing.T) {
 	withEgress := func(nn *networkv1.NetNamespace, ips ...networkv1.EgressIP) *networkv1.NetNamespace {
 		nn.EgressIPs = ips
@@ -56,11 +57,11 @@ func TestEgressInSnapshot(t *testing.T) {
 	if st.Egress.ServiceNetwork != netip.MustParsePrefix("172.30.0.0/16") || !slices.Contains(st.TunnelPorts, uint16(9107)) {
 		t.Errorf("service network %v, guarded ports %v", st.Egress.ServiceNetwork, st.TunnelPorts)
 	}
-	if names := a.view.egress.dnsNames(); !slices.Equal(names, []string{"api.example"}) {
+	if names := a.view.egress.DNSNames(); !slices.Equal(names, []string{"api.example"}) {
 		t.Errorf("DNS names to resolve: %v", names)
 	}
 	// The resolver's answer reaches the rule.
-	a.egressResolved(map[string][]netip.Addr{"api.example": {netip.MustParseAddr("192.0.2.80")}})
+	a.egress.Resolved(map[string][]netip.Addr{"api.example": {netip.MustParseAddr("192.0.2.80")}})
 	st = waitSnapshot(t, a, "api.example resolved", func(st pipeline.NodeState, _ []string) bool {
 		for _, n := range st.Egress.Namespaces {
 			if n.Name == "c" && len(n.Firewall.Rules[0].Dsts) == 1 {
@@ -69,12 +70,6 @@ func TestEgressInSnapshot(t *testing.T) {
 		}
 		return false
 	})
-	// Held IPs come from the membership.
-	egressFlows{view: a.view}.setHeld([]netip.Addr{netip.MustParseAddr("198.51.100.40")})
-	st = a.view.snapshot().state
-	if !slices.Equal(st.Egress.Held, []netip.Addr{netip.MustParseAddr("198.51.100.40")}) {
-		t.Errorf("held %v", st.Egress.Held)
-	}
 	// What a CNI ADD waits for.
 	a.view.Attach(attach.Pod{Namespace: "c", Name: "p", IP: netip.MustParseAddr("10.128.0.5"), MAC: net.HardwareAddr{0x0a, 0x58, 10, 128, 0, 5}, OFPort: 5})
 	for _, tc := range []struct {
@@ -85,7 +80,7 @@ func TestEgressInSnapshot(t *testing.T) {
 		{"c", []reconcile.Owner{pipeline.EgressNamespaceOwner("c"), pipeline.EgressFirewallOwner("c", "fw")}},
 		{"e", nil},
 	} {
-		if got := a.view.egress.owners(tc.ns); !slices.Equal(got, tc.want) {
+		if got := a.view.egress.Owners(tc.ns); !slices.Equal(got, tc.want) {
 			t.Errorf("owners of %s: %v, want %v", tc.ns, got, tc.want)
 		}
 	}

@@ -2,18 +2,25 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"reflect"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/ofsdn/ofsdn/agent/adminpolicy"
+	"github.com/ofsdn/ofsdn/agent/metrics"
 	"github.com/ofsdn/ofsdn/agent/policy"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
 	"github.com/ofsdn/ofsdn/flows/reconcile"
+	"github.com/ofsdn/ofsdn/internal/atomicfile"
 	"github.com/ofsdn/ofsdn/internal/loop"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 )
 
@@ -31,10 +38,10 @@ type flowSync struct {
 	renderer pipeline.Renderer // remembers each service's render: one endpoint change renders one service
 	// policies resolves NetworkPolicy from what the informers saw, here, outside the view's lock.
 	policies *policy.Index
-	// admin resolves ClusterNetworkPolicy likewise (adminpolicy_watch.go); onAdmin, when set, is told
+	// admin resolves ClusterNetworkPolicy likewise (adminpolicy.Watch fills the view's changes); onAdmin, when set, is told
 	// each sync's ClusterNetworkPolicy problems on this node.
 	admin   *adminpolicy.Index
-	onAdmin func(adminReport)
+	onAdmin func(adminpolicy.Report)
 	// last is the last state synced and the policy problems found with it (the debug API reads it).
 	last atomic.Pointer[syncedState]
 	log  klog.Logger
@@ -59,7 +66,7 @@ type flowSync struct {
 	// the owner index flowctl reads).
 	onIndexChanged func(*reconcile.OwnerIndex)
 	indexGen       uint64
-	metrics        *Metrics // optional
+	metrics        *metrics.Metrics // optional
 	clock          func() time.Time
 	// injected owners are added to every render: tests use it to make an owner the switch refuses.
 	injected map[reconcile.Owner]reconcile.OwnerState
@@ -88,7 +95,7 @@ type syncedState struct {
 
 // flowSyncHooks are the parts of the agent a flow sync reports to; each is optional.
 type flowSyncHooks struct {
-	metrics *Metrics
+	metrics *metrics.Metrics
 	// host receives every synced state (port forwards, conntrack flushes) without the sync waiting.
 	host *hostSync
 	// onFailure is told that an owner failed (again).
@@ -97,7 +104,7 @@ type flowSyncHooks struct {
 	// index flowctl reads).
 	onIndexChanged func(*reconcile.OwnerIndex)
 	// onAdmin is told each sync's ClusterNetworkPolicy problems on this node.
-	onAdmin func(adminReport)
+	onAdmin func(adminpolicy.Report)
 }
 
 // newFlowSync makes the flow sync of view. r is the bridge's reconciler; an agent gets it only once
@@ -117,8 +124,9 @@ func (f *flowSync) useBridge(r *reconcile.Reconciler) {
 	f.r = r
 }
 
-// trigger asks the background loop for a sync; bursts of events coalesce into one.
-func (f *flowSync) trigger() { f.loop.Kick() }
+// Trigger asks the background loop for a sync; bursts of events coalesce into one (the informer
+// watchers' Sync).
+func (f *flowSync) Trigger() { f.loop.Kick() }
 
 // syncThrough returns once the view's generation gen is on the bridge (a CNI ADD returns only once its
 // pod's flows are in). Concurrent callers coalesce: whoever gets the lock first renders the latest view,
@@ -142,8 +150,8 @@ func (f *flowSync) syncThrough(ctx context.Context, gen uint64, owners ...reconc
 	return st, nil
 }
 
-// SyncThrough is syncThrough for attachments (attach.Flows): they wait for their pod's flows, not for
-// the statistics.
+// SyncThrough is syncThrough for attachments and egress claims (attach.Flows, egress.Sync): they wait
+// for their owners' flows, not for the statistics.
 func (f *flowSync) SyncThrough(ctx context.Context, gen uint64, owners ...reconcile.Owner) error {
 	_, err := f.syncThrough(ctx, gen, owners...)
 	return err
@@ -246,7 +254,7 @@ func (f *flowSync) syncLocked(ctx context.Context) (reconcile.SyncStats, error) 
 		if f.onSynced != nil {
 			f.onSynced(res.Stats, f.clock().Sub(start))
 		}
-		f.metrics.observeSync("apply", res.Stats, f.clock().Sub(start))
+		f.metrics.ObserveSync("apply", res.Stats, f.clock().Sub(start))
 	}
 	return res.Stats, nil
 }
@@ -336,8 +344,8 @@ func (f *flowSync) indexChanged() {
 
 // Triggers of a full resync (drift check), as the metrics label them.
 const (
-	resyncPeriodic  = "periodic"
-	resyncReconnect = "reconnect"
+	resyncPeriodic  = metrics.DriftPeriodic
+	resyncReconnect = metrics.DriftReconnect
 )
 
 type resyncRequest struct {
@@ -352,7 +360,7 @@ func (f *flowSync) resyncLocked(ctx context.Context, trigger string) error {
 	if f.metrics != nil {
 		f.metrics.DriftChecks.WithLabelValues(trigger).Inc()
 		f.metrics.DriftRepairs.WithLabelValues(trigger).Add(float64(res.Stats.Messages))
-		f.metrics.observeSync("resync", res.Stats, f.clock().Sub(start))
+		f.metrics.ObserveSync("resync", res.Stats, f.clock().Sub(start))
 	}
 	if err != nil {
 		return err
@@ -417,4 +425,87 @@ func (f *flowSync) pass(ctx context.Context) (time.Duration, error) {
 func (f *flowSync) driftChecks(period time.Duration) *loop.Loop {
 	return loop.New(loop.Config{Name: "drift-check", Period: period, FirstAfter: period, Log: f.log},
 		func(ctx context.Context) (time.Duration, error) { return 0, f.resync(ctx, resyncPeriodic) })
+}
+
+// resolveAdmin brings the ClusterNetworkPolicy index up to date and resolves the policies into st
+// (every mode).
+func (f *flowSync) resolveAdmin(st *pipeline.NodeState, in policyInput) {
+	f.admin.Apply(in.admin)
+	f.admin.SetLocal(in.local)
+	st.AdminPolicies = f.admin.Resolve()
+}
+
+// reportAdmin tells onAdmin the problems of every policy that selects a local pod, its flows' render or
+// install failures among them.
+func (f *flowSync) reportAdmin(renderFailed map[reconcile.Owner]error) {
+	if f.onAdmin == nil {
+		return
+	}
+	rep := adminpolicy.Report{}
+	for name, ps := range f.admin.Problems() {
+		if !f.admin.Selects(name) {
+			continue
+		}
+		ps = slices.Clone(ps)
+		o := pipeline.AdminPolicyOwner(name)
+		if fail := f.failing[o]; fail != nil {
+			ps = append(ps, adminpolicy.Problem{Reason: adminpolicy.ReasonRenderFailed, Message: fmt.Sprintf("its flows are not installed: %v", fail.err)})
+		} else if err := renderFailed[o]; err != nil {
+			ps = append(ps, adminpolicy.Problem{Reason: adminpolicy.ReasonRenderFailed, Message: fmt.Sprintf("its flows cannot be rendered: %v", err)})
+		}
+		rep[name] = ps
+	}
+	f.onAdmin(rep)
+}
+
+// repairedOwners lists the owners a resync repaired with what it sent each, for the log.
+func repairedOwners(m map[reconcile.Owner]reconcile.SyncStats) []string {
+	out := make([]string, 0, len(m))
+	for _, o := range reconcile.SortedOwnerKeys(m) {
+		st := m[o]
+		var parts []string
+		for _, c := range []struct {
+			n    int
+			what string
+		}{{st.FlowAdds, "+%d flows"}, {st.FlowModifies, "~%d flows"}, {st.FlowDeletes, "-%d flows"},
+			{st.GroupAdds, "+%d groups"}, {st.GroupModifies, "~%d groups"}, {st.GroupDeletes, "-%d groups"}} {
+			if c.n > 0 {
+				parts = append(parts, fmt.Sprintf(c.what, c.n))
+			}
+		}
+		out = append(out, o.String()+" ("+strings.Join(parts, ", ")+")")
+	}
+	return out
+}
+
+// saveOwnerIndex writes the owner index flowctl names flows' owners with.
+func (a *Agent) saveOwnerIndex(x *reconcile.OwnerIndex) {
+	data, err := json.Marshal(x)
+	if err == nil {
+		err = atomicfile.Write(filepath.Join(a.cfg.OVSRunDir, a.cfg.Bridge+".owners.json"), data, 0o644)
+	}
+	if err != nil {
+		a.log.Error(err, "saving the owner index (flowctl shows owner hashes instead of names meanwhile)")
+	}
+}
+
+// ownerFailed reports an owner that keeps its last good flows with a Warning Event on the API object
+// it renders, if it has one (flowSync logs it and counts it in the metrics).
+func (a *Agent) ownerFailed(o reconcile.Owner, fail *ownerFailure) {
+	if fail.attempts > 1 || a.events == nil {
+		return // one Event per failure, not per retry
+	}
+	if ref := ownerObject(o); ref != nil {
+		a.events.Eventf(ref, corev1.EventTypeWarning, "FlowsNotInstalled",
+			"ofsdn could not install this object's flows on node %s; it keeps its previous flows and retries: %v", a.cfg.NodeName, fail.err)
+	}
+}
+
+// ownerObject is the API object an owner's flows render, when there is one.
+func ownerObject(o reconcile.Owner) *corev1.ObjectReference {
+	obj, ok := pipeline.ObjectOf(o)
+	if !ok {
+		return nil
+	}
+	return &corev1.ObjectReference{Kind: string(obj.Kind), APIVersion: obj.Kind.APIVersion(), Namespace: obj.Namespace, Name: obj.Name}
 }

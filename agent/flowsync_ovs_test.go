@@ -11,6 +11,7 @@ import (
 
 	"github.com/ofsdn/ofsdn/agent/attach"
 	"github.com/ofsdn/ofsdn/agent/k8sobj"
+	"github.com/ofsdn/ofsdn/agent/metrics"
 	"github.com/ofsdn/ofsdn/flows/openflow"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
 	"github.com/ofsdn/ofsdn/flows/reconcile"
@@ -30,7 +31,7 @@ func TestRefusedOwnerDoesNotStopTheNode(t *testing.T) {
 	v := testView()
 	v.update(func(v *nodeView) { v.pods = map[string]attach.Pod{} })
 	fs := newFlowSync(v, reconcile.New(b.Switch, reconcile.Config{Round: 1, PipelineVersion: pipeline.PipelineVersion, VersionOf: pipeline.VersionOf}), flowSyncHooks{}, klog.Background())
-	fs.metrics = NewMetrics(nil)
+	fs.metrics = metrics.New(nil)
 	var reported []string
 	fs.onFailure = func(o reconcile.Owner, fail *ownerFailure) {
 		reported = append(reported, fmt.Sprintf("%s#%d", o, fail.attempts))

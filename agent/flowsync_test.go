@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/ofsdn/ofsdn/agent/attach"
+	"github.com/ofsdn/ofsdn/agent/egress"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
 	"github.com/ofsdn/ofsdn/flows/reconcile"
 	"k8s.io/klog/v2"
@@ -26,7 +27,7 @@ func (c *countingSwitch) DumpFlows(context.Context, uint64, uint64) ([][]byte, e
 func (c *countingSwitch) DumpGroups(context.Context) ([][]byte, error) { return nil, nil }
 
 func testView() *nodeView {
-	v := newNodeView("n1")
+	v := newNodeView("n1", egress.NewInputs(0))
 	v.update(func(v *nodeView) {
 		v.mode = pipeline.ModeMultitenant
 		v.clusterNets = []netip.Prefix{netip.MustParsePrefix("10.128.0.0/14")}
@@ -81,7 +82,7 @@ func TestFlowSyncOnlyChangedOwners(t *testing.T) {
 }
 
 func TestFlowSyncWaitsForNodeState(t *testing.T) {
-	fs := newFlowSync(newNodeView("n1"), reconcile.New(&countingSwitch{}, reconcile.Config{Round: 1}), flowSyncHooks{}, klog.Background())
+	fs := newFlowSync(newNodeView("n1", egress.NewInputs(0)), reconcile.New(&countingSwitch{}, reconcile.Config{Round: 1}), flowSyncHooks{}, klog.Background())
 	if _, err := fs.syncNow(context.Background()); err == nil {
 		t.Fatal("a node without subnet synced")
 	}

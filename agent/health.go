@@ -2,11 +2,8 @@ package agent
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
-	stdlog "log"
-	"net"
 	"net/http"
 	"net/http/pprof"
 	"strings"
@@ -258,36 +255,20 @@ func (a *Agent) metricsHandler() http.Handler {
 	return mux
 }
 
-// serverErrors takes net/http's own error lines (a handler's panic, say) to log, except failed TLS
-// handshakes: those are a caller's doing (a scanner, plain HTTP to the TLS port), nothing of the agent's.
-type serverErrors func(error)
-
-func (s serverErrors) Write(p []byte) (int, error) {
-	if msg := strings.TrimSpace(string(p)); !strings.Contains(msg, "TLS handshake error") {
-		s(errors.New(msg))
+// setSession gives health and the state gauges the bridge's sessions once they exist.
+func (h *health) setSession(sess *ofswitch.Session, r *reconcile.Reconciler, db *ovsdb.Client) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.sess, h.recon, h.db = sess, r, db
+	h.openflowUp = sess.Connected
+	if db != nil {
+		h.ovsdbUp = db.Connected
 	}
-	return len(p), nil
 }
 
-// serveHTTP serves handler on an already bound listener until ctx ends, over TLS with tlsConfig (nil:
-// plain HTTP, for the unix socket).
-func serveHTTP(ctx context.Context, ln net.Listener, tlsConfig *tls.Config, handler http.Handler, log func(error)) {
-	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second, TLSConfig: tlsConfig,
-		ErrorLog: stdlog.New(serverErrors(log), "", 0)}
-	context.AfterFunc(ctx, func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(sctx)
-	})
-	go func() {
-		var err error
-		if tlsConfig != nil {
-			err = srv.ServeTLS(ln, "", "") // the certificate comes from tlsConfig
-		} else {
-			err = srv.Serve(ln)
-		}
-		if err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log(err)
-		}
-	}()
+// parts returns what setSession gave (nil before).
+func (h *health) parts() (*ofswitch.Session, *reconcile.Reconciler, *ovsdb.Client) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.sess, h.recon, h.db
 }

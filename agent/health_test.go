@@ -12,10 +12,9 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
-	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/ofsdn/ofsdn/agent/attach"
+	"github.com/ofsdn/ofsdn/agent/metrics"
 	"github.com/ofsdn/ofsdn/cni"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // fakeClock is a clock tests move by hand.
@@ -139,7 +138,7 @@ func TestHealthChecks(t *testing.T) {
 	}
 
 	// The HTTP endpoints say the same, with Kubernetes' check lines.
-	a := &Agent{health: h, metrics: NewMetrics(nil)}
+	a := &Agent{health: h, metrics: metrics.New(nil)}
 	srv := httptest.NewServer(a.metricsHandler())
 	defer srv.Close()
 	for path, want := range map[string]int{"/readyz": 200, "/metrics": 200} {
@@ -174,42 +173,6 @@ func waitUntil(t *testing.T, ok func() bool) {
 			t.Fatal("condition not met within 5s")
 		}
 		time.Sleep(time.Millisecond)
-	}
-}
-
-// cniStub answers each verb with a set error.
-type cniStub struct{ err error }
-
-func (s cniStub) Add(context.Context, *cni.Request) (*current.Result, error) { return nil, s.err }
-func (s cniStub) Del(context.Context, *cni.Request) error                    { return s.err }
-func (s cniStub) Check(context.Context, *cni.Request) error                  { return s.err }
-func (s cniStub) Status(context.Context) error                               { return s.err }
-func (s cniStub) GC(context.Context, []cni.Attachment) error                 { return s.err }
-
-// TestCNIMetrics: every verb is counted and timed by its result: ok, the CNI code of a CNI error, 50
-// for a failed STATUS (the code the server answers it with), 999 for anything else.
-func TestCNIMetrics(t *testing.T) {
-	m := NewMetrics(nil)
-	ctx := context.Background()
-	ok := meteredCNI{cniStub{}, m}
-	_, _ = ok.Add(ctx, &cni.Request{})
-	_, _ = ok.Add(ctx, &cni.Request{})
-	_ = ok.Del(ctx, &cni.Request{})
-	busy := meteredCNI{cniStub{cni.Errorf(cni.ErrTryAgainLater, "busy")}, m}
-	_, _ = busy.Add(ctx, &cni.Request{})
-	plain := meteredCNI{cniStub{errors.New("no subnet")}, m}
-	_ = plain.Status(ctx)
-	_ = plain.GC(ctx, nil)
-	for _, c := range []struct {
-		verb, result string
-		want         float64
-	}{{"ADD", "ok", 2}, {"DEL", "ok", 1}, {"ADD", "11", 1}, {"STATUS", "50", 1}, {"GC", "999", 1}, {"CHECK", "ok", 0}} {
-		if got := testutil.ToFloat64(m.CNIRequests.WithLabelValues(c.verb, c.result)); got != c.want {
-			t.Errorf("%s %s counted %v, want %v", c.verb, c.result, got, c.want)
-		}
-	}
-	if n := testutil.CollectAndCount(m.CNIDuration); n != 5 {
-		t.Errorf("%d latency series, want one per verb and result seen (5)", n)
 	}
 }
 
@@ -269,7 +232,7 @@ func TestProfilingIsOptIn(t *testing.T) {
 		profiling bool
 		want      int
 	}{{false, http.StatusNotFound}, {true, http.StatusOK}} {
-		a := &Agent{cfg: Config{Profiling: tc.profiling}, health: newHealth(nil, nil), metrics: NewMetrics(nil)}
+		a := &Agent{cfg: Config{Profiling: tc.profiling}, health: newHealth(nil, nil), metrics: metrics.New(nil)}
 		srv := httptest.NewServer(a.metricsHandler())
 		resp, err := http.Get(srv.URL + "/debug/pprof/")
 		if err != nil {

@@ -4,22 +4,17 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"net/netip"
 	"reflect"
 	"slices"
 	"sync"
 	"time"
 
-	"github.com/ofsdn/ofsdn/agent/attach"
-	"github.com/ofsdn/ofsdn/agent/k8sobj"
 	"github.com/ofsdn/ofsdn/agent/nodenet"
 	"github.com/ofsdn/ofsdn/agent/policy"
 	"github.com/ofsdn/ofsdn/flows/openflow"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
 	"github.com/ofsdn/ofsdn/internal/loop"
-	corev1 "k8s.io/api/core/v1"
-	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/record"
+	"github.com/ofsdn/ofsdn/unixctl"
 	"k8s.io/klog/v2"
 )
 
@@ -86,137 +81,6 @@ func nodePortsOf(services []pipeline.ServiceState) []nodenet.NodePort {
 		return cmp.Or(cmp.Compare(a.Port, b.Port), cmp.Compare(a.Protocol, b.Protocol))
 	})
 	return out
-}
-
-// hostPortPod is what the agent keeps of a local pod that publishes hostPorts.
-type hostPortPod struct {
-	created time.Time
-	ports   []corev1.ContainerPort // those with a hostPort
-}
-
-// watchHostPorts follows the pods bound to this node for their hostPorts: kubelet leaves hostPort to
-// the network plugin when a CNI plugin networks the pod.
-type watchHostPorts struct {
-	view *nodeView
-	sync *flowSync
-}
-
-func (w *watchHostPorts) pod(obj any, deleted bool) {
-	pod, ok := obj.(*k8sobj.Pod)
-	if !ok {
-		return
-	}
-	key := k8sobj.PodKey(pod.Namespace, pod.Name)
-	var ports []corev1.ContainerPort
-	// The informer holds every pod of the cluster: only this node's publish hostPorts here.
-	if !deleted && pod.NodeName == w.view.nodeName && pod.Phase != corev1.PodSucceeded && pod.Phase != corev1.PodFailed && !pod.HostNetwork {
-		for _, p := range pod.Ports {
-			if p.HostPort > 0 {
-				ports = append(ports, p)
-			}
-		}
-	}
-	changed := false
-	w.view.update(func(v *nodeView) {
-		prev, had := v.hostPorts[key]
-		switch {
-		case len(ports) == 0 && had:
-			delete(v.hostPorts, key)
-			changed = true
-		case len(ports) > 0 && (!had || !reflect.DeepEqual(prev.ports, ports)):
-			v.hostPorts[key] = hostPortPod{created: pod.CreationTimestamp.Time, ports: ports}
-			changed = true
-		}
-	})
-	if changed {
-		w.sync.trigger()
-	}
-}
-
-// hostPortConflict is a hostPort a pod asked for that an older pod holds.
-type hostPortConflict struct {
-	Pod, Holder string
-	Port        corev1.ContainerPort
-}
-
-// hostPortsOf resolves the local pods' hostPorts: oldest pod first, so a port never changes hands while
-// its holder lives; a later pod asking for a held port (same protocol and port, on an overlapping host
-// IP) is reported, not given it. Pods not attached yet (no IP) wait.
-func hostPortsOf(pods map[string]attach.Pod, hp map[string]hostPortPod) ([]nodenet.HostPort, []hostPortConflict) {
-	keys := make([]string, 0, len(hp))
-	for k := range hp {
-		keys = append(keys, k)
-	}
-	slices.SortFunc(keys, func(a, b string) int { return cmp.Or(hp[a].created.Compare(hp[b].created), cmp.Compare(a, b)) })
-	type claim struct {
-		proto uint8
-		port  uint16
-	}
-	holders := map[claim][]struct {
-		ip  netip.Addr
-		pod string
-	}{}
-	var out []nodenet.HostPort
-	var conflicts []hostPortConflict
-	for _, key := range keys {
-		pod, attached := pods[key]
-		if !attached {
-			continue
-		}
-		for _, p := range hp[key].ports {
-			proto, ok := k8sobj.ProtocolNumber(p.Protocol)
-			if !ok || p.HostPort <= 0 || p.HostPort > 65535 || p.ContainerPort <= 0 || p.ContainerPort > 65535 {
-				continue
-			}
-			hostIP, _ := netip.ParseAddr(p.HostIP)
-			c := claim{proto, uint16(p.HostPort)}
-			holder := ""
-			for _, h := range holders[c] {
-				if !h.ip.IsValid() || h.ip.IsUnspecified() || !hostIP.IsValid() || hostIP.IsUnspecified() || h.ip == hostIP {
-					holder = h.pod
-					break
-				}
-			}
-			if holder != "" {
-				if holder != key {
-					conflicts = append(conflicts, hostPortConflict{Pod: key, Holder: holder, Port: p})
-				}
-				continue
-			}
-			holders[c] = append(holders[c], struct {
-				ip  netip.Addr
-				pod string
-			}{hostIP, key})
-			out = append(out, nodenet.HostPort{Protocol: proto, HostIP: hostIP, HostPort: uint16(p.HostPort), PodIP: pod.IP,
-				PodPort: uint16(p.ContainerPort), Pod: key})
-		}
-	}
-	return out, conflicts
-}
-
-// conflictReporter tells each conflict once: a Warning Event on the pod that did not get its port.
-type conflictReporter struct {
-	recorder record.EventRecorder
-	log      klog.Logger
-	told     map[hostPortConflict]bool
-}
-
-func (r *conflictReporter) report(conflicts []hostPortConflict) {
-	now := map[hostPortConflict]bool{}
-	for _, c := range conflicts {
-		now[c] = true
-		if r.told[c] {
-			continue
-		}
-		msg := fmt.Sprintf("hostPort %s/%d is held by pod %s on this node; this pod's port is not published", c.Port.Protocol, c.Port.HostPort, c.Holder)
-		r.log.Info("hostPort conflict", "pod", c.Pod, "holder", c.Holder, "protocol", c.Port.Protocol, "hostPort", c.Port.HostPort)
-		if r.recorder != nil {
-			ns, name, _ := cache.SplitMetaNamespaceKey(c.Pod)
-			ref := &corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: ns, Name: name}
-			r.recorder.Event(ref, corev1.EventTypeWarning, "HostPortConflict", msg)
-		}
-	}
-	r.told = now
 }
 
 // hostSync carries synced node states to the host side — UDP/SCTP conntrack flushes for endpoints
@@ -346,4 +210,54 @@ func (h *hostSync) untilVerify() time.Duration {
 		return 0
 	}
 	return max(time.Until(h.verifyAt), time.Millisecond)
+}
+
+// applyHost carries a synced state to the host: conntrack flushes, forwards, hostPort conflicts; and
+// reports the NetworkPolicy problems the sync found.
+func (a *Agent) applyHost(ctx context.Context, st pipeline.NodeState, problems map[string][]policy.Problem, stale []openflow.ConntrackFlush) error {
+	a.policyProblems.Report(problems)
+	// UDP and SCTP entries towards endpoints a service no longer uses would keep their clients on
+	// them: flush them in br0's service zone.
+	if len(stale) > 0 && a.sess != nil {
+		msgs := make([][]byte, 0, len(stale))
+		for _, c := range stale {
+			msgs = append(msgs, openflow.EncodeConntrackFlush(pipeline.ZoneService, c))
+		}
+		if err := a.sess.Send(ctx, msgs); err != nil {
+			a.log.Error(err, "flush stale service conntrack entries", "entries", len(stale))
+		} else {
+			a.log.V(2).Info("flushed stale service conntrack entries", "entries", stale)
+		}
+	}
+	if a.purger != nil {
+		if purged, err := a.purger.Synced(ctx, st); err != nil {
+			a.log.Error(err, "policy verdicts may lag in the datapath cache")
+		} else if purged {
+			a.log.V(2).Info("purged the datapath flow cache after a policy change")
+		}
+	}
+	hostPorts, found := a.view.resolvedHostPorts()
+	a.conflicts.Report(found)
+	if err := a.host.setForwards(nodePortsOf(st.Services), hostPorts); err != nil {
+		return fmt.Errorf("NodePort and hostPort forwarding: %w", err)
+	}
+	// A port another process holds is told, and tried again at the next sync; it fails no flow sync.
+	if err := a.healthChecks.Sync(a.view.healthChecks()); err != nil {
+		a.log.Error(err, "health check node ports")
+	}
+	return nil
+}
+
+// staleHeld reads what br0's conntrack holds in the service zone and returns the DNATed UDP and SCTP
+// entries st no longer DNATs to (the start-up half of the stale-entry flush; hostSync does the rest).
+func (a *Agent) staleHeld(ctx context.Context, st pipeline.NodeState) ([]openflow.ConntrackFlush, error) {
+	entries, err := unixctl.New(a.cfg.OVSRunDir, "ovs-vswitchd").Conntrack(ctx, pipeline.ZoneService)
+	if err != nil {
+		return nil, err
+	}
+	held := make([]openflow.ConntrackFlush, 0, len(entries))
+	for _, e := range entries {
+		held = append(held, openflow.ConntrackFlush{Protocol: e.Protocol, Dst: e.Orig.Dst, DstPort: e.Orig.DstPort, ReplySrc: e.Reply.Src})
+	}
+	return pipeline.StaleConntrackHeld(st, held), nil
 }

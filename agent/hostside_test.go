@@ -9,48 +9,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ofsdn/ofsdn/agent/attach"
 	"github.com/ofsdn/ofsdn/agent/nodenet"
 	"github.com/ofsdn/ofsdn/agent/policy"
 	"github.com/ofsdn/ofsdn/flows/openflow"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 )
-
-func TestHostPortsOf(t *testing.T) {
-	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	pods := map[string]attach.Pod{
-		"a/old": {IP: netip.MustParseAddr("10.128.0.5")},
-		"a/new": {IP: netip.MustParseAddr("10.128.0.6")},
-		"a/ip":  {IP: netip.MustParseAddr("10.128.0.7")},
-	}
-	tcp := func(host int32, container int32, hostIP string) corev1.ContainerPort {
-		return corev1.ContainerPort{Protocol: corev1.ProtocolTCP, HostPort: host, ContainerPort: container, HostIP: hostIP}
-	}
-	hp := map[string]hostPortPod{
-		"a/new":     {created: t0.Add(time.Minute), ports: []corev1.ContainerPort{tcp(8080, 80, ""), {Protocol: corev1.ProtocolUDP, HostPort: 8080, ContainerPort: 53}}},
-		"a/old":     {created: t0, ports: []corev1.ContainerPort{tcp(8080, 80, "")}},
-		"a/ip":      {created: t0.Add(2 * time.Minute), ports: []corev1.ContainerPort{tcp(9090, 90, "192.0.2.11"), tcp(8080, 80, "192.0.2.11")}},
-		"a/waiting": {created: t0, ports: []corev1.ContainerPort{tcp(7070, 70, "")}}, // no IP yet
-	}
-	got, conflicts := hostPortsOf(pods, hp)
-	want := []nodenet.HostPort{
-		{Protocol: openflow.IPProtoTCP, HostPort: 8080, PodIP: pods["a/old"].IP, PodPort: 80, Pod: "a/old"},
-		{Protocol: openflow.IPProtoUDP, HostPort: 8080, PodIP: pods["a/new"].IP, PodPort: 53, Pod: "a/new"},
-		{Protocol: openflow.IPProtoTCP, HostIP: netip.MustParseAddr("192.0.2.11"), HostPort: 9090, PodIP: pods["a/ip"].IP, PodPort: 90, Pod: "a/ip"},
-	}
-	if !reflect.DeepEqual(got, want) {
-		t.Errorf("host ports:\n got %+v\nwant %+v", got, want)
-	}
-	wantConflicts := []hostPortConflict{
-		{Pod: "a/new", Holder: "a/old", Port: tcp(8080, 80, "")},
-		{Pod: "a/ip", Holder: "a/old", Port: tcp(8080, 80, "192.0.2.11")},
-	}
-	if !reflect.DeepEqual(conflicts, wantConflicts) {
-		t.Errorf("conflicts:\n got %+v\nwant %+v", conflicts, wantConflicts)
-	}
-}
 
 func TestNodePortsOf(t *testing.T) {
 	svcs := []pipeline.ServiceState{

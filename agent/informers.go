@@ -8,7 +8,6 @@ import (
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 )
 
@@ -27,21 +26,6 @@ type watchNetwork struct {
 func (w *watchNetwork) kickUplink() {
 	if w.uplink != nil {
 		w.uplink.Kick()
-	}
-}
-
-// handlers turns one function of (object, deleted) into an informer's handlers; a deletion whose final
-// state is unknown passes the last state the cache had.
-func handlers(fn func(obj any, deleted bool)) cache.ResourceEventHandlerFuncs {
-	return cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { fn(obj, false) },
-		UpdateFunc: func(_, obj any) { fn(obj, false) },
-		DeleteFunc: func(obj any) {
-			if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-				obj = d.Obj
-			}
-			fn(obj, true)
-		},
 	}
 }
 
@@ -97,7 +81,7 @@ func (w *watchNetwork) clusterNetwork(obj any, deleted bool) {
 		w.log.Info("encapsulation", "encapsulation", encap)
 		w.kickUplink()
 	}
-	w.sync.trigger()
+	w.sync.Trigger()
 }
 
 func (w *watchNetwork) hostSubnet(obj any, deleted bool) {
@@ -130,7 +114,7 @@ func (w *watchNetwork) hostSubnet(obj any, deleted bool) {
 		v.remote[hs.Host] = pipeline.RemoteNode{Name: hs.Host, NodeIP: ip, Subnet: subnet.Masked()}
 	})
 	w.kickUplink() // a new or moved peer: is it on the segment?
-	w.sync.trigger()
+	w.sync.Trigger()
 }
 
 func (w *watchNetwork) netNamespace(obj any, deleted bool) {
@@ -145,7 +129,7 @@ func (w *watchNetwork) netNamespace(obj any, deleted bool) {
 		}
 		v.vnids[nn.NetName] = nn.NetID
 	})
-	w.sync.trigger()
+	w.sync.Trigger()
 }
 
 // watchRemotePods keeps the view's remote pods from the (cluster-wide) pod informer: the address, node
@@ -185,6 +169,6 @@ func (w *watchRemotePods) pod(obj any, deleted bool) {
 		rendered = v.mode == pipeline.ModeMultitenant && v.uplink != ""
 	})
 	if changed && rendered {
-		w.sync.trigger()
+		w.sync.Trigger()
 	}
 }

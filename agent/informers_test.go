@@ -21,6 +21,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
 	"github.com/ofsdn/ofsdn/agent/attach"
+	"github.com/ofsdn/ofsdn/agent/egress"
 	"github.com/ofsdn/ofsdn/agent/k8sobj"
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
 	networkfake "github.com/ofsdn/ofsdn/client/clientset/versioned/fake"
@@ -386,7 +387,7 @@ func TestNetNamespaceHandler(t *testing.T) {
 // addresses with their namespaces' VNIDs; pods of namespaces without a VNID, of this node, hostNetwork
 // or finished ones are left out; other modes carry none.
 func TestRemotePodsInSnapshot(t *testing.T) {
-	v := newNodeView("n1")
+	v := newNodeView("n1", egress.NewInputs(0))
 	v.mode, v.uplink = pipeline.ModeMultitenant, "br-ul"
 	v.localSubnet, v.nodeIP = netip.MustParsePrefix("10.128.0.0/23"), netip.MustParseAddr("192.0.2.11")
 	v.remote["n2"] = pipeline.RemoteNode{Name: "n2", NodeIP: netip.MustParseAddr("192.0.2.12"), Subnet: netip.MustParsePrefix("10.128.2.0/23")}
@@ -427,7 +428,7 @@ func TestRemotePodsInSnapshot(t *testing.T) {
 
 // TestUplinkInSnapshot: what the uplink job records reaches the state the flows render from.
 func TestUplinkInSnapshot(t *testing.T) {
-	v := newNodeView("n1")
+	v := newNodeView("n1", egress.NewInputs(0))
 	v.encap = pipeline.EncapNone
 	v.remote["n2"] = pipeline.RemoteNode{Name: "n2", NodeIP: netip.MustParseAddr("192.0.2.12"), Subnet: netip.MustParsePrefix("10.128.2.0/23")}
 	v.remote["n3"] = pipeline.RemoteNode{Name: "n3", NodeIP: netip.MustParseAddr("198.51.100.13"), Subnet: netip.MustParsePrefix("10.128.4.0/23")}

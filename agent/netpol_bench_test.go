@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ofsdn/ofsdn/agent/policy"
 	pt "github.com/ofsdn/ofsdn/agent/policy/policytest"
 
 	"github.com/ofsdn/ofsdn/agent/k8sobj"
@@ -84,7 +85,8 @@ func BenchmarkPolicyPodRelabel(b *testing.B) {
 					pod = p
 				}
 			}
-			handler := policyPodHandlers((&watchPolicies{view: pa.view, sync: pa.fs}).pod).AddFunc
+			podHandlers, _, _ := (&policy.Watch{View: pa.view, Sync: pa.fs}).Handlers()
+			handler := podHandlers.AddFunc
 			var took []time.Duration
 			var mods []int
 			cpu0 := processCPU()

@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/go-logr/logr/funcr"
+	"github.com/ofsdn/ofsdn/agent/metrics"
 	"github.com/ofsdn/ofsdn/debugapi"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
@@ -63,7 +64,7 @@ func TestNodeAPIServersAreGuarded(t *testing.T) {
 	}, funcr.Options{})
 	a := &Agent{cfg: Config{NodeName: "n1", StateDir: dir, MetricsAddress: "127.0.0.1:0", DebugAddress: "127.0.0.1:0",
 		DebugSocket: filepath.Join(dir, "br0.ofsdn.sock"), Profiling: true},
-		log: log, health: newHealth(nil, nil), metrics: NewMetrics(nil), deps: Deps{Kube: kube}}
+		log: log, health: newHealth(nil, nil), metrics: metrics.New(nil), deps: Deps{Kube: kube}}
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	if err := a.serveObservability(ctx); err != nil {
@@ -92,7 +93,7 @@ func TestNodeAPIServersAreGuarded(t *testing.T) {
 		body, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(body)
 	}
-	metrics, debug := "https://"+a.metricsAddr, "https://"+a.debugAddr
+	metrics, debug := "https://"+a.listening.Metrics, "https://"+a.listening.Debug
 	// The backend answers Desired with 503 "not available yet" (no bridge): it was reached.
 	const reached = "not available yet"
 	for _, tc := range []struct {
@@ -118,7 +119,7 @@ func TestNodeAPIServersAreGuarded(t *testing.T) {
 	}
 	// Plain HTTP gets nothing but the TLS server's complaint, which is the caller's business: no error
 	// in the agent's log.
-	if code, body := get(http.DefaultClient, "http://"+a.debugAddr+debugapi.PathDesired, "reader-token"); code != 400 || strings.Contains(body, reached) {
+	if code, body := get(http.DefaultClient, "http://"+a.listening.Debug+debugapi.PathDesired, "reader-token"); code != 400 || strings.Contains(body, reached) {
 		t.Errorf("plain HTTP to the debug address: HTTP %d %q", code, body)
 	}
 	logMu.Lock()

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ofsdn/ofsdn/agent/hostnet"
 	"github.com/ofsdn/ofsdn/agent/nodenet"
 	"github.com/ofsdn/ofsdn/agent/services"
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
@@ -326,7 +327,7 @@ func TestHostPortWatch(t *testing.T) {
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("host ports:\n got %+v\nwant %+v", got, want)
 	}
-	if wantC := []hostPortConflict{{Pod: "a/new", Holder: "a/old", Port: hp(8080, 81, "")}}; !reflect.DeepEqual(conflicts, wantC) {
+	if wantC := []hostnet.HostPortConflict{{Pod: "a/new", Holder: "a/old", Port: hp(8080, 81, "")}}; !reflect.DeepEqual(conflicts, wantC) {
 		t.Errorf("conflicts %+v, want %+v", conflicts, wantC)
 	}
 

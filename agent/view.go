@@ -6,6 +6,7 @@ import (
 	"maps"
 	"net"
 	"net/netip"
+	"reflect"
 	"slices"
 	"sort"
 	"sync"
@@ -13,8 +14,11 @@ import (
 	nadv1 "github.com/k8snetworkplumbingwg/network-attachment-definition-client/pkg/apis/k8s.cni.cncf.io/v1"
 	"github.com/ofsdn/ofsdn/agent/adminpolicy"
 	"github.com/ofsdn/ofsdn/agent/attach"
+	"github.com/ofsdn/ofsdn/agent/egress"
+	"github.com/ofsdn/ofsdn/agent/hostnet"
 	"github.com/ofsdn/ofsdn/agent/k8sobj"
 	"github.com/ofsdn/ofsdn/agent/networks"
+	"github.com/ofsdn/ofsdn/agent/nodeapi"
 	"github.com/ofsdn/ofsdn/agent/nodenet"
 	"github.com/ofsdn/ofsdn/agent/policy"
 	"github.com/ofsdn/ofsdn/agent/services"
@@ -42,7 +46,7 @@ type nodeView struct {
 	slices    map[string]*discoveryv1.EndpointSlice
 	converted services.Cache // the last conversion of each service, reused while its objects stay
 	// hostPorts of the pods bound to this node, by namespace/name (pod informer).
-	hostPorts map[string]hostPortPod
+	hostPorts map[string]hostnet.HostPortPod
 	// policyChanges are the NetworkPolicies, pods and namespaces the informers changed since the last
 	// snapshot, which hands them to the flow loop's policy index (agent/policy): resolution happens
 	// there, not under this lock.
@@ -61,8 +65,9 @@ type nodeView struct {
 	// remotePods are the other nodes' pods (pod informer), whose addresses give the source VNID of
 	// traffic that arrives unencapsulated in multitenant mode.
 	remotePods map[string]remotePod
-	// egress are egress IPs' and firewalls' inputs and derived state (egress.go), under a lock of their own.
-	egress *egressInputs
+	// egress are egress IPs' and firewalls' inputs and derived state (agent/egress), under a lock of
+	// their own; egress.Node changes them through Change.
+	egress *egress.Inputs
 	// networks are the Networks, their node subnets and the namespaces' labels (agent/networks);
 	// netAttachments the pods' interfaces on them, by attach.NetAttachmentKey.
 	networks       *networks.Index
@@ -77,12 +82,13 @@ type remotePod struct {
 	IP              netip.Addr
 }
 
-func newNodeView(nodeName string) *nodeView {
+// newNodeView is an empty view of node nodeName; egress are the egress inputs its snapshots read.
+func newNodeView(nodeName string, egressInputs *egress.Inputs) *nodeView {
 	return &nodeView{nodeName: nodeName, mode: pipeline.ModeSubnet, remote: map[string]pipeline.RemoteNode{},
 		vnids: map[string]uint32{}, pods: map[string]attach.Pod{}, services: map[string]*corev1.Service{},
-		slices: map[string]*discoveryv1.EndpointSlice{}, hostPorts: map[string]hostPortPod{}, converted: services.Cache{},
+		slices: map[string]*discoveryv1.EndpointSlice{}, hostPorts: map[string]hostnet.HostPortPod{}, converted: services.Cache{},
 		encap: pipeline.EncapVXLAN, remotePods: map[string]remotePod{}, networks: networks.NewIndex(), netAttachments: map[string]attach.NetAttachment{},
-		egress: newEgressInputs()}
+		egress: egressInputs}
 }
 
 // The view as attachments see it (attach.Node).
@@ -145,22 +151,21 @@ func (v *nodeView) AllNetAttachments() []attach.NetAttachment {
 	return slices.Collect(maps.Values(v.netAttachments))
 }
 
-// netAttachmentStatus is a pod's interface on a Network and, when it carries no traffic, why.
-type netAttachmentStatus struct {
-	attach.NetAttachment
-	whyNot string // "" when its Network renders and admits it
-}
-
 // netAttachmentStatuses lists the attachments with why each carries no traffic, for the debug API.
-func (v *nodeView) netAttachmentStatuses() []netAttachmentStatus {
+func (v *nodeView) netAttachmentStatuses() []nodeapi.NetAttachment {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	out := make([]netAttachmentStatus, 0, len(v.netAttachments))
+	out := make([]nodeapi.NetAttachment, 0, len(v.netAttachments))
 	for _, a := range v.netAttachments {
 		why := v.networks.WhyNotCarrying(networks.Attachment{Namespace: a.Namespace, Name: a.Name, Interface: a.IfName, Network: a.Network})
-		out = append(out, netAttachmentStatus{NetAttachment: a, whyNot: why})
+		out = append(out, nodeapi.NetAttachment{NetAttachment: a, WhyNot: why})
 	}
 	return out
+}
+
+// UpdateNetworks runs f on the view's Networks (networks.View).
+func (v *nodeView) UpdateNetworks(f func(ix *networks.Index)) {
+	v.update(func(v *nodeView) { f(v.networks) })
 }
 
 // Placement says how a pod of namespace attaches to a Network on this node (attach.Networks).
@@ -215,6 +220,29 @@ func (v *nodeView) PodNetworkStatuses() map[string][]nadv1.NetworkStatus {
 	return out
 }
 
+// SetService and SetEndpointSlice file the informers' objects by namespace/name, nil deleting
+// (services.View).
+
+func (v *nodeView) SetService(key string, svc *corev1.Service) {
+	v.update(func(v *nodeView) {
+		if svc == nil {
+			delete(v.services, key)
+			return
+		}
+		v.services[key] = svc
+	})
+}
+
+func (v *nodeView) SetEndpointSlice(key string, es *discoveryv1.EndpointSlice) {
+	v.update(func(v *nodeView) {
+		if es == nil {
+			delete(v.slices, key)
+			return
+		}
+		v.slices[key] = es
+	})
+}
+
 // Reads of the view for the rest of the agent: each takes the lock and copies.
 
 // addressing is the node's address, subnet and cluster networks.
@@ -223,6 +251,17 @@ func (v *nodeView) addressing() (nodeIP netip.Addr, subnet netip.Prefix, cluster
 	defer v.mu.Unlock()
 	return v.nodeIP, v.localSubnet, slices.Clone(v.clusterNets)
 }
+
+// NodeIP is the node's address (egress.View).
+func (v *nodeView) NodeIP() netip.Addr {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.nodeIP
+}
+
+// Change runs f, a change of state the snapshots read but others keep (egress.Inputs), under the
+// view's lock and returns the generation that holds it (egress.View).
+func (v *nodeView) Change(f func()) uint64 { return v.update(func(*nodeView) { f() }) }
 
 // Peers is the encapsulation, the node's address and the other nodes by address.
 func (v *nodeView) Peers() (pipeline.Encapsulation, netip.Addr, map[netip.Addr][]string) {
@@ -337,10 +376,31 @@ func (v *nodeView) nodeAddresses() map[string][]netip.Addr {
 }
 
 // resolvedHostPorts returns the hostPorts to publish and the conflicts to report.
-func (v *nodeView) resolvedHostPorts() ([]nodenet.HostPort, []hostPortConflict) {
+func (v *nodeView) resolvedHostPorts() ([]nodenet.HostPort, []hostnet.HostPortConflict) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	return hostPortsOf(v.pods, v.hostPorts)
+	podIP := func(key string) (netip.Addr, bool) {
+		p, ok := v.pods[key]
+		return p.IP, ok
+	}
+	return hostnet.ResolveHostPorts(podIP, v.hostPorts)
+}
+
+// SetHostPorts files a local pod's hostPorts (nil: none) and says whether that changed anything
+// (hostnet.HostPortView).
+func (v *nodeView) SetHostPorts(key string, p *hostnet.HostPortPod) (changed bool) {
+	v.update(func(v *nodeView) {
+		prev, had := v.hostPorts[key]
+		switch {
+		case p == nil && had:
+			delete(v.hostPorts, key)
+			changed = true
+		case p != nil && (!had || !reflect.DeepEqual(prev.Ports, p.Ports)):
+			v.hostPorts[key] = *p
+			changed = true
+		}
+	})
+	return changed
 }
 
 // healthChecks returns the health check node ports this node serves, with their local ready endpoints.
@@ -369,13 +429,29 @@ type policyInput struct {
 	admin     adminpolicy.Changes
 }
 
-// recordPolicyChange files an informer's change for the next snapshot (latest per object wins).
-func (v *nodeView) recordPolicyChange(f func(c *policy.Changes)) {
-	c := &v.policyChanges
-	if c.Pods == nil {
-		c.Pods, c.Namespaces, c.Policies = map[string]*policy.Pod{}, map[string]policy.NamespaceChange{}, map[string]*networkingv1.NetworkPolicy{}
-	}
-	f(c)
+// RecordPolicyChange files an informer's NetworkPolicy change for the next snapshot (latest per
+// object wins) and says whether policies are enforced (policy.View).
+func (v *nodeView) RecordPolicyChange(f func(c *policy.Changes)) (enforced bool) {
+	v.update(func(v *nodeView) {
+		c := &v.policyChanges
+		if c.Pods == nil {
+			c.Pods, c.Namespaces, c.Policies = map[string]*policy.Pod{}, map[string]policy.NamespaceChange{}, map[string]*networkingv1.NetworkPolicy{}
+		}
+		f(c)
+		enforced = v.mode == pipeline.ModeNetworkPolicy
+	})
+	return enforced
+}
+
+// RecordAdminChange files an informer's ClusterNetworkPolicy change for the next snapshot
+// (adminpolicy.View).
+func (v *nodeView) RecordAdminChange(f func(c *adminpolicy.Changes)) {
+	v.update(func(v *nodeView) {
+		if v.adminChanges.Pods == nil {
+			v.adminChanges = adminpolicy.NewChanges()
+		}
+		f(&v.adminChanges)
+	})
 }
 
 // snapshot copies the state to render. Pods whose namespace has no VNID yet are left out (they get no
@@ -441,7 +517,7 @@ func (v *nodeView) snapshotLocked() viewSnapshot {
 		}
 	}
 	st.Services = services.States(v.services, v.slices, v.nodeName, v.vnids, v.converted)
-	v.egress.fill(&st)
+	v.egress.Fill(&st)
 	st.NodePortAddresses = []netip.Addr{pipeline.ServiceNodePortIP}
 	in := policyInput{local: make(map[string]policy.Attachment, len(v.pods))}
 	for key, p := range v.pods {

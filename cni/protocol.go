@@ -7,7 +7,8 @@
 // the request, so a frozen agent fails a call fast while a busy one may take long. A DEL the agent
 // cannot take (not running, died or froze while serving it) is left as a pending delete in a directory
 // the agent processes before it serves and then periodically (pending.go), and the runtime is told it
-// succeeded: see WritePendingDelete for why.
+// succeeded: see WritePendingDelete for why. The agent installs the conflist the plugin reads, and the
+// plugin binary, through Install (install.go).
 package cni
 
 import (

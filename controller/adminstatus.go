@@ -30,7 +30,7 @@ import (
 // The status the controller writes on every ClusterNetworkPolicy: one condition, aggregated from what
 // the agents report, never a row per node.
 //
-// Agents report through Events on the policy (agent/adminpolicy_watch.go): a Warning "NotEnforced"
+// Agents report through Events on the policy (agent/adminpolicy/report.go): a Warning "NotEnforced"
 // from a node whose pods the policy selects, naming each problem there (a peer that fails closed,
 // domainNames, a named port no pod has, flows that could not be installed), and a Normal "Enforced"
 // once they are gone. Events keep the agents' permissions as they were (they write only Events) and
@@ -45,7 +45,7 @@ const (
 	// Its reasons.
 	adminReasonEnforced    = "Enforced"
 	adminReasonNotEnforced = "NotEnforcedOnSomeNodes"
-	// The agents' Event reasons (agent.EventAdminNotEnforced, agent.EventAdminEnforced).
+	// The agents' Event reasons (adminpolicy.EventNotEnforced, adminpolicy.EventEnforced).
 	adminEventNotEnforced = "NotEnforced"
 	adminEventEnforced    = "Enforced"
 	// maxConditionMessage stays inside the API's limit for a condition message (32768).

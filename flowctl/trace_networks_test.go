@@ -18,7 +18,7 @@ import (
 )
 
 // Networks in the offline two-node world: pods' interfaces on Networks besides their eth0, rendered by
-// the pipeline and reported in NodeInfo as the agent reports them (agent/debug.go).
+// the pipeline and reported in NodeInfo as the agent reports them (agent/nodeapi/backend.go).
 
 // testNetwork is a Network of the test world.
 type testNetwork struct {

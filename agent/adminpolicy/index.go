@@ -22,7 +22,9 @@
 // alter it — the policy itself; a pod its subject (while attached here) or, while it selects a local
 // pod, one of its peers matches before or after the change; a namespace whose labels change a
 // selector's verdict; a node's labels or addresses (policies with nodes peers); the local attachments.
-// It is plain data with no lock and no I/O, owned by the agent's flow loop.
+// It is plain data with no lock and no I/O, owned by the agent's flow loop. The informers' side is
+// Watch (watch.go), filing Changes in the agent's view through View; Reporter (report.go) turns each
+// sync's problems into Events on the policies.
 package adminpolicy
 
 import (

@@ -20,6 +20,9 @@
 // Heartbeats are plain UDP to the node addresses, from the node's address (checked against the
 // HostSubnet): pods cannot send to the port (it is in the tunnel guard's ports, flows/pipeline/guard.go)
 // and the node network is trusted, as for VXLAN.
+//
+// The agent runs it as a Node (node.go): the informers' handlers fill the Inputs (inputs.go) the
+// agent's view snapshots for the flows, and the Job claims through the view, the flow loop and nodenet.
 package egress
 
 import (

@@ -5,7 +5,8 @@
 // a pod (Placement), and says, in words an operator can act on, why a pod cannot attach.
 //
 // The Index is plain data with no lock and no I/O: the agent keeps one in its node view and edits it
-// from its informers under the view's lock. Reporter (report.go) carries what the node did back to the
+// from its informers under the view's lock (Watch, watch.go, through View). PodRequests answers the CNI
+// side's questions about a pod's Networks. Reporter (report.go) carries what the node did back to the
 // API: NetworkSubnet status and the pods' network-status annotations.
 package networks
 

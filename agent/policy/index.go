@@ -22,7 +22,7 @@
 // Bad input narrows, never widens: a peer whose selector cannot be parsed matches nothing, a port that
 // cannot be rendered is left out (a rule left without ports allows nothing), a selector that cannot be
 // parsed in spec.podSelector selects nothing. Each such problem is kept with its policy, and the agent
-// reports it once as a Warning Event on the NetworkPolicy (policyProblemReporter).
+// reports it once as a Warning Event on the NetworkPolicy (ProblemReporter, watch.go).
 //
 // Resolution is incremental: each policy keeps its last PolicyState and is computed again only once a
 // change could alter it — the policy itself; a pod on which one of its selectors (its podSelector for
@@ -34,8 +34,8 @@
 //
 // It is plain data with no lock and no I/O: the agent's flow loop owns an Index, hands it what the
 // informers saw since the last sync (Changes) and the node's attachments, and resolves outside the lock
-// informers and CNI requests take.
-
+// informers and CNI requests take. The informers' side is Watch (watch.go): their handlers file
+// Changes in the agent's view through View, and ProblemReporter tells each problem once.
 package policy
 
 import (

@@ -1,7 +1,8 @@
 // Package services turns Services and EndpointSlices, as the agent's informers keep them (never
 // mutated), into the pipeline.ServiceState a node renders: every Service with an IPv4 ClusterIP, with
 // the endpoints its EndpointSlices list for each port, the traffic policies, sessionAffinity and
-// NodePorts. A Cache converts again only the services whose objects or VNID changed. It also serves
+// NodePorts. Watch files the informers' objects in the agent's view, which converts them at each
+// snapshot; a Cache converts again only the services whose objects or VNID changed. It also serves
 // what kube-proxy serves beside the datapath: LoadBalancer services' health check node ports
 // (healthcheck.go).
 package services

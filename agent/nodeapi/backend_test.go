@@ -1,4 +1,4 @@
-package agent
+package nodeapi
 
 import (
 	"fmt"
@@ -56,11 +56,11 @@ func TestNetworksInfo(t *testing.T) {
 			{Namespace: "a", Name: "old", Interface: "net1", Network: "red", VNI: red, IP: netip.MustParseAddr("10.200.1.9"), MAC: mac("0a:58:0a:c8:01:09"), OFPort: 9},
 		},
 	}
-	view := []netAttachmentStatus{
+	view := []NetAttachment{
 		{NetAttachment: attach.NetAttachment{Namespace: "a", Name: "p", IfName: "net1", Network: "red", IP: netip.MustParseAddr("10.200.1.5"),
 			Prefix: netip.MustParsePrefix("10.200.1.5/16"), MAC: mac("0a:58:0a:c8:01:05"), OFPort: 7}},
 		{NetAttachment: attach.NetAttachment{Namespace: "b", Name: "q", IfName: "net1", Network: "red", IP: netip.MustParseAddr("10.200.1.6"),
-			MAC: mac("02:00:00:00:00:06"), OFPort: 8}, whyNot: "Network red does not admit namespace b"},
+			MAC: mac("02:00:00:00:00:06"), OFPort: 8}, WhyNot: "Network red does not admit namespace b"},
 		{NetAttachment: attach.NetAttachment{Namespace: "c", Name: "r", IfName: "net2", Network: "red", IP: netip.MustParseAddr("10.200.1.7"), OFPort: 10}},
 	}
 	nets, atts := networksInfo(st, view)

@@ -1,4 +1,4 @@
-package agent
+package cni
 
 import (
 	"encoding/json"
@@ -14,8 +14,7 @@ import (
 // cniVersion, which must be a version it knows (at most 1.0.0) — a 1.1.0 there failed every pod.
 func TestInstalledConflistServesOldAndNewRuntimes(t *testing.T) {
 	dir := t.TempDir()
-	cfg := Config{CNIConfDir: dir, CNISocket: "/var/run/ofsdn/cni-server.sock"}
-	if err := installCNI(cfg, 1450); err != nil {
+	if err := (Install{ConfDir: dir, Socket: "/var/run/ofsdn/cni-server.sock", MTU: 1450}).Write(); err != nil {
 		t.Fatal(err)
 	}
 	path := filepath.Join(dir, "80-ofsdn.conflist")

@@ -1,4 +1,9 @@
-package agent
+// Package preflight checks the agent's node prerequisites: Open vSwitch runs on the host as a system
+// service, and it does what ofsdn's pipeline needs. The agent runs Check before it touches anything
+// else; a missing prerequisite stops it with one line that names what is missing and what to do
+// (Error), rather than letting it fail half way through setting the node up, or later at the first
+// flow that uses a missing feature.
+package preflight
 
 import (
 	"context"
@@ -17,23 +22,18 @@ import (
 	"k8s.io/klog/v2"
 )
 
-// The agent's node prerequisites: Open vSwitch runs on the host as a system service, and it does what
-// ofsdn's pipeline needs. checkPrerequisites runs before the agent touches anything else and stops it
-// with one line that names what is missing and what to do, rather than letting it fail half way
-// through setting the node up, or later at the first flow that uses a missing feature.
-
-// prerequisiteWait bounds the wait for OVSDB and for the bridge's management socket, which may not be
+// Wait bounds the wait for OVSDB and for the bridge's management socket, which may not be
 // there yet while the node boots.
-const prerequisiteWait = 20 * time.Second
+const Wait = 20 * time.Second
 
-// PrerequisiteError is a node prerequisite the agent found missing.
-type PrerequisiteError struct {
+// Error is a node prerequisite the agent found missing.
+type Error struct {
 	Missing string // what the node lacks
 	Fix     string // what to do about it
 	Err     error  // what showed it
 }
 
-func (e *PrerequisiteError) Error() string {
+func (e *Error) Error() string {
 	s := "node prerequisite missing: " + e.Missing
 	if e.Err != nil {
 		s += " (" + strings.Join(strings.Fields(e.Err.Error()), " ") + ")"
@@ -41,7 +41,7 @@ func (e *PrerequisiteError) Error() string {
 	return s + ". Fix: " + e.Fix
 }
 
-func (e *PrerequisiteError) Unwrap() error { return e.Err }
+func (e *Error) Unwrap() error { return e.Err }
 
 // featureProbe is a flow that uses one feature of Open vSwitch the pipeline depends on.
 type featureProbe struct {
@@ -90,14 +90,22 @@ func featureProbes() []featureProbe {
 	}
 }
 
-// checkPrerequisites checks, in order: OVSDB answers; ovs-vswitchd offers the datapath type and the
+// Config is the node's Open vSwitch as the agent will use it.
+type Config struct {
+	OVSDBEndpoint string // e.g. unix:/var/run/openvswitch/db.sock
+	OVSRunDir     string // holds <Bridge>.mgmt
+	Bridge        string
+	DatapathType  string // "system" or "netdev"
+}
+
+// Check checks, in order: OVSDB answers; ovs-vswitchd offers the datapath type and the
 // interface types the agent uses; the bridge, if it exists already, allows OpenFlow 1.3 (one that
 // something else set up for other versions is not taken over); ovs-vswitchd serves the bridge's
 // management socket and speaks OpenFlow 1.3 on it; it takes bundles, and refuses none of the probe
 // flows. A missing bridge is created as the agent would next (ovsdb.EnsureBridge), so that a new node
 // is checked too.
-func checkPrerequisites(ctx context.Context, cfg Config, log klog.Logger) error {
-	dbCtx, cancel := context.WithTimeout(ctx, prerequisiteWait)
+func Check(ctx context.Context, cfg Config, log klog.Logger) error {
+	dbCtx, cancel := context.WithTimeout(ctx, Wait)
 	defer cancel()
 	var db *ovsdb.Client
 	err := retry(dbCtx, func() (err error) {
@@ -105,7 +113,7 @@ func checkPrerequisites(ctx context.Context, cfg Config, log klog.Logger) error 
 		return err
 	})
 	if err != nil {
-		return &PrerequisiteError{Missing: "Open vSwitch's database at " + cfg.OVSDBEndpoint, Err: err,
+		return &Error{Missing: "Open vSwitch's database at " + cfg.OVSDBEndpoint, Err: err,
 			Fix: "run Open vSwitch on the node as a system service (e.g. systemctl enable --now openvswitch-switch) and give the agent " +
 				"its run directory (hostPath /var/run/openvswitch mounted at --ovs-rundir)"}
 	}
@@ -113,49 +121,49 @@ func checkPrerequisites(ctx context.Context, cfg Config, log klog.Logger) error 
 
 	sys, err := db.System(ctx)
 	if err != nil {
-		return &PrerequisiteError{Missing: "an initialised Open vSwitch database", Err: err,
+		return &Error{Missing: "an initialised Open vSwitch database", Err: err,
 			Fix: "start Open vSwitch through its service, which initialises the database (or run ovs-vsctl --no-wait init)"}
 	}
 	// Empty lists: ovs-vswitchd has not run yet; the management socket check below says so.
 	if len(sys.DatapathTypes) > 0 && !slices.Contains(sys.DatapathTypes, cfg.DatapathType) {
-		return &PrerequisiteError{Missing: fmt.Sprintf("datapath type %q in ovs-vswitchd, which offers %s", cfg.DatapathType, strings.Join(sys.DatapathTypes, ", ")),
+		return &Error{Missing: fmt.Sprintf("datapath type %q in ovs-vswitchd, which offers %s", cfg.DatapathType, strings.Join(sys.DatapathTypes, ", ")),
 			Fix: "pass the agent a --datapath-type ovs-vswitchd offers (system is the kernel datapath, netdev the userspace one)"}
 	}
 	for _, typ := range []string{"internal", "vxlan"} {
 		if len(sys.IfaceTypes) > 0 && !slices.Contains(sys.IfaceTypes, typ) {
-			return &PrerequisiteError{Missing: fmt.Sprintf("%s interfaces in ovs-vswitchd, which offers %s", typ, strings.Join(sys.IfaceTypes, ", ")),
+			return &Error{Missing: fmt.Sprintf("%s interfaces in ovs-vswitchd, which offers %s", typ, strings.Join(sys.IfaceTypes, ", ")),
 				Fix: "an Open vSwitch build with internal ports and VXLAN tunnels (every distribution's openvswitch-switch)"}
 		}
 	}
 	protocols, exists, err := db.BridgeProtocols(ctx, cfg.Bridge)
 	if err != nil {
-		return fmt.Errorf("agent: prerequisites: %w", err)
+		return fmt.Errorf("prerequisites: %w", err)
 	}
 	if exists && len(protocols) > 0 && !slices.Contains(protocols, "OpenFlow13") {
-		return &PrerequisiteError{Missing: fmt.Sprintf("OpenFlow 1.3 on bridge %s, which allows only %s", cfg.Bridge, strings.Join(protocols, ", ")),
+		return &Error{Missing: fmt.Sprintf("OpenFlow 1.3 on bridge %s, which allows only %s", cfg.Bridge, strings.Join(protocols, ", ")),
 			Fix: fmt.Sprintf("the bridge was set up by something other than ofsdn; if ofsdn may own it, run ovs-vsctl set bridge %s protocols=OpenFlow13 "+
 				"(or ovs-vsctl del-br %s and the agent creates it)", cfg.Bridge, cfg.Bridge)}
 	}
 	if !exists {
 		if err := db.EnsureBridge(ctx, ovsdb.BridgeConfig{Name: cfg.Bridge, DatapathType: cfg.DatapathType}); err != nil {
-			return fmt.Errorf("agent: prerequisites: %w", err)
+			return fmt.Errorf("prerequisites: %w", err)
 		}
 	}
 
 	socket := filepath.Join(cfg.OVSRunDir, cfg.Bridge+".mgmt")
-	ofCtx, cancelOF := context.WithTimeout(ctx, prerequisiteWait)
+	ofCtx, cancelOF := context.WithTimeout(ctx, Wait)
 	defer cancelOF()
-	sess, err := ofswitch.Dial(ofCtx, ofswitch.Config{Socket: socket, Bridge: cfg.Bridge, Logger: log, RequestTimeout: prerequisiteWait})
+	sess, err := ofswitch.Dial(ofCtx, ofswitch.Config{Socket: socket, Bridge: cfg.Bridge, Logger: log, RequestTimeout: Wait})
 	switch {
 	case errors.Is(err, of.ErrVersion):
-		return &PrerequisiteError{Missing: fmt.Sprintf("OpenFlow 1.3 on bridge %s's management socket", cfg.Bridge), Err: err,
+		return &Error{Missing: fmt.Sprintf("OpenFlow 1.3 on bridge %s's management socket", cfg.Bridge), Err: err,
 			Fix: fmt.Sprintf("allow it: ovs-vsctl set bridge %s protocols=OpenFlow13", cfg.Bridge)}
 	case err != nil:
 		fix := fmt.Sprintf("start ovs-vswitchd (systemctl start openvswitch-switch); `ovs-vsctl show` must list bridge %s without an error", cfg.Bridge)
 		if cfg.DatapathType == "system" {
 			fix += "; the kernel datapath needs the openvswitch kernel module loaded (modprobe openvswitch)"
 		}
-		return &PrerequisiteError{Missing: fmt.Sprintf("ovs-vswitchd serving bridge %s at %s", cfg.Bridge, socket), Err: err, Fix: fix}
+		return &Error{Missing: fmt.Sprintf("ovs-vswitchd serving bridge %s at %s", cfg.Bridge, socket), Err: err, Fix: fix}
 	}
 	defer sess.Close()
 
@@ -164,23 +172,23 @@ func checkPrerequisites(ctx context.Context, cfg Config, log klog.Logger) error 
 	for _, p := range probes {
 		msg, err := of.EncodeFlowMod(p.flow)
 		if err != nil {
-			return fmt.Errorf("agent: prerequisites: probe for %s: %w", p.feature, err)
+			return fmt.Errorf("prerequisites: probe for %s: %w", p.feature, err)
 		}
 		msgs = append(msgs, msg)
 	}
-	vCtx, cancelV := context.WithTimeout(ctx, prerequisiteWait)
+	vCtx, cancelV := context.WithTimeout(ctx, Wait)
 	defer cancelV()
 	err = sess.Validate(vCtx, msgs)
 	var be *ofswitch.BundleError
 	switch {
 	case errors.As(err, &be) && be.Index >= 0 && be.Index < len(probes):
 		p := probes[be.Index]
-		return &PrerequisiteError{Missing: fmt.Sprintf("%s on bridge %s", p.feature, cfg.Bridge), Err: err, Fix: p.fix}
+		return &Error{Missing: fmt.Sprintf("%s on bridge %s", p.feature, cfg.Bridge), Err: err, Fix: p.fix}
 	case errors.As(err, &be):
-		return &PrerequisiteError{Missing: fmt.Sprintf("OpenFlow bundles (the ONF extension of OpenFlow 1.3) on bridge %s", cfg.Bridge), Err: err,
+		return &Error{Missing: fmt.Sprintf("OpenFlow bundles (the ONF extension of OpenFlow 1.3) on bridge %s", cfg.Bridge), Err: err,
 			Fix: "an Open vSwitch release with OpenFlow 1.3 bundles (3.1 is tested)"}
 	case err != nil:
-		return fmt.Errorf("agent: prerequisites: %w", err)
+		return fmt.Errorf("prerequisites: %w", err)
 	}
 	features := make([]string, 0, len(probes))
 	for _, p := range probes {

@@ -1,4 +1,4 @@
-package agent
+package preflight
 
 import (
 	"context"
@@ -16,15 +16,15 @@ import (
 	"k8s.io/klog/v2"
 )
 
-func TestPrerequisiteErrorIsOneLineWithTheFix(t *testing.T) {
-	err := error(&PrerequisiteError{Missing: "X on bridge br0", Fix: "do Y", Err: errors.New("first\nsecond\tthird")})
+func TestErrorIsOneLineWithTheFix(t *testing.T) {
+	err := error(&Error{Missing: "X on bridge br0", Fix: "do Y", Err: errors.New("first\nsecond\tthird")})
 	want := "node prerequisite missing: X on bridge br0 (first second third). Fix: do Y"
 	if err.Error() != want {
 		t.Errorf("%q, want %q", err.Error(), want)
 	}
-	var pe *PrerequisiteError
+	var pe *Error
 	if !errors.As(fmt.Errorf("wrapped: %w", err), &pe) || pe.Fix != "do Y" {
-		t.Error("PrerequisiteError does not survive wrapping")
+		t.Error("Error does not survive wrapping")
 	}
 }
 
@@ -48,7 +48,7 @@ func TestPrerequisitesMetTouchNoFlow(t *testing.T) {
 	cfg := Config{Bridge: "br0", OVSRunDir: inst.Dir, OVSDBEndpoint: "unix:" + inst.DBSocket(), DatapathType: "netdev"}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := checkPrerequisites(ctx, cfg, klog.Background()); err != nil {
+	if err := Check(ctx, cfg, klog.Background()); err != nil {
 		t.Fatalf("a fresh OVS: %v", err)
 	}
 	if out, err := inst.Vsctl("get", "Bridge", "br0", "protocols", "datapath_type"); err != nil || !strings.Contains(out, "OpenFlow13") || !strings.Contains(out, "netdev") {
@@ -61,7 +61,7 @@ func TestPrerequisitesMetTouchNoFlow(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := dumpFlows(t, inst)
-	if err := checkPrerequisites(ctx, cfg, klog.Background()); err != nil {
+	if err := Check(ctx, cfg, klog.Background()); err != nil {
 		t.Fatalf("again, with a flow on the bridge: %v", err)
 	}
 	if after := dumpFlows(t, inst); after != before || !strings.Contains(after, "nw_dst=10.128.0.5") {
@@ -172,7 +172,7 @@ func TestAgentStopsOnMissingPrerequisites(t *testing.T) {
 			if !errors.As(err, &ee) || ee.ExitCode() == 0 {
 				t.Fatalf("agent: %v, want a non-zero exit\n%s", err, out)
 			}
-			if took > prerequisiteWait+15*time.Second {
+			if took > Wait+15*time.Second {
 				t.Errorf("the agent took %v to give up", took)
 			}
 			var line string

@@ -1,4 +1,8 @@
-package agent
+// Package metrics is the agent's Prometheus metrics (README, "The agent's metrics and health"):
+// counters and histograms updated where things happen (the flow loop's syncs through ObserveSync, the
+// bundles through Switch, the CNI verbs through CNIHandler), and the gauges of the node's state read
+// at scrape time from the agent (StateCollector).
+package metrics
 
 import (
 	"context"
@@ -14,9 +18,15 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
 
+// The triggers of the flow loop's drift checks, the label values of DriftChecks and DriftRepairs.
+const (
+	DriftPeriodic  = "periodic"
+	DriftReconnect = "reconnect"
+)
+
 // Metrics are the agent's Prometheus metrics (README lists them). Counters and histograms are updated
 // where things happen; the gauges of the node's state (flows and groups per category, pods, remote
-// nodes, services, OVS sessions) are read at scrape time from the agent (see stateCollector).
+// nodes, services, OVS sessions) are read at scrape time from the agent (see StateCollector).
 type Metrics struct {
 	// OwnerFailures counts owners whose flows could not be installed, by category (pod, svc, ...).
 	OwnerFailures *prometheus.CounterVec
@@ -40,8 +50,8 @@ type Metrics struct {
 	Registry    *prometheus.Registry
 }
 
-// NewMetrics registers the agent's metrics in reg (a fresh registry when nil).
-func NewMetrics(reg *prometheus.Registry) *Metrics {
+// New registers the agent's metrics in reg (a fresh registry when nil).
+func New(reg *prometheus.Registry) *Metrics {
 	if reg == nil {
 		reg = prometheus.NewRegistry()
 	}
@@ -74,7 +84,7 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 15)}, []string{"verb", "result"}),
 		Registry: reg,
 	}
-	for _, trigger := range []string{resyncPeriodic, resyncReconnect} {
+	for _, trigger := range []string{DriftPeriodic, DriftReconnect} {
 		m.DriftChecks.WithLabelValues(trigger)
 		m.DriftRepairs.WithLabelValues(trigger)
 	}
@@ -84,8 +94,8 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 	return m
 }
 
-// observeSync records what one sync sent.
-func (m *Metrics) observeSync(kind string, st reconcile.SyncStats, took time.Duration) {
+// ObserveSync records what one sync sent, by kind (apply, resync, round).
+func (m *Metrics) ObserveSync(kind string, st reconcile.SyncStats, took time.Duration) {
 	if m == nil || st.Messages == 0 {
 		return
 	}
@@ -98,31 +108,31 @@ func (m *Metrics) observeSync(kind string, st reconcile.SyncStats, took time.Dur
 	}
 }
 
-// meteredSwitch counts the bundles a reconciler sends through it.
-type meteredSwitch struct {
+// Switch counts the bundles a reconciler sends through it.
+type Switch struct {
 	reconcile.Switch
-	m *Metrics
+	M *Metrics
 }
 
-func (s meteredSwitch) Bundle(ctx context.Context, msgs [][]byte) error {
+func (s Switch) Bundle(ctx context.Context, msgs [][]byte) error {
 	err := s.Switch.Bundle(ctx, msgs)
-	if s.m != nil {
+	if s.M != nil {
 		if err != nil {
-			s.m.BundleFailures.Inc()
+			s.M.BundleFailures.Inc()
 		} else {
-			s.m.Bundles.Inc()
+			s.M.Bundles.Inc()
 		}
 	}
 	return err
 }
 
-// meteredCNI counts and times the CNI verbs the agent serves.
-type meteredCNI struct {
+// CNIHandler counts and times the CNI verbs the agent serves.
+type CNIHandler struct {
 	cni.Handler
-	m *Metrics
+	M *Metrics
 }
 
-func (h meteredCNI) observe(verb cni.Command, start time.Time, err error) {
+func (h CNIHandler) observe(verb cni.Command, start time.Time, err error) {
 	result := "ok"
 	var ce *types.Error
 	switch {
@@ -134,47 +144,47 @@ func (h meteredCNI) observe(verb cni.Command, start time.Time, err error) {
 	default:
 		result = strconv.FormatUint(uint64(cni.ErrInternal), 10)
 	}
-	h.m.CNIRequests.WithLabelValues(string(verb), result).Inc()
-	h.m.CNIDuration.WithLabelValues(string(verb), result).Observe(time.Since(start).Seconds())
+	h.M.CNIRequests.WithLabelValues(string(verb), result).Inc()
+	h.M.CNIDuration.WithLabelValues(string(verb), result).Observe(time.Since(start).Seconds())
 }
 
-func (h meteredCNI) Add(ctx context.Context, req *cni.Request) (*current.Result, error) {
+func (h CNIHandler) Add(ctx context.Context, req *cni.Request) (*current.Result, error) {
 	start := time.Now()
 	res, err := h.Handler.Add(ctx, req)
 	h.observe(cni.CmdAdd, start, err)
 	return res, err
 }
 
-func (h meteredCNI) Del(ctx context.Context, req *cni.Request) error {
+func (h CNIHandler) Del(ctx context.Context, req *cni.Request) error {
 	start := time.Now()
 	err := h.Handler.Del(ctx, req)
 	h.observe(cni.CmdDel, start, err)
 	return err
 }
 
-func (h meteredCNI) Check(ctx context.Context, req *cni.Request) error {
+func (h CNIHandler) Check(ctx context.Context, req *cni.Request) error {
 	start := time.Now()
 	err := h.Handler.Check(ctx, req)
 	h.observe(cni.CmdCheck, start, err)
 	return err
 }
 
-func (h meteredCNI) Status(ctx context.Context) error {
+func (h CNIHandler) Status(ctx context.Context) error {
 	start := time.Now()
 	err := h.Handler.Status(ctx)
 	h.observe(cni.CmdStatus, start, err)
 	return err
 }
 
-func (h meteredCNI) GC(ctx context.Context, valid []cni.Attachment) error {
+func (h CNIHandler) GC(ctx context.Context, valid []cni.Attachment) error {
 	start := time.Now()
 	err := h.Handler.GC(ctx, valid)
 	h.observe(cni.CmdGC, start, err)
 	return err
 }
 
-// nodeCounts is what the state gauges report, read from the agent at scrape time.
-type nodeCounts struct {
+// NodeCounts is what the state gauges report, read from the agent at scrape time.
+type NodeCounts struct {
 	Flows, Groups               map[reconcile.Category]int
 	Pods, RemoteNodes, Services int
 	OpenFlowUp, OVSDBUp         bool
@@ -182,17 +192,18 @@ type nodeCounts struct {
 	Ready                       bool
 }
 
-// stateCollector reports the node's state gauges from a snapshot function.
-type stateCollector struct {
-	read                                                         func() nodeCounts
+// StateCollector reports the node's state gauges from a snapshot function.
+type StateCollector struct {
+	read                                                         func() NodeCounts
 	flows, groups, pods, remote, services, ovsUp, ofConns, ready *prometheus.Desc
 }
 
-func newStateCollector(read func() nodeCounts) *stateCollector {
+// NewStateCollector reads the gauges with read at each scrape.
+func NewStateCollector(read func() NodeCounts) *StateCollector {
 	d := func(name, help string, labels ...string) *prometheus.Desc {
 		return prometheus.NewDesc(name, help, labels, nil)
 	}
-	return &stateCollector{read: read,
+	return &StateCollector{read: read,
 		flows:    d("ofsdn_agent_flows", "Desired flows on the bridge, by owner category.", "category"),
 		groups:   d("ofsdn_agent_groups", "Desired groups on the bridge, by owner category.", "category"),
 		pods:     d("ofsdn_agent_pods", "Pods attached to this node's bridge."),
@@ -204,13 +215,13 @@ func newStateCollector(read func() nodeCounts) *stateCollector {
 	}
 }
 
-func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
+func (c *StateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.flows, c.groups, c.pods, c.remote, c.services, c.ovsUp, c.ofConns, c.ready} {
 		ch <- d
 	}
 }
 
-func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
+func (c *StateCollector) Collect(ch chan<- prometheus.Metric) {
 	n := c.read()
 	b := func(v bool) float64 {
 		if v {
