@@ -185,10 +185,41 @@ const maxConjunctionsPerPriority = 3000
 // its output.
 type policyMemo struct {
 	memo
+	in       policyIdentity // what key was computed from: the same input again has the same key
 	priority uint16
 	extra    []uint16 // the priorities of its further chunks (see maxConjunctionsPerPriority)
 	ids      []idGrant
 	clauses  clauseFlows // its flows, for the next render to reuse what it would build the same
+}
+
+// policyIdentity is a policy's identity: its scalars and the backing arrays of its slices. The agent's
+// policy index never changes a resolved policy's slices (it resolves a changed policy into new ones),
+// as NodeState.Policies asks, so a policy of the identity its memo was keyed from has that key: the
+// renderer hashes only the policies whose inputs are new, not all of them on every render.
+type policyIdentity struct {
+	namespace, name string
+	ingress, egress bool
+	pods            *PolicyPod
+	npods           int
+	ingressRules    *PolicyRule
+	ningress        int
+	egressRules     *PolicyRule
+	negress         int
+}
+
+func identityOfPolicy(p *PolicyState) policyIdentity {
+	id := policyIdentity{namespace: p.Namespace, name: p.Name, ingress: p.Ingress, egress: p.Egress,
+		npods: len(p.Pods), ningress: len(p.IngressRules), negress: len(p.EgressRules)}
+	if len(p.Pods) > 0 {
+		id.pods = &p.Pods[0]
+	}
+	if len(p.IngressRules) > 0 {
+		id.ingressRules = &p.IngressRules[0]
+	}
+	if len(p.EgressRules) > 0 {
+		id.egressRules = &p.EgressRules[0]
+	}
+	return id
 }
 
 // chunkKey names a policy's further priority for the band allocator.
@@ -226,8 +257,14 @@ func (r *Renderer) renderPolicies(s NodeState, out map[reconcile.Owner]reconcile
 			failed[it.owner] = err
 			continue
 		}
-		key := it.st.memoKey()
-		if m, ok := r.policies[it.owner]; ok && m.priority == prio && m.key == key && m.regrantBands(bands, it.key) && m.regrant(ids) {
+		in := identityOfPolicy(it.st)
+		m, ok := r.policies[it.owner]
+		key := m.key
+		if !ok || m.in != in {
+			key = it.st.memoKey()
+		}
+		if ok && m.priority == prio && m.key == key && m.regrantBands(bands, it.key) && m.regrant(ids) {
+			m.in = in
 			out[it.owner] = m.out
 			memos[it.owner] = m
 			continue
@@ -250,7 +287,7 @@ func (r *Renderer) renderPolicies(s NodeState, out map[reconcile.Owner]reconcile
 		if len(st.Flows) > 0 {
 			out[it.owner] = st
 		}
-		memos[it.owner] = policyMemo{memo: memo{key: key, out: st}, priority: prio, extra: extra, ids: slices.Clone(ids.record), clauses: clauses}
+		memos[it.owner] = policyMemo{memo: memo{key: key, out: st}, in: in, priority: prio, extra: extra, ids: slices.Clone(ids.record), clauses: clauses}
 	}
 	r.policies = memos
 }
@@ -275,6 +312,7 @@ func (m *policyMemo) regrant(ids *idAllocator) bool {
 			return false
 		}
 	}
+	ids.record = ids.record[:0] // only a fresh render reads it: keep it from growing over every policy
 	for _, g := range m.ids {
 		_, _ = ids.get(g.key)
 	}

@@ -422,3 +422,55 @@ func TestPolicyRerenderReusesUnchangedClauses(t *testing.T) {
 		t.Errorf("%d of %d flows built again, %d changed: want exactly the changed ones built", built, len(again.Flows), changed)
 	}
 }
+
+// TestRendererKeysPoliciesByIdentity: a policy handed over again with its very slices is reused without
+// hashing it again; one in new slices is keyed afresh, so equal content is still reused and changed
+// content (of any of its slices, or of a scalar next to them) renders again, as Render would.
+func TestRendererKeysPoliciesByIdentity(t *testing.T) {
+	o := NetPolOwner("a", "web-from-b")
+	for _, tc := range []struct {
+		name   string
+		change func(p *PolicyState) // on the state given to the second render (its slices are the first's)
+		reused bool
+	}{
+		{"same slices", func(*PolicyState) {}, true},
+		{"equal copies", func(p *PolicyState) {
+			p.Pods, p.IngressRules = slices.Clone(p.Pods), slices.Clone(p.IngressRules)
+			p.IngressRules[0].Peers = slices.Clone(p.IngressRules[0].Peers)
+		}, true},
+		{"a peer changed, in new slices", func(p *PolicyState) {
+			p.IngressRules = slices.Clone(p.IngressRules)
+			p.IngressRules[0].Peers = slices.Clone(p.IngressRules[0].Peers)
+			p.IngressRules[0].Peers[1].Net = netip.MustParsePrefix("10.128.2.8/32")
+		}, false},
+		{"a pod more", func(p *PolicyState) { p.Pods = append(slices.Clip(p.Pods), PolicyPod{OFPort: 9}) }, false},
+		{"a rule fewer", func(p *PolicyState) { p.IngressRules = p.IngressRules[:1] }, false},
+		{"egress too, same slices", func(p *PolicyState) { p.Egress = true }, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := sampleNodeState()
+			st.Mode = ModeNetworkPolicy
+			var r Renderer
+			first, _, err := r.Render(st)
+			if err != nil {
+				t.Fatal(err)
+			}
+			st.Policies = slices.Clone(st.Policies)
+			tc.change(&st.Policies[0])
+			again, _, err := r.Render(st)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := &again[o].Flows[0] == &first[o].Flows[0]; got != tc.reused {
+				t.Errorf("reused: %v, want %v", got, tc.reused)
+			}
+			fresh, err := Render(st)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if flowLines(again[o].Flows) != flowLines(fresh[o].Flows) {
+				t.Errorf("the Renderer gave\n%s\nwant\n%s", flowLines(again[o].Flows), flowLines(fresh[o].Flows))
+			}
+		})
+	}
+}

@@ -36,7 +36,10 @@ type NodeState struct {
 	// node IP:nodePort to ServiceNodePortIP:nodePort; see services.go).
 	Services          []ServiceState
 	NodePortAddresses []netip.Addr
-	// Policies are the NetworkPolicies this node enforces (networkpolicy mode; see netpol.go).
+	// Policies are the NetworkPolicies this node enforces (networkpolicy mode; see netpol.go). A
+	// Renderer takes a policy handed over with the very slices of its last render as unchanged, without
+	// hashing it again (policyIdentity): change a policy by giving it new slices, never by writing into
+	// the old ones.
 	Policies []PolicyState
 	// AdminPolicies are the ClusterNetworkPolicies that select a pod of this node (every mode; see
 	// adminpolicy.go).
