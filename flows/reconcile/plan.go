@@ -221,11 +221,16 @@ func (r *Reconciler) planOwners(scope []*ownerState) *plan {
 	n, bytes := 0, 0
 	for _, st := range scope {
 		inScope[st] = true
+		if len(st.flows.installed) > 0 {
+			// A changed owner sends what changed, most often a flow or two of its hundreds: reserving
+			// for all of them was most of a small change's garbage. flowMod grows the buffer as needed.
+			continue
+		}
 		for _, e := range st.flows.desired {
 			n, bytes = n+1, bytes+flowModBound(e)
 		}
 	}
-	p.reserve(n, bytes) // at most one message per desired flow, besides deletes
+	p.reserve(n, bytes) // a new owner sends every desired flow
 	// Flow mods go in map order: the bundle is atomic, so their order within it does not matter, and
 	// sorting every key of the owners in scope was a third of a small change's cost.
 	for _, st := range scope {
