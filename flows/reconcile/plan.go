@@ -171,6 +171,7 @@ func (p *plan) blame(err error) *ownerState {
 func (r *Reconciler) planFlow(p *plan, d *flowEntry) {
 	inst := r.flows.installed[d.c.Key]
 	switch {
+	case inst == d: // the entry installed, kept by its owner's compile
 	case inst == nil:
 		p.flowMod(d, openflow.FlowAdd, d.c.Cookie, 0, planItem{op: opInstallFlow, verb: "add", flow: d})
 		p.stats.FlowAdds++

@@ -104,8 +104,10 @@ func identityOf(f *openflow.Flow) (flowIdentity, bool) {
 }
 
 // compileCache is an owner's last compile: a re-rendered owner whose flows mostly are its last render's
-// (a policy whose peer set changed by one) compiles only its new flows. Each compile replaces it.
-type compileCache map[flowIdentity]openflow.CompiledFlow
+// (a policy whose peer set changed by one) compiles only its new flows, and its unchanged flows keep
+// their very entries, so staging and planning them are pointer checks (the entry desired is the entry
+// installed), not map writes. Each compile replaces it.
+type compileCache map[flowIdentity]*flowEntry
 
 // entry is one compiled flow or group and its owner; nil owner: installed, claimed by no registered
 // owner (an orphan) until one claims it or a full sync deletes it.
@@ -198,18 +200,30 @@ func (l *ledger[K, T]) forgetInstalled(owners map[Owner]*ownerState) {
 	}
 }
 
-// setDesired replaces st's desired entries with want (entries already pointing at st).
+// setDesired replaces st's desired entries with want (entries already pointing at st). An entry st
+// keeps (the very one: its flow did not change) stays where it is.
 func (l *ledger[K, T]) setDesired(st *ownerState, want map[K]*entry[T]) {
 	b := l.of(st)
-	for k := range b.desired {
-		if l.desired[k] != nil && l.desired[k].owner == st {
+	l.release(st, want)
+	for k, e := range want {
+		if l.desired[k] != e {
+			l.desired[k] = e
+		}
+	}
+	b.desired = want
+}
+
+// release gives up st's desired entries but those it keeps in keep (the very entries), so other
+// owners may claim them; st's book still lists them until setDesired replaces it.
+func (l *ledger[K, T]) release(st *ownerState, keep map[K]*entry[T]) {
+	for k, old := range l.of(st).desired {
+		if keep[k] == old {
+			continue
+		}
+		if e := l.desired[k]; e != nil && e.owner == st {
 			delete(l.desired, k)
 		}
 	}
-	for k, e := range want {
-		l.desired[k] = e
-	}
-	b.desired = want
 }
 
 // claimed returns the owner (not st) that desires k, if any.
@@ -416,29 +430,40 @@ func (r *Reconciler) compileAll(changes map[Owner]*OwnerState) map[Owner]*compil
 func compileOwner(o Owner, round uint16, flows []openflow.Flow, groups []openflow.GroupEntry, cache compileCache) (map[openflow.FlowKey]*flowEntry,
 	map[uint32]*groupEntry, compileCache, error) {
 	out := make(map[openflow.FlowKey]*flowEntry, len(flows))
-	entries := make([]flowEntry, len(flows)) // one allocation for the owner's entries, not one each
+	var entries []flowEntry
+	if len(cache) == 0 {
+		entries = make([]flowEntry, len(flows)) // one allocation for a new owner's entries, not one each
+	}
 	next := make(compileCache, len(flows))
 	cookie := uint64(MakeCookie(round, o))
 	for i := range flows {
 		f := &flows[i]
 		id, cacheable := identityOf(f)
-		c, cached := cache[id]
-		if !cacheable || !cached {
+		var e *flowEntry
+		if cacheable {
+			e = cache[id]
+		}
+		if e == nil {
 			g := *f
 			g.Cookie = cookie
-			var err error
-			if c, err = openflow.Compile(g); err != nil {
+			c, err := openflow.Compile(g)
+			if err != nil {
 				return nil, nil, nil, fmt.Errorf("owner %s: %w", o, err)
+			}
+			if entries != nil {
+				e = &entries[i]
+				e.c = c
+			} else {
+				e = &flowEntry{c: c} // one of the few new flows of a re-rendered owner
 			}
 		}
 		if cacheable {
-			next[id] = c
+			next[id] = e
 		}
-		if prev, dup := out[c.Key]; dup {
+		if prev, dup := out[e.c.Key]; dup {
 			return nil, nil, nil, fmt.Errorf("owner %s: two flows with one table, priority and match: %s and %s", o, prev.c.Flow(), f)
 		}
-		entries[i].c = c
-		out[c.Key] = &entries[i]
+		out[e.c.Key] = e
 	}
 	gout := make(map[uint32]*groupEntry, len(groups))
 	for _, g := range groups {
@@ -485,16 +510,19 @@ func (r *Reconciler) stage(comp map[Owner]*compiled, failed map[Owner]error) []*
 	}
 	slices.SortFunc(owners, compareOwners)
 	scope := make([]*ownerState, 0, len(owners))
-	// Clear every changed owner first: a flow may move between owners in one change (a deleted pod's
-	// IP given to a new pod), and each owner may only claim what no other owner wants.
+	// Release what every changed owner no longer wants first: a flow may move between owners in one
+	// change (a deleted pod's IP given to a new pod), and each owner may only claim what no other owner
+	// wants. What an owner keeps, the very entry of its last compile, stays its own: releasing and
+	// claiming back every unchanged flow of a re-rendered policy was most of a small change's cost.
 	for _, o := range owners {
-		if c := comp[o]; c.err == nil && len(c.flows) == 0 && len(c.groups) == 0 {
+		c := comp[o]
+		if c.err == nil && len(c.flows) == 0 && len(c.groups) == 0 {
 			if _, known := r.owners[o]; !known {
 				continue // deleting an owner nobody has: nothing to do
 			}
 		}
 		st := r.ownerFor(o)
-		r.flows.setDesired(st, nil) // nil reads as empty; each owner gets its new map below
+		r.flows.release(st, c.flows) // a nil map keeps nothing: a failed compile releases everything
 		r.groups.setDesired(st, nil)
 		scope = append(scope, st)
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -530,5 +531,56 @@ func TestOwnerIndexRoundTrip(t *testing.T) {
 	z.owners[a.Hash()] = []Owner{a, b}
 	if got := z.Name(MakeCookie(1, a)); got != "pod/x|pod/y" {
 		t.Errorf("collision name = %q", got)
+	}
+}
+
+// A re-rendered owner whose flows are mostly its last render's (the very flows) keeps their entries:
+// only the changed flow is sent, and every kept flow's desired entry is the one installed, as before.
+// A flow it keeps stays its own: another owner that wants it in the same change fails, even when it
+// sorts first, and the owner's flows stay as they are.
+func TestApplyKeepsUnchangedFlowsEntries(t *testing.T) {
+	sw := fakeswitch.New()
+	r := newRec(sw, 1, 1)
+	keeper := testOwner("z")
+	first := ownerFlows(1, 5)
+	mustApply(t, r, map[Owner]*OwnerState{keeper: set(first)})
+	entries := map[FlowKey]*flowEntry{}
+	for k, e := range r.owners[keeper].flows.desired {
+		entries[k] = e
+	}
+	installed := sw.FlowStrings()
+	for _, tc := range []struct {
+		name    string
+		changes map[Owner]*OwnerState
+		sent    int  // flow-mods
+		newcome bool // testOwner("a") asks for keeper's first flow, and must fail
+	}{
+		{"one flow changed", map[Owner]*OwnerState{keeper: set(append(slices.Clone(first[:3]), F(60, 100, M(IP...), Goto{Table: 80})))}, 2, false},
+		{"back, and a newcomer wants a kept flow", map[Owner]*OwnerState{keeper: set(first), testOwner("a"): set(first[:1])}, 2, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res := must(t)(r.Apply(context.Background(), tc.changes))
+			if got := res.Stats.Changes(); got != tc.sent {
+				t.Errorf("%d flow-mods (%s), want %d", got, res.Stats, tc.sent)
+			}
+			if tc.newcome != (res.Failed[testOwner("a")] != nil) || len(res.Failed) > 1 || res.Failed[keeper] != nil {
+				t.Errorf("failed %v; want only the newcomer to fail: %v", res.Failed, tc.newcome)
+			}
+			for k, e := range r.owners[keeper].flows.desired {
+				if r.flows.installed[k] != e || r.flows.desired[k] != e {
+					t.Errorf("%s: the desired entry is not the one installed and desired", e.c.Flow())
+				}
+				if old := entries[k]; old != nil && old != e {
+					t.Errorf("%s: an unchanged flow got a new entry", e.c.Flow())
+				}
+			}
+			clear(entries) // what the next change keeps
+			for k, e := range r.owners[keeper].flows.desired {
+				entries[k] = e
+			}
+		})
+	}
+	if got := sw.FlowStrings(); !slices.Equal(got, installed) {
+		t.Errorf("switch holds\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(installed, "\n"))
 	}
 }
