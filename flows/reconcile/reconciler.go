@@ -403,6 +403,7 @@ func (r *Reconciler) compileAll(changes map[Owner]*OwnerState) map[Owner]*compil
 				if st := changes[o]; st != nil {
 					r.compiledMu.Lock()
 					prev := r.compiled[o]
+					delete(r.compiled, o) // compileOwner updates it in place: no other compile may read it meanwhile
 					r.compiledMu.Unlock()
 					var next compileCache
 					c.flows, c.groups, next, c.err = compileOwner(o, r.cfg.Round, st.Flows, st.Groups, prev)
@@ -426,7 +427,8 @@ func (r *Reconciler) compileAll(changes map[Owner]*OwnerState) map[Owner]*compil
 
 // compileOwner compiles an owner's flows with its cookie for the round, rejecting duplicates; a flow of
 // the same identity as one of cache (the owner's last compile) is not compiled again. It returns the
-// cache for the next compile.
+// cache for the next compile: cache itself, updated in place (a new map of a policy's 150 identities
+// for every re-render was a third of a small change's garbage), or nil after an error.
 func compileOwner(o Owner, round uint16, flows []openflow.Flow, groups []openflow.GroupEntry, cache compileCache) (map[openflow.FlowKey]*flowEntry,
 	map[uint32]*groupEntry, compileCache, error) {
 	out := make(map[openflow.FlowKey]*flowEntry, len(flows))
@@ -434,7 +436,10 @@ func compileOwner(o Owner, round uint16, flows []openflow.Flow, groups []openflo
 	if len(cache) == 0 {
 		entries = make([]flowEntry, len(flows)) // one allocation for a new owner's entries, not one each
 	}
-	next := make(compileCache, len(flows))
+	next := cache
+	if next == nil {
+		next = make(compileCache, len(flows))
+	}
 	cookie := uint64(MakeCookie(round, o))
 	for i := range flows {
 		f := &flows[i]
@@ -457,13 +462,20 @@ func compileOwner(o Owner, round uint16, flows []openflow.Flow, groups []openflo
 				e = &flowEntry{c: c} // one of the few new flows of a re-rendered owner
 			}
 		}
-		if cacheable {
+		if cacheable && e != next[id] {
 			next[id] = e
 		}
 		if prev, dup := out[e.c.Key]; dup {
 			return nil, nil, nil, fmt.Errorf("owner %s: two flows with one table, priority and match: %s and %s", o, prev.c.Flow(), f)
 		}
 		out[e.c.Key] = e
+	}
+	if len(next) > len(out) { // identities of the last compile this one does not have: forget them
+		for id, e := range next {
+			if out[e.c.Key] != e {
+				delete(next, id)
+			}
+		}
 	}
 	gout := make(map[uint32]*groupEntry, len(groups))
 	for _, g := range groups {
