@@ -115,6 +115,7 @@ type Index struct {
 	local       map[string]Attachment        // the node's attached pods
 	nodeAddrs   map[string][]netip.Addr      // node → the addresses its hostNetwork pods have
 	clusterNets []netip.Prefix
+	seen        map[*Pod]bool // resolveRule's scratch, kept so that a rule of 300 peers does not grow a map anew
 }
 
 func NewIndex(nodeName string) *Index {
@@ -453,7 +454,11 @@ func (x *Index) resolveRule(e *policyEntry, r *parsedRule, selected []pipeline.P
 		}
 		return onlyNamed(p.NamedPorts, r.named)
 	}
-	seen := map[*Pod]bool{} // the index holds one object per pod
+	if x.seen == nil {
+		x.seen = map[*Pod]bool{}
+	}
+	seen := x.seen // the index holds one object per pod
+	defer clear(seen)
 	addPod := func(p *Pod) {
 		if seen[p] {
 			return

@@ -244,8 +244,14 @@ func (r *Renderer) renderPolicies(s NodeState, out map[reconcile.Owner]reconcile
 		items = append(items, item{o, o.String(), p})
 	}
 	slices.SortFunc(items, func(a, b item) int { return cmp.Compare(a.key, b.key) })
-	bands := newBandAllocator()
-	ids := newIDAllocator()
+	// Sized for what the last render granted: grown grant by grant, the allocators' maps were a good
+	// part of a render's garbage, and every render builds them anew over every policy.
+	bands := newBandAllocator(len(items))
+	granted := 0
+	for _, m := range r.policies {
+		granted += len(m.ids)
+	}
+	ids := &idAllocator{used: make(map[uint32]string, granted)}
 	memos := make(map[reconcile.Owner]policyMemo, len(items))
 	for _, it := range items {
 		if _, dup := memos[it.owner]; dup {
@@ -810,7 +816,7 @@ func policyRuleKey(p *PolicyState, dir, conj string) string {
 // the next free priority.
 type bandAllocator struct{ used map[uint16]bool }
 
-func newBandAllocator() *bandAllocator { return &bandAllocator{used: map[uint16]bool{}} }
+func newBandAllocator(n int) *bandAllocator { return &bandAllocator{used: make(map[uint16]bool, n)} }
 
 func (b *bandAllocator) get(key string) (uint16, error) {
 	p := b.peek(key)
