@@ -91,9 +91,16 @@ func (x *Index) Apply(c Changes) bool {
 type policyEntry struct {
 	parsed *parsedPolicy
 	dirty  bool
-	state  pipeline.PolicyState // Pods empty: it selects no local pod
-	// problems: the parse's and the last resolution's.
-	problems []Problem
+	// dirtyRules are the rules (ingress, then egress) to resolve again while the rest of the last
+	// resolution stands: a pod's verdict changed on a peer selector of theirs and on nothing else of
+	// the policy. A relabel among hundreds of peers then resolves the one rule whose peers it left,
+	// and the policy's other rules keep their very slices.
+	dirtyRules []bool
+	anyRule    bool                 // some dirtyRules entry is set
+	state      pipeline.PolicyState // Pods empty: it selects no local pod
+	// problems: the parse's and the last resolution's; ruleProblems: each rule's, as dirtyRules.
+	problems     []Problem
+	ruleProblems [][]Problem
 }
 
 // Attachment is what resolution needs of a pod attached to this node's bridge.
@@ -159,11 +166,37 @@ func (x *Index) markChanged(old, p *Pod, local bool) bool {
 		}
 		was, exact1 := x.verdicts(e, old, local)
 		is, exact2 := x.verdicts(e, p, local)
-		if was != is || (was|is) != 0 && (taken || !exact1 || !exact2) {
-			e.dirty, marked = true, true
+		switch {
+		case was == is && ((was|is) == 0 || !taken && exact1 && exact2):
+			// Nothing the policy takes of the pod changed.
+		case was == is || taken || !exact1 || !exact2 || (was^is)&1 != 0:
+			e.dirty, marked = true, true // its addresses, ports or phase, or the selection
+		default:
+			x.markRules(e, was^is) // only peer verdicts, each naming its rule
+			marked = true
 		}
 	}
 	return marked
+}
+
+// markRules marks the rules of e whose peer verdicts are set in changed (exact bits, as verdicts lays
+// them out) for resolving again.
+func (x *Index) markRules(e *policyEntry, changed uint64) {
+	pp := e.parsed
+	if len(e.dirtyRules) != len(pp.ingressRules)+len(pp.egressRules) {
+		e.dirtyRules = make([]bool, len(pp.ingressRules)+len(pp.egressRules))
+	}
+	n, i := 1, 0 // bit 0 is the selection
+	for _, rules := range [][]parsedRule{pp.ingressRules, pp.egressRules} {
+		for j := range rules {
+			width := len(rules[j].peers) + 1 // its peers, then its named-port peers
+			if changed>>n&(1<<width-1) != 0 {
+				e.dirtyRules[i], e.anyRule = true, true
+			}
+			n += width
+			i++
+		}
+	}
 }
 
 // sameAddressing: what resolution takes of a pod beyond its labels is the same.
@@ -374,10 +407,15 @@ func (x *Index) nodeChanged(node string) {
 func (x *Index) Resolve() []pipeline.PolicyState {
 	keys := make([]string, 0, len(x.policies))
 	for key, e := range x.policies {
-		if e.dirty {
+		switch {
+		case e.dirty:
 			x.compute(e)
 			e.dirty = false
+		case e.anyRule:
+			x.computeRules(e)
 		}
+		clear(e.dirtyRules)
+		e.anyRule = false
 		if len(e.state.Pods) > 0 {
 			keys = append(keys, key)
 		}
@@ -406,6 +444,7 @@ func (x *Index) compute(e *policyEntry) {
 	pp := e.parsed
 	st := pipeline.PolicyState{Namespace: pp.namespace, Name: pp.name, Ingress: pp.ingress, Egress: pp.egress}
 	e.problems = slices.Clone(pp.problems)
+	e.ruleProblems = nil
 	if pp.podSelector != nil {
 		for key, att := range x.local {
 			p := x.pods[key]
@@ -427,18 +466,57 @@ func (x *Index) compute(e *policyEntry) {
 		}
 		return 0
 	}
+	e.ruleProblems = make([][]Problem, len(pp.ingressRules)+len(pp.egressRules))
 	for i := range pp.ingressRules {
-		st.IngressRules = append(st.IngressRules, x.resolveRule(e, &pp.ingressRules[i], st.Pods, hint(e.state.IngressRules, i)))
+		st.IngressRules = append(st.IngressRules, x.resolveRule(e, &pp.ingressRules[i], st.Pods, hint(e.state.IngressRules, i), &e.ruleProblems[i]))
 	}
 	for i := range pp.egressRules {
-		st.EgressRules = append(st.EgressRules, x.resolveRule(e, &pp.egressRules[i], st.Pods, hint(e.state.EgressRules, i)))
+		st.EgressRules = append(st.EgressRules, x.resolveRule(e, &pp.egressRules[i], st.Pods, hint(e.state.EgressRules, i),
+			&e.ruleProblems[len(pp.ingressRules)+i]))
 	}
 	e.state = st
+	x.gatherProblems(e)
+}
+
+// computeRules resolves again the rules marked in e.dirtyRules, into new slices: the others, and the
+// selection, stand as the last resolution left them.
+func (x *Index) computeRules(e *policyEntry) {
+	pp := e.parsed
+	st := e.state
+	ni := len(pp.ingressRules)
+	if slices.Contains(e.dirtyRules[:ni], true) {
+		st.IngressRules = slices.Clone(st.IngressRules)
+	}
+	if slices.Contains(e.dirtyRules[ni:], true) {
+		st.EgressRules = slices.Clone(st.EgressRules)
+	}
+	for i, dirty := range e.dirtyRules {
+		if !dirty {
+			continue
+		}
+		e.ruleProblems[i] = nil
+		if i < ni {
+			st.IngressRules[i] = x.resolveRule(e, &pp.ingressRules[i], st.Pods, len(st.IngressRules[i].Peers)+1, &e.ruleProblems[i])
+		} else {
+			st.EgressRules[i-ni] = x.resolveRule(e, &pp.egressRules[i-ni], st.Pods, len(st.EgressRules[i-ni].Peers)+1, &e.ruleProblems[i])
+		}
+	}
+	e.state = st
+	x.gatherProblems(e)
+}
+
+// gatherProblems sets e.problems from the parse's and each rule's, in rule order, sorted by message
+// (stably: a resolution of one rule lists them as a resolution of all does).
+func (x *Index) gatherProblems(e *policyEntry) {
+	e.problems = slices.Clone(e.parsed.problems)
+	for _, ps := range e.ruleProblems {
+		e.problems = append(e.problems, ps...)
+	}
 	slices.SortStableFunc(e.problems, func(a, b Problem) int { return cmp.Compare(a.Message, b.Message) })
 }
 
 // resolveRule resolves one rule's peers, and records the problems of its named ports and ipBlocks.
-func (x *Index) resolveRule(e *policyEntry, r *parsedRule, selected []pipeline.PolicyPod, sizeHint int) pipeline.PolicyRule {
+func (x *Index) resolveRule(e *policyEntry, r *parsedRule, selected []pipeline.PolicyPod, sizeHint int, problems *[]Problem) pipeline.PolicyRule {
 	pp := e.parsed
 	out := pipeline.PolicyRule{AllPeers: r.allPeers && !r.none, Ports: r.ports}
 	if sizeHint > 0 && !out.AllPeers { // everyone's peers stay nil
@@ -480,7 +558,7 @@ func (x *Index) resolveRule(e *policyEntry, r *parsedRule, selected []pipeline.P
 			for _, cn := range x.clusterNets {
 				if peer.block.Bits() <= cn.Bits() && peer.block.Contains(cn.Addr()) &&
 					!slices.ContainsFunc(peer.except, func(ex netip.Prefix) bool { return ex.Overlaps(cn) }) {
-					e.problems = append(e.problems, Problem{Reason: ReasonIPBlockCoversClusterNetwork, Message: fmt.Sprintf(
+					*problems = append(*problems, Problem{Reason: ReasonIPBlockCoversClusterNetwork, Message: fmt.Sprintf(
 						"%s.ipBlock %s covers the whole cluster network %s: it allows every pod and every node's tun0 address, not only "+
 							"addresses outside the cluster (list %s in except to mean outside addresses only)", peer.field, peer.block, cn, cn)})
 				}
@@ -526,11 +604,11 @@ func (x *Index) resolveRule(e *policyEntry, r *parsedRule, selected []pipeline.P
 	for _, k := range r.named {
 		if r.egress {
 			if !slices.ContainsFunc(out.Peers, func(p pipeline.PolicyPeer) bool { return hasNamedPort(p.NamedPorts, k) }) {
-				e.problems = append(e.problems, Problem{Reason: ReasonNotFullyEnforced, Message: fmt.Sprintf(
+				*problems = append(*problems, Problem{Reason: ReasonNotFullyEnforced, Message: fmt.Sprintf(
 					"%s: no peer pod has a container port named %q (%s): that port allows nothing", r.field, k.name, protoName(k.proto))})
 			}
 		} else if !slices.ContainsFunc(selected, func(p pipeline.PolicyPod) bool { return hasNamedPort(p.NamedPorts, k) }) {
-			e.problems = append(e.problems, Problem{Reason: ReasonNotFullyEnforced, Message: fmt.Sprintf(
+			*problems = append(*problems, Problem{Reason: ReasonNotFullyEnforced, Message: fmt.Sprintf(
 				"%s: no selected pod on node %s has a container port named %q (%s): that port allows nothing there", r.field, x.nodeName, k.name, protoName(k.proto))})
 		}
 	}
