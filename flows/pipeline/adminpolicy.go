@@ -387,7 +387,7 @@ func renderAdminRule(p *AdminPolicyState, rule AdminRule, dir policyDirection, t
 	// together, named ports per number they resolve to against the destination pods).
 	one := &PolicyState{Name: p.Name, Pods: p.Pods}
 	dir.rules = func(*PolicyState) []PolicyRule { return []PolicyRule{rule.PolicyRule} }
-	subs := directionConjunctions(one, dir)
+	subs := directionConjunctions(one, dir, nil)
 	if len(subs) > maxAdminConjunctionsPerRule {
 		return nil, fmt.Errorf("%d conjunctions, more than %d", len(subs), maxAdminConjunctionsPerRule)
 	}

@@ -229,7 +229,7 @@ func chunkKey(key string, chunk int) string { return key + "#" + strconv.Itoa(ch
 // rendered is recorded in failed and the others render.
 func (r *Renderer) renderPolicies(s NodeState, out map[reconcile.Owner]reconcile.OwnerState, failed map[reconcile.Owner]error) {
 	if s.Mode != ModeNetworkPolicy {
-		r.policies = nil
+		r.policies, r.policySpare, r.policyAlloc = nil, nil, policyAllocators{}
 		return
 	}
 	type item struct {
@@ -244,15 +244,20 @@ func (r *Renderer) renderPolicies(s NodeState, out map[reconcile.Owner]reconcile
 		items = append(items, item{o, o.String(), p})
 	}
 	slices.SortFunc(items, func(a, b item) int { return cmp.Compare(a.key, b.key) })
-	// Sized for what the last render granted: grown grant by grant, the allocators' maps were a good
-	// part of a render's garbage, and every render builds them anew over every policy.
-	bands := newBandAllocator(len(items))
-	granted := 0
-	for _, m := range r.policies {
-		granted += len(m.ids)
+	// The allocators start empty every render, but keep their maps from the last: built anew and grown
+	// grant by grant over every policy, they were a good part of a render's garbage.
+	if r.policyAlloc.bands == nil {
+		r.policyAlloc.bands, r.policyAlloc.ids = newBandAllocator(len(items)), newIDAllocator()
 	}
-	ids := &idAllocator{used: make(map[uint32]string, granted)}
-	memos := make(map[reconcile.Owner]policyMemo, len(items))
+	bands, ids := r.policyAlloc.bands, r.policyAlloc.ids
+	clear(bands.used)
+	clear(ids.used)
+	ids.record = ids.record[:0]
+	memos := r.policySpare // the map the last render replaced: nothing reads it any more
+	if memos == nil {
+		memos = make(map[reconcile.Owner]*policyMemo, len(items))
+	}
+	clear(memos)
 	for _, it := range items {
 		if _, dup := memos[it.owner]; dup {
 			failed[it.owner] = fmt.Errorf("policy %s given twice", it.key)
@@ -265,8 +270,10 @@ func (r *Renderer) renderPolicies(s NodeState, out map[reconcile.Owner]reconcile
 		}
 		in := identityOfPolicy(it.st)
 		m, ok := r.policies[it.owner]
-		key := m.key
-		if !ok || m.in != in {
+		var key digest
+		if ok && m.in == in {
+			key = m.key
+		} else {
 			key = it.st.memoKey()
 		}
 		if ok && m.priority == prio && m.key == key && m.regrantBands(bands, it.key) && m.regrant(ids) {
@@ -284,7 +291,7 @@ func (r *Renderer) renderPolicies(s NodeState, out map[reconcile.Owner]reconcile
 			p, err := bands.get(chunkKey(it.key, chunk))
 			extra = append(extra, p)
 			return p, err
-		}, ids, r.policies[it.owner].clauses, &r.policyScratch)
+		}, ids, m.clausesOrNil(), &r.policyScratch)
 		if err != nil {
 			failed[it.owner] = err
 			continue
@@ -293,9 +300,24 @@ func (r *Renderer) renderPolicies(s NodeState, out map[reconcile.Owner]reconcile
 		if len(st.Flows) > 0 {
 			out[it.owner] = st
 		}
-		memos[it.owner] = policyMemo{memo: memo{key: key, out: st}, in: in, priority: prio, extra: extra, ids: slices.Clone(ids.record), clauses: clauses}
+		memos[it.owner] = &policyMemo{memo: memo{key: key, out: st}, in: in, priority: prio, extra: extra, ids: slices.Clone(ids.record), clauses: clauses}
 	}
-	r.policies = memos
+	r.policies, r.policySpare = memos, r.policies
+}
+
+// policyAllocators are the band and ID allocators of the policies' render, kept from one render to
+// the next for their maps.
+type policyAllocators struct {
+	bands *bandAllocator
+	ids   *idAllocator
+}
+
+// clausesOrNil is the memo's clause flows, nil for no memo.
+func (m *policyMemo) clausesOrNil() clauseFlows {
+	if m == nil {
+		return nil
+	}
+	return m.clauses
 }
 
 // regrantBands asks the band allocator for the memo's further priorities again; false when one moved.
@@ -376,6 +398,7 @@ type clauseFlow struct {
 // policyScratch is a render's working space, kept by the Renderer from one policy to the next: a
 // change re-renders whole policies, and allocating these afresh each time was most of its garbage.
 type policyScratch struct {
+	peers    []netip.Prefix // the conjunctions' peers (directionConjunctions)
 	clauses  map[clauseKey]*clauseFlow
 	slab     []clauseFlow
 	order    []*clauseFlow
@@ -394,11 +417,12 @@ func renderPolicyReusing(p *PolicyState, prio func(chunk int) (uint16, error), i
 		dir  *policyDirection
 		subs []subRule
 	}
+	scratch.peers = scratch.peers[:0] // the last policy's conjunctions are gone
 	var dirs []direction
 	bound := 0 // at most this many clause flows: one per clause of every conjunction
 	for _, dir := range []*policyDirection{&ingressDir, &egressDir} {
 		if dir.on(p) {
-			d := direction{dir, directionConjunctions(p, *dir)}
+			d := direction{dir, directionConjunctions(p, *dir, &scratch.peers)}
 			for _, sub := range d.subs {
 				bound += len(sub.pods) + max(len(sub.ports), 1) + len(sub.peers)
 			}
@@ -556,7 +580,10 @@ func ipMatch(f MatchField) Match {
 // the ports, not a rule's index, so removing one rule leaves the others' IDs alone. Named ports split
 // a rule into one conjunction per number the name resolves to — against the selected pods for
 // ingress, against the peer pods for egress — and stay per rule.
-func directionConjunctions(p *PolicyState, dir policyDirection) []subRule {
+//
+// buf, when not nil, is scratch the peers' prefixes are laid out in (a render's: the conjunctions
+// live no longer than the policy's render); each rule's are clipped, so merging rules copies out.
+func directionConjunctions(p *PolicyState, dir policyDirection, buf *[]netip.Prefix) []subRule {
 	allPods := make([]uint32, 0, len(p.Pods))
 	for _, pod := range p.Pods {
 		allPods = append(allPods, pod.OFPort)
@@ -565,7 +592,7 @@ func directionConjunctions(p *PolicyState, dir policyDirection) []subRule {
 	byPorts := map[string]int{} // numbered ports signature → index in out
 	grown := map[int]bool{}     // merged conjunctions, whose peers need sorting again
 	for i, rule := range dir.rules(p) {
-		peers := peerPrefixes(rule)
+		peers := peerPrefixes(rule, buf)
 		if sig, ok := numberedPortsSignature(rule.Ports); ok {
 			switch j, seen := byPorts[sig]; {
 			case !seen:
@@ -696,22 +723,38 @@ func resolveNamed(ports []NamedPort, want PolicyPort) (uint16, bool) {
 
 // peerPrefixes lists a rule's peers as prefixes, ipBlock excepts cut out; nil when every peer matches
 // (no peers named, or an ipBlock 0.0.0.0/0 without excepts: every address the IPv4 tables see).
-func peerPrefixes(rule PolicyRule) []netip.Prefix {
+// They are appended to *buf when buf is not nil (clipped: appending to them copies), else to a new
+// slice.
+func peerPrefixes(rule PolicyRule, buf *[]netip.Prefix) []netip.Prefix {
 	if rule.AllPeers {
 		return nil
 	}
-	out := make([]netip.Prefix, 0, len(rule.Peers))
+	var all []netip.Prefix
+	if buf == nil {
+		all = make([]netip.Prefix, 0, len(rule.Peers))
+	} else {
+		all = slices.Grow(*buf, len(rule.Peers))
+	}
+	start := len(all)
 	for _, peer := range rule.Peers {
 		if len(peer.Except) == 0 && peer.Net.IsValid() { // a pod's address, most of the time
-			out = append(out, peer.Net.Masked())
+			all = append(all, peer.Net.Masked())
 			continue
 		}
-		out = append(out, cidrMinus(peer.Net.Masked(), peer.Except)...)
+		all = append(all, cidrMinus(peer.Net.Masked(), peer.Except)...)
 	}
+	out := all[start:]
 	if slices.ContainsFunc(out, func(p netip.Prefix) bool { return p.Bits() == 0 }) {
 		return nil
 	}
-	return sortedPrefixes(out)
+	out = sortedPrefixes(out)
+	if buf != nil {
+		*buf = all[:start+len(out)]
+	}
+	if len(out) == 0 {
+		return []netip.Prefix{} // no peer at all: allows nothing (nil would be everyone)
+	}
+	return out[:len(out):len(out)]
 }
 
 // sortedPrefixes sorts prefixes by address, then length, and drops repeats (in place; never nil).

@@ -122,7 +122,11 @@ type Renderer struct {
 	networks    memos
 	attachments memos
 	services    map[reconcile.Owner]serviceMemo
-	policies    map[reconcile.Owner]policyMemo
+	// policies are the policies' memos, by pointer: a memo is bigger than a map keeps in place, and
+	// an unchanged policy keeps its own instead of being copied anew into every render's map.
+	policies    map[reconcile.Owner]*policyMemo
+	policySpare map[reconcile.Owner]*policyMemo // the map policies replaced, kept to be filled again
+	policyAlloc policyAllocators
 	// policyScratch is the policy renders' working space, reused from one policy to the next.
 	policyScratch policyScratch
 	admin         adminRenderer
