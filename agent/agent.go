@@ -130,7 +130,7 @@ func (c *Config) defaults() error {
 		c.AbsentPodGrace = attach.DefaultAbsentPodGrace
 	}
 	if c.DebugSocket == "" {
-		c.DebugSocket = nodeapi.DefaultDebugSocket(c.OVSRunDir, c.Bridge)
+		c.DebugSocket = debugapi.DefaultSocket(c.OVSRunDir, c.Bridge)
 	}
 	if c.Logger.GetSink() == nil {
 		c.Logger = klog.Background()

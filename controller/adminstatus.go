@@ -45,9 +45,6 @@ const (
 	// Its reasons.
 	adminReasonEnforced    = "Enforced"
 	adminReasonNotEnforced = "NotEnforcedOnSomeNodes"
-	// The agents' Event reasons (adminpolicy.EventNotEnforced, adminpolicy.EventEnforced).
-	adminEventNotEnforced = "NotEnforced"
-	adminEventEnforced    = "Enforced"
 	// maxConditionMessage stays inside the API's limit for a condition message (32768).
 	maxConditionMessage = 30000
 	// eventPolicyIndex indexes the Events by the name of the policy they are about: a sync reads its
@@ -262,7 +259,7 @@ func aggregateAdminCondition(p *cnp.ClusterNetworkPolicy, events []*corev1.Event
 	created := p.CreationTimestamp.Time
 	for _, e := range events {
 		if e.InvolvedObject.Kind != cnp.Kind || e.InvolvedObject.Name != p.Name ||
-			e.Reason != adminEventNotEnforced && e.Reason != adminEventEnforced {
+			e.Reason != cnp.EventReasonNotEnforced && e.Reason != cnp.EventReasonEnforced {
 			continue
 		}
 		node := e.Source.Host
@@ -280,7 +277,7 @@ func aggregateAdminCondition(p *cnp.ClusterNetworkPolicy, events []*corev1.Event
 			continue
 		}
 		r := report{at: at}
-		if e.Reason == adminEventNotEnforced {
+		if e.Reason == cnp.EventReasonNotEnforced {
 			r.problem = strings.TrimPrefix(e.Message, "node "+node+": ")
 		}
 		latest[node] = r

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"reflect"
 	"slices"
@@ -133,7 +134,7 @@ func (c *Controller) syncEgressIPs(ctx context.Context) error {
 		}
 	}
 	if len(errs) > 0 {
-		return fmt.Errorf("egress IPs: %v", errs)
+		return fmt.Errorf("egress IPs: %w", errors.Join(errs...))
 	}
 	return nil
 }
@@ -257,7 +258,7 @@ func (c *Controller) syncEgressPolicies(ctx context.Context) error {
 		}
 	}
 	if len(errs) > 0 {
-		return fmt.Errorf("egress policies: %v", errs)
+		return fmt.Errorf("egress policies: %w", errors.Join(errs...))
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"errors"
 	"net/netip"
 	"slices"
 	"strings"
@@ -9,9 +10,11 @@ import (
 	networkv1 "github.com/ofsdn/ofsdn/apis/network/v1"
 	"github.com/ofsdn/ofsdn/internal/egressplan"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/util/workqueue"
 )
 
@@ -271,5 +274,32 @@ func TestEgressQueuedOnNodeReadiness(t *testing.T) {
 	h.OnDelete(ready)
 	if got := queued(q); !slices.Equal(got, []string{egressIPsKey}) {
 		t.Errorf("add and delete queued %v", got)
+	}
+}
+
+// TestSyncEgressWrapsWriteErrors: a status write the API refuses comes back from the egress syncs
+// wrapped, not flattened into text, so callers can still tell a conflict from another failure.
+func TestSyncEgressWrapsWriteErrors(t *testing.T) {
+	deny := networkv1.EgressNetworkPolicyRule{Type: networkv1.EgressNetworkPolicyRuleDeny, To: networkv1.EgressNetworkPolicyPeer{CIDRSelector: "0.0.0.0/0"}}
+	for _, tc := range []struct {
+		name     string
+		resource string
+		objects  []runtime.Object
+		sync     func(*fixture) error
+	}{
+		{"egress IPs", "netnamespaces", []runtime.Object{egressNetNamespace("a", 10, "10.0.0.9")},
+			func(f *fixture) error { return f.c.syncEgressIPs(f.ctx) }},
+		{"egress policies", "egressnetworkpolicies", []runtime.Object{&networkv1.EgressNetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "only"},
+			Spec: networkv1.EgressNetworkPolicySpec{Egress: []networkv1.EgressNetworkPolicyRule{deny}}}},
+			func(f *fixture) error { return f.c.syncEgressPolicies(f.ctx) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, fixtureOpts{}, tc.objects...)
+			f.failWrites("update", tc.resource, apierrors.NewConflict(schema.GroupResource{Resource: tc.resource}, "x", errors.New("stale")))
+			err := tc.sync(f)
+			if !apierrors.IsConflict(err) {
+				t.Fatalf("sync: %v, want a conflict it wraps", err)
+			}
+		})
 	}
 }

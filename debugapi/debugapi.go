@@ -16,12 +16,20 @@ package debugapi
 import (
 	"fmt"
 	"net/netip"
+	"path/filepath"
 
 	"github.com/ofsdn/ofsdn/flows/trace"
 )
 
 // Prefix is where every endpoint lives.
 const Prefix = "/debug/ofsdn/v1/"
+
+// DefaultSocket is where the agent serves the debug API on the node, and where flowctl looks for it:
+// beside the bridge's OpenFlow management socket and owner index in ovs-vswitchd's run directory, so
+// flowctl --rundir finds all three. Here, not in agent/nodeapi, so flowctl need not import the agent.
+func DefaultSocket(ovsRunDir, bridge string) string {
+	return filepath.Join(ovsRunDir, bridge+".ofsdn.sock")
+}
 
 // Endpoints (GET unless said otherwise).
 const (

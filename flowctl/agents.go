@@ -4,7 +4,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"path/filepath"
 
 	"github.com/ofsdn/ofsdn/debugapi"
 	"k8s.io/client-go/rest"
@@ -53,7 +52,7 @@ func (n *nodeFlags) socketPath() string {
 	if n.socket != "" {
 		return n.socket
 	}
-	return filepath.Join(n.rundir, n.bridge+".ofsdn.sock")
+	return debugapi.DefaultSocket(n.rundir, n.bridge)
 }
 
 // local is the agent on this node.

@@ -3,9 +3,11 @@ package flowctl
 import (
 	"bytes"
 	"context"
+	"flag"
 	"strings"
 	"testing"
 
+	"github.com/ofsdn/ofsdn/debugapi"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
 	"github.com/ofsdn/ofsdn/flows/reconcile"
 )
@@ -120,6 +122,32 @@ func TestDropsHelpListsEveryCause(t *testing.T) {
 	for _, c := range pipeline.DropCauses {
 		if !strings.Contains(out.String(), "\n  "+c.Words+"\n") {
 			t.Errorf("drops --help does not list %s (%q):\n%s", c.Cause, c.Words, out.String())
+		}
+	}
+}
+
+// TestAgentSocketPath: flowctl looks for the local agent's debug socket where the agent serves it,
+// debugapi.DefaultSocket of --rundir and --bridge, unless --socket names another.
+func TestAgentSocketPath(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--rundir", "/run/ovs", "--bridge", "br1"}, "/run/ovs/br1.ofsdn.sock"},
+		{[]string{"--rundir", "/run/ovs"}, "/run/ovs/br0.ofsdn.sock"},
+		{[]string{"--rundir", "/run/ovs", "--socket", "/tmp/agent.sock"}, "/tmp/agent.sock"},
+	} {
+		var n nodeFlags
+		fs := flag.NewFlagSet("test", flag.ContinueOnError)
+		n.register(fs, true)
+		if err := fs.Parse(tc.args); err != nil {
+			t.Fatal(err)
+		}
+		if got := n.socketPath(); got != tc.want {
+			t.Errorf("%v: socket %q, want %q", tc.args, got, tc.want)
+		}
+		if tc.want != debugapi.DefaultSocket(n.rundir, n.bridge) && n.socket == "" {
+			t.Errorf("%v: %q is not the agent's default socket", tc.args, tc.want)
 		}
 	}
 }

@@ -148,11 +148,21 @@ func describe(f openflow.Flow, owners *reconcile.OwnerIndex) DumpedFlow {
 		Match: f.Match.String(), Actions: actionsText(f), Cookie: cookie.String(), Round: cookie.Round(),
 		Category: cookie.Category().String(), Owner: owner, Packets: f.Packets, Bytes: f.Bytes, Flow: f.String(),
 	}
-	if cause, meter, rest, ok := sampledDrop(f); ok {
-		df.Sampled = string(cause)
-		df.shown = fmt.Sprintf("%s (sampled: %s, meter %d)", actionsText(rest), cause, meter)
+	if cause, shown, ok := sampledDropText(f); ok {
+		df.Sampled, df.shown = string(cause), shown
 	}
 	return df
+}
+
+// sampledDropText is how flowctl's text (dump, trace and the console's trace) shows a sampled drop
+// flow's actions: its own actions without the sample ("drop" when none), then the cause and meter,
+// "drop (sampled: anti-spoofing, meter 4)". ok is false for any other flow, shown as it is.
+func sampledDropText(f openflow.Flow) (cause pipeline.DropCause, shown string, ok bool) {
+	cause, meter, rest, ok := sampledDrop(f)
+	if !ok {
+		return "", "", false
+	}
+	return cause, fmt.Sprintf("%s (sampled: %s, meter %d)", actionsText(rest), cause, meter), true
 }
 
 // actionsText is a flow's actions as ovs-ofctl prints them ("drop" for none).

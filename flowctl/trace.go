@@ -159,6 +159,12 @@ type HopStep struct {
 	Actions   []string `json:"actions"`
 	Miss      bool     `json:"miss,omitempty"`
 	Bucket    *int     `json:"bucket,omitempty"`
+	// Sampled is the drop cause of a sampled drop flow, as in flowctl dump's JSON; Actions keep the
+	// flow's controller action as Open vSwitch has it.
+	Sampled string `json:"sampled,omitempty"`
+	// Shown is how text (flowctl trace, the console) shows a sampled drop's actions: "drop (sampled:
+	// CAUSE, meter M)", as flowctl dump does, not as "sent to the controller". Empty for other flows.
+	Shown string `json:"-"`
 }
 
 // ServiceHop is the service a trace went through and the endpoint it followed.
@@ -651,6 +657,11 @@ func describeSteps(n *traceNode, path *trace.Path) []HopStep {
 				Match: s.Match, Owner: n.ownerOf(s.Cookie), Cookie: reconcile.Cookie(s.Cookie).String(), Actions: s.Actions, Miss: s.Miss}
 			if j == 0 && i > 0 {
 				st.CtState = pass.CtState
+			}
+			if f, ok := n.flowOf(s); ok {
+				if cause, shown, ok := sampledDropText(f); ok {
+					st.Sampled, st.Shown = string(cause), shown
+				}
 			}
 			if s.Bucket >= 0 {
 				b := s.Bucket
@@ -1154,7 +1165,10 @@ func (r *TraceResult) WriteText(w io.Writer) error {
 			}
 			fmt.Fprintf(w, "  %s%3d %-17s priority %-5d %s\n", indent, s.Table, s.TableName, s.Priority, match)
 			acts := strings.Join(s.Actions, ",")
-			if acts == "" {
+			switch {
+			case s.Shown != "":
+				acts = s.Shown
+			case acts == "":
 				acts = "drop"
 			}
 			if s.Bucket != nil {

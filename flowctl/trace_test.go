@@ -15,6 +15,7 @@ import (
 	"github.com/ofsdn/ofsdn/flows/openflow"
 	"github.com/ofsdn/ofsdn/flows/pipeline"
 	"github.com/ofsdn/ofsdn/flows/reconcile"
+	"github.com/ofsdn/ofsdn/flows/trace"
 )
 
 // A two-node cluster rendered in pure Go, saved as the JSON dumps flowctl dump writes: flowctl trace
@@ -459,5 +460,55 @@ func TestTraceOfflineEgress(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestTraceShowsSampledDrops: a trace step through a sampled drop flow reads as flowctl dump shows it,
+// "drop (sampled: CAUSE, meter M)", not as a packet sent to the controller, in text and in JSON's
+// sampled; a live trace's step (ovs-vswitchd's match text) finds its flow by table, priority and
+// cookie; any other flow's actions are shown as they are.
+func TestTraceShowsSampledDrops(t *testing.T) {
+	cookie := uint64(reconcile.MakeCookie(3, pipeline.PipelineOwner))
+	sample := func(meter uint32) openflow.Action {
+		return openflow.Controller{MaxLen: pipeline.DropSampleLen, MeterID: meter}
+	}
+	spoofMiss := openflow.F(pipeline.TablePodIngress, 0, openflow.M(), sample(4))
+	spoofMiss.Cookie = cookie
+	otherMeter := openflow.F(pipeline.TablePodIngress, 1, openflow.M(openflow.IPv6...), sample(9))
+	otherMeter.Cookie = cookie
+	n := &traceNode{owners: ownerIndex([]string{pipeline.PipelineOwner.String()}), flows: []openflow.Flow{spoofMiss, otherMeter}}
+	step := func(f openflow.Flow, match string) trace.Step {
+		s := trace.Step{Table: f.Table, Priority: f.Priority, Match: match, Cookie: f.Cookie, Bucket: -1}
+		for _, a := range f.Actions {
+			s.Actions = append(s.Actions, a.String())
+		}
+		return s
+	}
+	for _, tc := range []struct {
+		name    string
+		step    trace.Step
+		sampled string
+		text    string // the step's actions in flowctl trace's text
+	}{
+		{"offline", step(spoofMiss, spoofMiss.Match.String()), "anti-spoofing", "owner pipeline/base: drop (sampled: anti-spoofing, meter 4)\n"},
+		{"live match text", step(spoofMiss, "recirc_id=0"), "anti-spoofing", "owner pipeline/base: drop (sampled: anti-spoofing, meter 4)\n"},
+		{"not its cause's meter", step(otherMeter, otherMeter.Match.String()), "", "owner pipeline/base: controller(max_len=128,meter_id=9)\n"},
+		{"a flow the node does not have", trace.Step{Table: pipeline.TablePodIngress, Priority: 7, Cookie: cookie, Bucket: -1,
+			Actions: []string{"controller(max_len=128,meter_id=4)"}}, "", "owner pipeline/base: controller(max_len=128,meter_id=4)\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			steps := describeSteps(n, &trace.Path{Passes: []trace.Pass{{Steps: []trace.Step{tc.step}}}})
+			if len(steps) != 1 || steps[0].Sampled != tc.sampled {
+				t.Fatalf("steps %+v, want one sampled %q", steps, tc.sampled)
+			}
+			var buf bytes.Buffer
+			res := &TraceResult{Hops: []Hop{{Node: "n1", Steps: steps}}, Verdict: Verdict{Kind: VerdictDropped, Text: "dropped"}}
+			if err := res.WriteText(&buf); err != nil {
+				t.Fatal(err)
+			}
+			if !strings.HasSuffix(strings.SplitAfter(buf.String(), "\n")[4], tc.text) {
+				t.Errorf("text, want a step ending %q:\n%s", tc.text, buf.String())
+			}
+		})
 	}
 }

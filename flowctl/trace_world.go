@@ -71,6 +71,28 @@ func (n *traceNode) objectOf(cookie uint64) (pipeline.Object, bool) {
 	return pipeline.ObjectOf(owners[0])
 }
 
+// flowOf is the node's flow a trace step went through: the one of its table, priority, cookie and
+// match, else the only one of its table, priority and cookie (a live trace's match is ovs-vswitchd's
+// text, which may order fields otherwise). ok is false for a miss or a flow the node does not have.
+func (n *traceNode) flowOf(s trace.Step) (openflow.Flow, bool) {
+	if s.Miss {
+		return openflow.Flow{}, false
+	}
+	var only openflow.Flow
+	count := 0
+	for _, f := range n.flows {
+		if f.Table != s.Table || f.Priority != s.Priority || f.Cookie != s.Cookie {
+			continue
+		}
+		if f.Match.String() == s.Match {
+			return f, true
+		}
+		only = f
+		count++
+	}
+	return only, count == 1
+}
+
 // port finds a port of the bridge by name.
 func (n *traceNode) port(name string) (debugapi.Port, bool) {
 	for _, p := range n.info.Ports {

@@ -288,7 +288,7 @@ func TestUITrace(t *testing.T) {
 	}{
 		{"src=blue%2Fa&dst=red%2Fb&port=8080", 200, []string{"dropped", "dropped at table 80 ingress-isolation: tenant VNID 12 (blue) may not reach VNID 14 (red)",
 			"flowctl trace blue/a red/b --port 8080", "Node n1 , in_port 3 (vetha, pod blue/a)", "20 pod-ingress 100", "pod/blue/a",
-			"80 ingress-isolation 0 * pipeline/base controller(max_len=128,meter_id=1) — the verdict's flow"}},
+			"80 ingress-isolation 0 * pipeline/base drop (sampled: tenant-isolation, meter 1) — the verdict's flow"}},
 		{"src=blue%2Fa&dst=blue%2Fc&port=8080", 200, []string{"delivered", "delivered to blue/c via node n2", "Node n2",
 			"leaves by vxlan0 to node n2"}},
 		{"src=blue%2Fa2&dst=svc%2Fblue%2Fweb&endpoint=10.128.2.3", 200, []string{"Service blue/web", "Following 10.128.2.3:8080"}},

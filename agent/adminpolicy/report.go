@@ -18,13 +18,6 @@ import (
 // problems (none: enforced as written).
 type Report map[string][]Problem
 
-// Event reasons the agent writes on a ClusterNetworkPolicy: the controller aggregates the latest of
-// each node into the policy's status (controller/adminstatus.go).
-const (
-	EventNotEnforced = "NotEnforced"
-	EventEnforced    = "Enforced"
-)
-
 // ReportInterval: a node tells a policy's standing again this often while it lasts, so the Event the
 // controller reads outlives the API server's Event TTL (1 h by default).
 const ReportInterval = 20 * time.Minute
@@ -68,19 +61,19 @@ func (r *Reporter) Report(rep Report) {
 			next[name] = told{at: now}
 			if had && prev.message != "" {
 				r.log.Info("ClusterNetworkPolicy enforced as written", "policy", name)
-				r.event(ref(name), corev1.EventTypeNormal, EventEnforced, fmt.Sprintf("node %s enforces it as written", r.node))
+				r.event(ref(name), corev1.EventTypeNormal, cnp.EventReasonEnforced, fmt.Sprintf("node %s enforces it as written", r.node))
 			}
 		case had && prev.message == msg && now.Sub(prev.at) < ReportInterval:
 			next[name] = prev
 		default:
 			next[name] = told{message: msg, at: now}
 			r.log.Info("ClusterNetworkPolicy not enforced as written", "policy", name, "problems", msg)
-			r.event(ref(name), corev1.EventTypeWarning, EventNotEnforced, msg)
+			r.event(ref(name), corev1.EventTypeWarning, cnp.EventReasonNotEnforced, msg)
 		}
 	}
 	for name, prev := range r.told {
 		if _, still := rep[name]; !still && prev.message != "" {
-			r.event(ref(name), corev1.EventTypeNormal, EventEnforced, fmt.Sprintf("node %s no longer has a pod it selects", r.node))
+			r.event(ref(name), corev1.EventTypeNormal, cnp.EventReasonEnforced, fmt.Sprintf("node %s no longer has a pod it selects", r.node))
 		}
 	}
 	r.told = next

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	cnp "github.com/ofsdn/ofsdn/apis/policy/v1beta1"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 )
@@ -25,7 +26,7 @@ func TestReporterTellsChangesAndRepeats(t *testing.T) {
 	}
 	bad := Report{"p": {{Reason: ReasonDomainNamesUnsupported, Message: "x"}}}
 	r.Report(bad)
-	if e := next(); !strings.HasPrefix(e, "Warning "+EventNotEnforced+" node n1: "+ReasonDomainNamesUnsupported+": x") {
+	if e := next(); !strings.HasPrefix(e, "Warning "+cnp.EventReasonNotEnforced+" node n1: "+ReasonDomainNamesUnsupported+": x") {
 		t.Fatalf("first report: %q", e)
 	}
 	r.Report(bad)
@@ -34,17 +35,17 @@ func TestReporterTellsChangesAndRepeats(t *testing.T) {
 	}
 	now = now.Add(ReportInterval)
 	r.Report(bad)
-	if e := next(); !strings.HasPrefix(e, "Warning "+EventNotEnforced) {
+	if e := next(); !strings.HasPrefix(e, "Warning "+cnp.EventReasonNotEnforced) {
 		t.Fatalf("after the interval: %q", e)
 	}
 	r.Report(Report{"p": nil})
-	if e := next(); !strings.HasPrefix(e, "Normal "+EventEnforced+" node n1 enforces it as written") {
+	if e := next(); !strings.HasPrefix(e, "Normal "+cnp.EventReasonEnforced+" node n1 enforces it as written") {
 		t.Fatalf("problem gone: %q", e)
 	}
 	r.Report(bad)
 	next()
 	r.Report(Report{})
-	if e := next(); !strings.HasPrefix(e, "Normal "+EventEnforced+" node n1 no longer has a pod it selects") {
+	if e := next(); !strings.HasPrefix(e, "Normal "+cnp.EventReasonEnforced+" node n1 no longer has a pod it selects") {
 		t.Fatalf("no longer selecting: %q", e)
 	}
 }

@@ -37,12 +37,6 @@ const (
 	ReviewBurst = 40
 )
 
-// DefaultDebugSocket is where the agent serves its debug API on the node: beside the bridge's OpenFlow
-// management socket and owner index, so flowctl --rundir finds all three.
-func DefaultDebugSocket(ovsRunDir, bridge string) string {
-	return filepath.Join(ovsRunDir, bridge+".ofsdn.sock")
-}
-
 // Config says where the node API listens.
 type Config struct {
 	NodeName  string

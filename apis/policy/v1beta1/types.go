@@ -30,6 +30,16 @@ const (
 	Kind    = "ClusterNetworkPolicy"
 )
 
+// Reasons of the Events an agent writes on a ClusterNetworkPolicy for its node (agent/adminpolicy,
+// report.go), which the controller reads back to aggregate the nodes' word into the policy's status
+// (controller/adminstatus.go): defined here once, so writer and reader cannot drift apart.
+const (
+	// EventReasonNotEnforced: a Warning naming the node and its problems with the policy.
+	EventReasonNotEnforced = "NotEnforced"
+	// EventReasonEnforced: a Normal, the node enforces the policy as written (again).
+	EventReasonEnforced = "Enforced"
+)
+
 // Resource is the ClusterNetworkPolicy resource, for the dynamic client.
 var Resource = schema.GroupVersionResource{Group: Group, Version: Version, Resource: "clusternetworkpolicies"}
 
