@@ -168,15 +168,11 @@ func (s *dropClient) agentQuery(q debugapi.DropQuery) (asked debugapi.DropQuery,
 func newDropClient(nf *nodeFlags, warn func(error)) (*dropClient, error) {
 	if nf.node == "" {
 		if cfg, err := restConfig(nf.kubeconfig); err == nil {
-			kube, err := kubernetes.NewForConfig(cfg)
+			kube, netc, err := clientsOf(cfg)
 			if err != nil {
 				return nil, err
 			}
 			if err := nf.initTokens(cfg); err != nil { // before the nodes are asked side by side
-				return nil, err
-			}
-			netc, err := networkclient.NewForConfig(cfg)
-			if err != nil {
 				return nil, err
 			}
 			return clusterDropClient(cfg, kube, netc, nf, warn), nil
@@ -199,11 +195,7 @@ func newDropClient(nf *nodeFlags, warn func(error)) (*dropClient, error) {
 		if err != nil {
 			return nil, err
 		}
-		kube, err := kubernetes.NewForConfig(cfg)
-		if err != nil {
-			return nil, err
-		}
-		netc, err := networkclient.NewForConfig(cfg)
+		kube, netc, err := clientsOf(cfg)
 		if err != nil {
 			return nil, err
 		}

@@ -149,19 +149,28 @@ func RunPodNetwork(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if err != nil {
 		return fmt.Errorf("pod-network: %w", err)
 	}
-	kube, err := kubernetes.NewForConfig(cfg)
+	kube, netc, err := clientsOf(cfg)
 	if err != nil {
-		return fmt.Errorf("pod-network: kubernetes client: %w", err)
-	}
-	netc, err := networkclient.NewForConfig(cfg)
-	if err != nil {
-		return fmt.Errorf("pod-network: network client: %w", err)
+		return fmt.Errorf("pod-network: %w", err)
 	}
 	rows, err := ChangePodNetwork(ctx, PodNetworkClients{Kube: kube, Net: netc}, req, podNetworkPoll)
 	if err != nil {
 		return err
 	}
 	return writeNetIDs(stdout, rows)
+}
+
+// clientsOf are the Kubernetes and ofsdn network clients of cfg (restConfig finds it).
+func clientsOf(cfg *rest.Config) (*kubernetes.Clientset, *networkclient.Clientset, error) {
+	kube, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	netc, err := networkclient.NewForConfig(cfg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("network client: %w", err)
+	}
+	return kube, netc, nil
 }
 
 // restConfig loads --kubeconfig, else $KUBECONFIG (a list of files, as kubectl reads it), else the

@@ -9,10 +9,8 @@ import (
 	"net/http"
 	"time"
 
-	networkclient "github.com/ofsdn/ofsdn/client/clientset/versioned"
 	"github.com/ofsdn/ofsdn/debugapi"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
 )
 
 const uiUsage = `usage: flowctl ui [--address 127.0.0.1:9180] [--kubeconfig FILE]
@@ -97,11 +95,7 @@ func liveUISources(nf nodeFlags, stderr io.Writer) (uiSources, error) {
 	if err != nil {
 		return uiSources{}, err
 	}
-	kube, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return uiSources{}, err
-	}
-	netc, err := networkclient.NewForConfig(cfg)
+	kube, netc, err := clientsOf(cfg)
 	if err != nil {
 		return uiSources{}, err
 	}
