@@ -22,6 +22,23 @@ type benchBridge struct {
 	br   *ofbridge.Bridge
 }
 
+// installedBench is a bench bridge with n flows of 5-flow owners installed by a reconciler and settled,
+// and one of the owners to change.
+func installedBench(b *testing.B, n int) (*benchBridge, *Reconciler, map[Owner]*OwnerState, Owner) {
+	br := newBenchBridge(b)
+	r := New(br.sw, Config{Round: 1})
+	owners := benchOwners(n, 5)
+	var target Owner
+	for o := range owners {
+		target = o
+	}
+	if _, err := r.Apply(context.Background(), owners); err != nil {
+		b.Fatal(err)
+	}
+	br.settle(b)
+	return br, r, owners, target
+}
+
 func newBenchBridge(b *testing.B) *benchBridge {
 	b.Helper()
 	br := ofbridge.New(b)
@@ -109,18 +126,8 @@ func BenchmarkInstallVsOvsOfctl(b *testing.B) {
 // reported as a mean, median and maximum: one slow sample among a few (the switch or the garbage
 // collector busy with what came before) shows as the maximum instead of deciding the mean alone.
 func BenchmarkChangeOneOwner(b *testing.B) {
-	br := newBenchBridge(b)
 	ctx := context.Background()
-	r := New(br.sw, Config{Round: 1})
-	owners := benchOwners(50000, 5)
-	var target Owner
-	for o := range owners {
-		target = o
-	}
-	if _, err := r.Apply(ctx, owners); err != nil {
-		b.Fatal(err)
-	}
-	br.settle(b)
+	_, r, owners, target := installedBench(b, 50000)
 	vnids := []uint32{6, 5}
 	var change, resync, noop time.Duration
 	changes := make([]time.Duration, 0, b.N)
@@ -197,18 +204,8 @@ func (t *timedSwitch) Bundle(ctx context.Context, msgs [][]byte) error {
 // ours; and a bare barrier (one message and its reply) gives the round trip's floor. Percentiles over
 // 200 bundles an iteration: the tail of a small change that OVS, not the agent, decides.
 func BenchmarkBareBundleRoundTrip(b *testing.B) {
-	br := newBenchBridge(b)
 	ctx := context.Background()
-	r := New(br.sw, Config{Round: 1})
-	owners := benchOwners(11000, 5)
-	var target Owner
-	for o := range owners {
-		target = o
-	}
-	if _, err := r.Apply(ctx, owners); err != nil {
-		b.Fatal(err)
-	}
-	br.settle(b)
+	br, _, owners, target := installedBench(b, 11000)
 	var bundles [2][][]byte // the target's flows with VNID 6, then 5
 	for i, vnid := range []uint32{6, 5} {
 		for _, f := range benchOwnerFlows(owners[target].Flows, vnid) {
