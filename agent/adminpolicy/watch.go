@@ -23,15 +23,12 @@ type View interface {
 	RecordAdminChange(f func(c *Changes))
 }
 
-// Sync asks the flow loop for a sync; bursts coalesce.
-type Sync interface{ Trigger() }
-
 // Watch files ClusterNetworkPolicies, the cluster's pods, namespaces and nodes as changes in the view
 // for the flow loop's Index. They are enforced in every plugin mode, so every change that resolution
 // reads asks for a sync.
 type Watch struct {
 	View View
-	Sync Sync
+	Sync k8sobj.Sync
 	Log  klog.Logger
 }
 

@@ -35,13 +35,10 @@ type HostPortView interface {
 	SetHostPorts(key string, p *HostPortPod) (changed bool)
 }
 
-// Sync asks the flow loop for a sync (whose synced state the host loop then carries to the host).
-type Sync interface{ Trigger() }
-
 // WatchHostPorts follows the pods bound to this node for their hostPorts.
 type WatchHostPorts struct {
 	View HostPortView
-	Sync Sync
+	Sync k8sobj.Sync
 }
 
 // Handlers are the (cluster-wide) pod informer's handlers.

@@ -17,3 +17,6 @@ func Handlers(fn func(obj any, deleted bool)) cache.ResourceEventHandlerFuncs {
 		},
 	}
 }
+
+// Sync is the flow loop as the watchers see it: Trigger asks for a sync; bursts coalesce.
+type Sync interface{ Trigger() }

@@ -29,13 +29,10 @@ type View interface {
 	UpdateNetworks(f func(ix *Index))
 }
 
-// Sync asks the flow loop for a sync; bursts coalesce.
-type Sync interface{ Trigger() }
-
 // Watch feeds the view's Networks from the Network, NetworkSubnet and Namespace informers.
 type Watch struct {
 	View View
-	Sync Sync
+	Sync k8sobj.Sync
 	Log  klog.Logger
 	// Changed, when set, is told of every change that can move a pod's routes or reports (the routes
 	// loop, the reporter).

@@ -20,16 +20,13 @@ type View interface {
 	RecordPolicyChange(f func(c *Changes)) (enforced bool)
 }
 
-// Sync asks the flow loop for a sync; bursts coalesce.
-type Sync interface{ Trigger() }
-
 // Watch files NetworkPolicies, the cluster's pods and namespaces as changes in the view, for the flow
 // loop's Index. The informers run in every mode, so a switch to networkpolicy mode has everything at
 // hand; a sync is asked for only when policies are enforced and the change is one resolution reads (a
 // pod's status heartbeat is not).
 type Watch struct {
 	View View
-	Sync Sync
+	Sync k8sobj.Sync
 }
 
 func (w *Watch) record(f func(c *Changes)) {

@@ -15,14 +15,11 @@ type View interface {
 	SetEndpointSlice(key string, es *discoveryv1.EndpointSlice)
 }
 
-// Sync asks the flow loop for a sync; bursts coalesce.
-type Sync interface{ Trigger() }
-
 // Watch feeds Services and EndpointSlices into the view: br0 load-balances them, no kube-proxy
 // needed. The flows follow whichever of the two changed.
 type Watch struct {
 	View View
-	Sync Sync
+	Sync k8sobj.Sync
 }
 
 // Handlers are the Services' and EndpointSlices' informers' handlers.
